@@ -1,0 +1,1 @@
+"""One module per ``gmts`` subcommand: ``register(subparsers)`` and ``run(args) -> int``."""

@@ -1,0 +1,50 @@
+"""Registry of per-token scores (estimators of a token's gradient magnitude).
+
+Each estimator is a function of the tokens table (a pandas DataFrame with the
+SPEC section 2 columns) that returns one float per row. Adding one is a function
+and a line in ``ESTIMATORS``. Statistics loop over :func:`available` estimators.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+Estimator = Callable[[pd.DataFrame], "pd.Series"]
+
+
+def _abs_omega(df: pd.DataFrame) -> pd.Series:
+    return df["omega"].abs()
+
+
+ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
+    # name: (columns it needs, function)
+    "entropy": (("entropy",), lambda df: df["entropy"]),
+    "gmts": (("entropy", "omega"), lambda df: df["entropy"] * _abs_omega(df)),
+    "surprisal": (("logprob",), lambda df: -df["logprob"]),
+    "one_minus_prob": (("prob",), lambda df: 1.0 - df["prob"]),
+    "rsi": (("logprob", "entropy"), lambda df: -df["logprob"] / df["entropy"].where(df["entropy"] > 0, np.nan)),
+    "logit_grad_norm": (("logit_grad_norm",), lambda df: df["logit_grad_norm"]),
+    "gmts_lgn": (("logit_grad_norm", "omega"), lambda df: df["logit_grad_norm"] * _abs_omega(df)),
+    "head_grad_norm": (("head_grad_norm",), lambda df: df["head_grad_norm"]),
+    "gmts_head": (("head_grad_norm", "omega"), lambda df: df["head_grad_norm"] * _abs_omega(df)),
+}
+
+# Columns that are estimators only when present in the table as computed columns
+# (not derived here): sketch estimates of grad_norm_logp.
+DERIVED = ("surprisal", "one_minus_prob", "rsi", "gmts_lgn", "gmts_head")
+
+
+def add_estimator_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Add every derivable estimator column that is missing; returns ``df`` (modified in place)."""
+    for name, (needs, fn) in ESTIMATORS.items():
+        if name not in df.columns and all(c in df.columns for c in needs):
+            df[name] = fn(df).astype("float64")
+    return df
+
+
+def available(df: pd.DataFrame) -> list[str]:
+    """Estimator names whose column is present and not all null, in registry order."""
+    return [n for n in ESTIMATORS if n in df.columns and df[n].notna().any()]

@@ -1,0 +1,1 @@
+"""Toy verifiable domains, a character tokenizer, training and sampling of small policies."""
