@@ -117,7 +117,6 @@ def probe_answer(
     token_text: _TokenText | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms."""
-    from gmts_analysis.grads import grad_norms
     from gmts_analysis.tokens import response_logits, response_targets, token_quantities
 
     device = next(model.parameters()).device
@@ -168,6 +167,8 @@ def probe_answer(
     if cfg.grad_norm == "none" or T == 0:
         cols["grad_norm_logp"] = np.full(T, np.nan)
     else:
+        from gmts_analysis.grads import grad_norms
+
         gn = grad_norms(
             model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
             max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
@@ -405,8 +406,12 @@ def fidelity_enabled(cfg: ProbeConfig, n_tokens: int) -> bool:
 
 
 def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
-              result: ProbeResult, extra: dict | None = None) -> Path:
-    """Statistics, fidelity, manifest, figures and report; the directory appears complete or not at all."""
+              result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Statistics, fidelity, manifest, figures and report; the directory appears complete or not at all.
+
+    ``extra_files`` maps file names to text written into the run directory too (e.g. the
+    sampled ``rollouts.jsonl`` of ``gmts run``).
+    """
     from gmts_analysis import io
     from gmts_analysis.stats import compute_stats
 
@@ -427,6 +432,8 @@ def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers
             io.atomic_write_parquet(tmp / "grad_groups.parquet", result.grad_groups)
         io.atomic_write_json(tmp / "stats.json", stats)
         io.atomic_write_json(tmp / "manifest.json", manifest)
+        for name, text in (extra_files or {}).items():
+            io.atomic_write_text(tmp / name, text)
         if cfg.figures:
             from gmts_analysis.plots import render_all
             from gmts_analysis.report import write_report

@@ -199,11 +199,32 @@ def read_rollouts(
         fmt = detect_format(rows)
     rows = _normalize(rows, fmt)
     unit = "row" if path.suffix == ".parquet" else "line"
+    return _answers_from_rows(rows, tokenizer, verifier, f"{path}: {unit}", str(path))
 
+
+def read_rollouts_rows(
+    rows: Sequence[dict],
+    tokenizer: Any = None,
+    verifier: Callable[[list[str], list[str]], list[float]] | None = None,
+    where: str = "rollouts",
+) -> list[Answer]:
+    """Like :func:`read_rollouts` for rows already in memory (gmts fields); ``where`` names them in errors."""
+    if not rows:
+        raise GmtsError(f"{where}: no rollouts (empty input)")
+    return _answers_from_rows([(i + 1, r) for i, r in enumerate(rows)], tokenizer, verifier, f"{where}: row", where)
+
+
+def _answers_from_rows(
+    rows: list[tuple[int, dict]],
+    tokenizer: Any,
+    verifier: Callable | None,
+    unit: str,
+    source: str,
+) -> list[Answer]:
     answers: list[Answer] = []
     need_verify: list[int] = []
     for idx, (n, r) in enumerate(rows):
-        where = f"{path}: {unit} {n}"
+        where = f"{unit} {n}"
         prompt, response = r.get("prompt"), r.get("response")
         if r.get("prompt_ids") is not None:
             prompt_ids = _ids(r["prompt_ids"], where, "prompt_ids")
@@ -265,7 +286,7 @@ def read_rollouts(
     ids = [str(a.answer_id) for a in answers]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
-        raise GmtsError(f"{path}: field 'answer_id' is not unique ('{dup}' appears more than once)")
+        raise GmtsError(f"{source}: field 'answer_id' is not unique ('{dup}' appears more than once)")
     return answers
 
 
