@@ -1,0 +1,270 @@
+"""Token selection on training tensors (SPEC sections 4-5), in the shapes TRL and verl use.
+
+Re-exported by :mod:`gmts_analysis.selection` (the DataFrame-level selection lives there).
+Everything here is a pure function of tensors shaped like a trainer's micro-batch:
+
+- ``scores``, ``mask``, ``entropy``, ``logprobs``: ``(B, T)`` over the completion
+  positions, ``mask`` 1 on real response tokens and 0 on padding (TRL's
+  ``completion_mask``, verl's ``response_mask``);
+- ``advantages``: ``(B,)`` (TRL, one per answer) or ``(B, T)`` (verl, per token);
+- ``group_ids``: ``(B,)``, one group label per row (ints, or any hashables such as
+  verl's ``uid`` strings).
+
+Selection (:func:`select_tokens`): keep the ``k = ceil(rho * n)`` highest scores of each
+scope, ``n`` the number of real tokens in the scope (``batch``: every real token of the
+tensors; ``group``: the rows of one group). Padding is never selected. Ties are broken
+by (row index, position) ascending, i.e. among equal scores the earlier token in
+row-major order wins; this is SPEC section 5's ``(answer_id, position)`` rule with rows
+standing for answers (order the rows by answer id to reproduce a table's selection
+exactly). NaN scores rank below every real score. ``ceil`` uses the same 1e-9 tolerance
+as :func:`gmts_analysis.selection.n_keep`.
+
+Scores (:func:`token_scores`): ``entropy``; ``gmts`` = entropy * |omega| with the full
+omega of SPEC section 4 (:func:`token_omega`); ``random`` (uniform, seeded);
+``all`` / ``none`` (every real token).
+
+Loss normalizer after selection (:func:`aggregate_loss`): ``all`` divides by the
+real-token count as if nothing were dropped (TRL's ``top_entropy_quantile`` and the GMTS
+authors' code: the dropped tokens count as zeros), ``selected`` divides by the selected
+tokens only (the 80/20 code: the aggregation runs as if the selected tokens were the only
+response tokens).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+SELECTIONS = ("all", "entropy", "gmts", "random")
+TENSOR_SCOPES = ("batch", "group")
+NORMALIZERS = ("all", "selected")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def _keep_count(rho: float, n: Tensor) -> Tensor:
+    """``ceil(rho * n - 1e-9)`` clipped to ``[0, n]`` (int64, elementwise)."""
+    k = torch.ceil(rho * n.to(torch.float64) - 1e-9).to(torch.int64)
+    return torch.minimum(torch.clamp(k, min=0), n)
+
+
+def group_codes(group_ids: Tensor | Sequence, batch_size: int, device: torch.device | None = None) -> Tensor:
+    """``(B,)`` int64 codes, equal for equal labels, numbered in order of first appearance."""
+    if isinstance(group_ids, Tensor):
+        if group_ids.shape != (batch_size,):
+            raise ValueError(f"group_ids has shape {tuple(group_ids.shape)}, expected ({batch_size},)")
+        _, inv = torch.unique(group_ids, return_inverse=True)
+        return inv.to(torch.int64).to(device or group_ids.device)
+    labels = list(group_ids)
+    if len(labels) != batch_size:
+        raise ValueError(f"group_ids has {len(labels)} labels, expected {batch_size}")
+    seen: dict = {}
+    codes = [seen.setdefault(g, len(seen)) for g in labels]
+    return torch.tensor(codes, dtype=torch.int64, device=device)
+
+
+def select_tokens(
+    scores: Tensor,
+    mask: Tensor,
+    rho: float,
+    scope: str = "batch",
+    group_ids: Tensor | Sequence | None = None,
+) -> Tensor:
+    """Boolean ``(B, T)`` mask of the top-``rho`` tokens of each scope (see module docstring).
+
+    scores: ``(B, T)`` float, higher is kept. mask: ``(B, T)`` 0/1 or bool. rho in [0, 1].
+    scope ``group`` needs ``group_ids`` ``(B,)``; a group never lends its quota to another.
+    Works on any device; no gradient flows through the result.
+    """
+    if scores.dim() != 2 or scores.shape != mask.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and mask {tuple(mask.shape)} must be the same (B, T)")
+    if not 0.0 <= rho <= 1.0:
+        raise ValueError(f"selection fraction rho must be in [0, 1], got {rho}")
+    if scope not in TENSOR_SCOPES:
+        raise ValueError(f"unknown selection scope {scope!r}; choose from {TENSOR_SCOPES}")
+    B, T = scores.shape
+    device = scores.device
+    valid = mask.bool().reshape(-1)
+    flat_idx = torch.nonzero(valid).squeeze(1)  # row-major = (row, position) ascending
+    out = torch.zeros(B * T, dtype=torch.bool, device=device)
+    if flat_idx.numel() == 0:
+        return out.view(B, T)
+    s = scores.detach().reshape(-1)[flat_idx]
+    if scope == "group":
+        if group_ids is None:
+            raise ValueError("scope 'group' needs group_ids (one label per row)")
+        gcode_row = group_codes(group_ids, B, device)
+    else:
+        gcode_row = torch.zeros(B, dtype=torch.int64, device=device)
+    gcode = gcode_row[flat_idx // T]
+    # lexicographic order (group, isnan, -score, flat index) by successive stable sorts, last key first
+    nan = torch.isnan(s)
+    key = torch.where(nan, torch.zeros_like(s), -s)
+    order = torch.argsort(key, stable=True)
+    order = order[torch.argsort(nan[order].to(torch.int8), stable=True)]
+    order = order[torch.argsort(gcode[order], stable=True)]
+    g_sorted = gcode[order]
+    n_groups = int(gcode_row.max().item()) + 1
+    sizes = torch.bincount(g_sorted, minlength=n_groups)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.arange(order.numel(), device=device) - starts[g_sorted]
+    keep_sorted = rank < _keep_count(rho, sizes)[g_sorted]
+    out[flat_idx[order[keep_sorted]]] = True
+    return out.view(B, T)
+
+
+def _as_token_tensor(x: Tensor, like: Tensor) -> Tensor:
+    """``(B,)`` or ``(B, 1)`` broadcast to ``(B, T)``; ``(B, T)`` kept."""
+    x = x.to(device=like.device)
+    if x.dim() == 1:
+        x = x.unsqueeze(1)
+    return x.expand_as(like)
+
+
+def loss_weight_tensor(mask: Tensor, loss_agg: str = "token-mean", max_len: int | None = None) -> Tensor:
+    """``(B, T)`` aggregation weight ``w`` of each real token (SPEC section 3), 0 on padding.
+
+    token-mean: ``1 / sum mask``; seq-mean-token-mean: ``1 / (B * L_i)``;
+    seq-mean-token-sum-norm: ``1 / (B * L_max)``, ``L_max`` = ``max_len`` or the longest row.
+    float64 (these are exact counts).
+    """
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
+    m = mask.to(torch.float64)
+    B = m.shape[0]
+    if loss_agg == "token-mean":
+        w = m / m.sum().clamp(min=1.0)
+    elif loss_agg == "seq-mean-token-mean":
+        w = m / (B * m.sum(-1, keepdim=True).clamp(min=1.0))
+    else:
+        lmax = float(max_len) if max_len else float(m.sum(-1).max().clamp(min=1.0))
+        w = m / (B * lmax)
+    return w
+
+
+def token_omega(
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    loss_agg: str = "token-mean",
+    max_len: int | None = None,
+    logprobs: Tensor | None = None,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    clip_low: float = 0.2,
+    clip_high: float = 0.28,
+    kl_beta: float = 0.0,
+) -> Tensor:
+    """``(B, T)`` omega of SPEC section 4: ``w * (rho * A * I + beta * (pi_ref / pi_theta - 1))``.
+
+    ``rho = exp(logprobs - old_logprobs)`` (1 when either is missing: on-policy),
+    ``I = 0`` where the clipped surrogate is flat (A > 0 and rho > 1 + clip_high, or A < 0 and
+    rho < 1 - clip_low); the k3 KL term needs ``ref_logprobs``, ``logprobs`` and ``kl_beta``.
+    Padding gets 0. Computed in float64, detached.
+    """
+    A = _as_token_tensor(advantages.detach().to(torch.float64), mask)
+    w = loss_weight_tensor(mask, loss_agg, max_len)
+    if logprobs is not None and old_logprobs is not None:
+        ratio = torch.exp(logprobs.detach().to(torch.float64) - old_logprobs.detach().to(torch.float64))
+    else:
+        ratio = torch.ones_like(A)
+    flat = ((A > 0) & (ratio > 1.0 + clip_high)) | ((A < 0) & (ratio < 1.0 - clip_low))
+    coef = ratio * A * (~flat).to(torch.float64)
+    if kl_beta and ref_logprobs is not None:
+        if logprobs is None:
+            raise ValueError("the KL term of omega needs logprobs as well as ref_logprobs")
+        lp = logprobs.detach().to(torch.float64)
+        coef = coef + kl_beta * (torch.exp(ref_logprobs.detach().to(torch.float64) - lp) - 1.0)
+    return torch.where(mask.bool(), w * coef, torch.zeros_like(coef))
+
+
+def gmts_scores(entropy: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
+    """``(B, T)`` GMTS score ``entropy * |omega|`` (float64; 0 on padding).
+
+    ``omega_kwargs`` go to :func:`token_omega` (loss_agg, logprobs, old_logprobs, ref_logprobs,
+    clip_low, clip_high, kl_beta). On-policy under token-mean this is ``entropy * |A| / n``.
+    """
+    om = token_omega(advantages, mask, **omega_kwargs)
+    return torch.where(mask.bool(), entropy.detach().to(torch.float64) * om.abs(), torch.zeros_like(om))
+
+
+def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """``(B, T)`` uniform [0, 1) scores drawn on CPU from ``generator`` (then moved to mask's device)."""
+    return torch.rand(mask.shape, generator=generator, dtype=torch.float64).to(mask.device)
+
+
+def token_scores(
+    selection: str,
+    entropy: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    generator: torch.Generator | None = None,
+    **omega_kwargs,
+) -> Tensor | None:
+    """The score a selection ranks by: ``entropy``, ``gmts``, ``random``; ``None`` for ``all``/``none``."""
+    if selection in ("all", "none"):
+        return None
+    if selection == "entropy":
+        return entropy.detach()
+    if selection == "gmts":
+        return gmts_scores(entropy, advantages, mask, **omega_kwargs)
+    if selection == "random":
+        return random_scores(mask, generator)
+    raise ValueError(f"unknown token selection {selection!r}; choose from {SELECTIONS}")
+
+
+def selection_mask(
+    selection: str,
+    entropy: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    rho: float = 0.2,
+    scope: str = "batch",
+    group_ids: Tensor | Sequence | None = None,
+    generator: torch.Generator | None = None,
+    **omega_kwargs,
+) -> Tensor:
+    """Boolean ``(B, T)`` tokens kept by ``selection`` (``all``/``none``: every real token)."""
+    s = token_scores(selection, entropy, advantages, mask, generator, **omega_kwargs)
+    if s is None:
+        return mask.bool().clone()
+    return select_tokens(s, mask, rho, scope, group_ids)
+
+
+def aggregate_loss(
+    per_token_loss: Tensor,
+    mask: Tensor,
+    selected: Tensor | None = None,
+    normalizer: str = "all",
+    loss_agg: str = "token-mean",
+    max_len: int | None = None,
+) -> Tensor:
+    """Scalar loss from ``(B, T)`` per-token terms, keeping only ``selected`` tokens.
+
+    normalizer ``all``: the aggregation of ``loss_agg`` over ``mask`` with unselected tokens
+    counted as zeros (TRL, GMTS authors). ``selected``: the same aggregation with ``selected``
+    as the mask (80/20 code); under seq-mean-token-mean a row with no selected token
+    contributes 0 and still counts in the mean over rows (TRL's ``clamp(min=1)``).
+    """
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"normalizer {normalizer!r}; choose from {NORMALIZERS}")
+    m = mask.to(per_token_loss.dtype)
+    sel = m if selected is None else selected.to(per_token_loss.dtype) * m
+    denom_mask = m if normalizer == "all" else sel
+    num = per_token_loss * sel
+    if loss_agg == "token-mean":
+        return num.sum() / denom_mask.sum().clamp(min=1.0)
+    if loss_agg == "seq-mean-token-mean":
+        return (num.sum(-1) / denom_mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_agg == "seq-mean-token-sum-norm":
+        lmax = float(max_len) if max_len else float(denom_mask.sum(-1).max().clamp(min=1.0))
+        return num.sum() / (per_token_loss.shape[0] * lmax)
+    raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
+
+
+def selection_overlap(a: Tensor, b: Tensor) -> float:
+    """``|a ∩ b| / |b|`` for two boolean selections (NaN when ``b`` is empty)."""
+    nb = int(b.sum())
+    return float((a & b).sum()) / nb if nb else math.nan
