@@ -1,0 +1,43 @@
+"""``gmts figures RUN_DIR [--to DIR]``: render the figures of a run directory (PNG and PDF).
+
+Reads RUN_DIR/tokens.parquet and stats.json (computed when absent) and writes every
+figure as PNG and PDF into RUN_DIR/figures, or DIR with --to. With --report, also
+rewrites RUN_DIR/report.html with the new figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "figures",
+        help="render the figures of a run directory (PNG and PDF)",
+        description=__doc__.split("\n\n", 1)[1],
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
+    p.add_argument("--to", default=None, metavar="DIR", help="output folder (default RUN_DIR/figures)")
+    p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html")
+    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    from pathlib import Path
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.plots import render_all
+
+    log = logging.getLogger("gmts_analysis.plots")
+    run_dir = Path(args.run_dir)
+    if not run_dir.is_dir():
+        raise GmtsError(f"{run_dir}: no such run directory")
+    paths = render_all(run_dir, to=args.to)
+    log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
+    if args.report:
+        from gmts_analysis.report import write_report
+
+        log.info("wrote %s", write_report(run_dir))
+    return 0

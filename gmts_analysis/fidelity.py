@@ -1,0 +1,292 @@
+"""Update fidelity: how well the update of the selected tokens reproduces the full update.
+
+For a selection S of response tokens the policy-gradient update restricted to S is
+
+    g_S = sum_{(i,t) in S} omega_{i,t} * grad_theta logprob_{i,t}
+
+(one flat float32 vector over :func:`gmts_analysis.models.trainable_parameters`, every tied
+tensor once). The full policy gradient is g_all (every token selected). For each selection
+we report ``cosine(g_S, g_all)`` and ``norm_ratio = ||g_S|| / ||g_all||``.
+
+Selections (top-``rho`` in ``scope``, SPEC section 5) are made from the tokens table:
+one per estimator, plus the references ``all`` (every token; cosine and ratio 1 by
+construction), ``oracle`` (top by grad_norm) and ``random`` (uniform scores; the mean of
+``n_random`` draws, their standard deviations under ``random_std``).
+
+Cost: one forward per answer, then one backward per distinct selection of the answer's
+tokens (``retain_graph``; selections keeping the same tokens of an answer share it); memory: ``n_selections * n_params * 4`` bytes for the accumulators,
+checked against ``memory_budget_bytes`` before any work.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.estimators import add_estimator_columns
+from gmts_analysis.models import trainable_parameters
+from gmts_analysis.selection import select_top
+from gmts_analysis.tokens import sequence_logprobs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET = 2 * 1024**3  # bytes for the per-selection gradient accumulators
+
+
+def fidelity_selections(
+    tokens: pd.DataFrame,
+    estimators: Iterable[str],
+    rho: float = 0.2,
+    scope: str = "batch",
+    n_random: int = 5,
+    seed: int = 0,
+) -> dict[str, np.ndarray]:
+    """``{name: boolean mask over tokens rows}`` for ``all``, ``oracle``, each estimator and
+    ``random_0..random_{n_random-1}`` (uniform random scores from ``numpy.default_rng(seed)``)."""
+    df = add_estimator_columns(tokens.copy())
+    sels: dict[str, np.ndarray] = {"all": np.ones(len(df), dtype=bool)}
+    if "grad_norm" in df.columns and df["grad_norm"].notna().any():
+        sels["oracle"] = select_top(df, "grad_norm", rho, scope)
+    for s in estimators:
+        if s not in df.columns:
+            raise GmtsError(f"update fidelity: estimator column '{s}' not in the tokens table")
+        sels[s] = select_top(df, s, rho, scope)
+    rng = np.random.default_rng(seed)
+    for j in range(n_random):
+        sels[f"random_{j}"] = select_top(df, rng.random(len(df)), rho, scope)
+    return sels
+
+
+def fidelity_memory_bytes(model: torch.nn.Module, n_selections: int) -> int:
+    """Bytes of the float32 accumulators for ``n_selections`` gradients of ``model``."""
+    n_params = sum(p.numel() for _, p in trainable_parameters(model))
+    return int(n_selections) * n_params * 4
+
+
+def selection_gradients(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[object, torch.Tensor, int]],
+    tokens: pd.DataFrame,
+    masks: dict[str, np.ndarray],
+    temperature: float = 1.0,
+    memory_budget_bytes: int = DEFAULT_BUDGET,
+    progress: bool = False,
+) -> dict[str, torch.Tensor]:
+    """``{name: g_S}``: flat float32 gradients of ``sum_{t in S} omega_t * logprob_t``.
+
+    batches: ``(answer_id, input_ids (S,), prompt_len)`` per answer, on the model's device;
+    every answer of ``tokens`` must appear once, with ``S - prompt_len`` equal to its number
+    of rows. tokens: the tokens table (``answer_id``, ``position``, ``omega``). masks: boolean
+    row masks over ``tokens`` (see :func:`fidelity_selections`). The model is left as given
+    (no ``.grad`` is written; gradients come from ``torch.autograd.grad``).
+    """
+    params = [p for _, p in trainable_parameters(model)]
+    n_params = sum(p.numel() for p in params)
+    need = len(masks) * n_params * 4
+    if need > memory_budget_bytes:
+        raise GmtsError(
+            f"update fidelity needs {need / 1e9:.2f} GB for {len(masks)} gradients of {n_params:,} parameters "
+            f"(budget {memory_budget_bytes / 1e9:.2f} GB): skip it (--no-fidelity) or use fewer estimators"
+        )
+    if "omega" not in tokens.columns:
+        raise GmtsError("update fidelity needs the 'omega' column of the tokens table")
+    device = params[0].device
+    names = list(masks)
+    acc = {k: torch.zeros(n_params, dtype=torch.float32, device=device) for k in names}
+    rows_of = tokens.groupby("answer_id", sort=False).indices
+    seen: set = set()
+    it = batches
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(batches, desc="update fidelity", unit="answer", leave=False)
+    for answer_id, input_ids, prompt_len in it:
+        if answer_id not in rows_of:
+            raise GmtsError(f"update fidelity: answer {answer_id!r} is not in the tokens table")
+        if answer_id in seen:
+            raise GmtsError(f"update fidelity: answer {answer_id!r} given twice")
+        seen.add(answer_id)
+        rows = rows_of[answer_id]
+        pos = tokens["position"].to_numpy()[rows]
+        order = np.argsort(pos, kind="stable")
+        rows = rows[order]
+        T = int(input_ids.shape[-1]) - int(prompt_len)
+        if T != len(rows) or not np.array_equal(pos[order], np.arange(T)):
+            raise GmtsError(
+                f"update fidelity: answer {answer_id!r} has {T} response tokens but {len(rows)} rows "
+                "(positions 0..T-1 expected)"
+            )
+        omega_np = tokens["omega"].to_numpy(dtype=np.float64)[rows]
+        omega = torch.as_tensor(omega_np, device=device)
+        # selections that keep the same tokens of this answer share one backward pass
+        same: dict[bytes, list[str]] = {}
+        for k in names:
+            m = masks[k][rows]
+            if bool((omega_np[m] != 0).any()):
+                same.setdefault(np.asarray(m, dtype=bool).tobytes(), []).append(k)
+        if not same:
+            continue
+        with torch.enable_grad():
+            logits = model(input_ids=input_ids.unsqueeze(0), use_cache=False).logits[0]
+            logp = sequence_logprobs(logits, input_ids, int(prompt_len), temperature)  # (T,)
+            todo = list(same.items())
+            for j, (mbytes, keys) in enumerate(todo):
+                m = torch.as_tensor(np.frombuffer(mbytes, dtype=bool).copy(), device=device)
+                c = torch.where(m, omega, torch.zeros_like(omega)).to(logp.dtype)
+                obj = (c * logp).sum()
+                grads = torch.autograd.grad(obj, params, retain_graph=j < len(todo) - 1, allow_unused=True)
+                flat = torch.cat(
+                    [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
+                )
+                for k in keys:
+                    acc[k] += flat
+    missing = set(rows_of) - seen
+    if missing:
+        raise GmtsError(f"update fidelity: {len(missing)} answer(s) of the tokens table were not given, e.g. {next(iter(missing))!r}")
+    return acc
+
+
+def compare(g: torch.Tensor, g_all: torch.Tensor) -> dict[str, float]:
+    """``{cosine, norm_ratio}`` of g against g_all (float64 reductions; NaN when undefined)."""
+    a, b = g.double(), g_all.double()
+    na, nb = float(a.norm()), float(b.norm())
+    cos = float(a @ b) / (na * nb) if na > 0 and nb > 0 else float("nan")
+    ratio = na / nb if nb > 0 else float("nan")
+    return {"cosine": cos, "norm_ratio": ratio}
+
+
+def update_fidelity(
+    model: torch.nn.Module,
+    batches: Iterable[tuple[object, torch.Tensor, int]],
+    tokens: pd.DataFrame,
+    estimators: Iterable[str],
+    rho: float = 0.2,
+    scope: str = "batch",
+    temperature: float = 1.0,
+    n_random: int = 5,
+    seed: int = 0,
+    memory_budget_bytes: int = DEFAULT_BUDGET,
+    progress: bool = False,
+) -> dict[str, dict[str, float]]:
+    """The ``update_fidelity`` block of stats.json (SPEC section 6).
+
+    model: the policy (any device/dtype; left unchanged). batches: iterable of
+    ``(answer_id, input_ids (S,) LongTensor on the model's device, prompt_len)``, one per answer
+    of ``tokens`` (it is consumed once). tokens: the tokens table of those answers (``omega``,
+    ``grad_norm`` and the estimator columns). temperature: the tau of the probe.
+    Returns ``{"all", "oracle", <estimators...>, "random": {cosine, norm_ratio}}`` plus
+    ``"random_std"`` (every entry has exactly the keys ``cosine`` and ``norm_ratio``).
+    Raises :class:`GmtsError` when the accumulators would exceed ``memory_budget_bytes``.
+    """
+    estimators = list(estimators)
+    masks = fidelity_selections(tokens, estimators, rho, scope, n_random, seed)
+    grads = selection_gradients(model, batches, tokens, masks, temperature, memory_budget_bytes, progress)
+    g_all = grads["all"]
+    out: dict[str, dict] = {}
+    for k, g in grads.items():
+        if not k.startswith("random_"):
+            out[k] = compare(g, g_all)
+    if n_random > 0:
+        rnd = [compare(grads[f"random_{j}"], g_all) for j in range(n_random)]
+        out["random"] = {m: float(np.nanmean([r[m] for r in rnd])) for m in ("cosine", "norm_ratio")}
+        out["random_std"] = {
+            m: float(np.nanstd([r[m] for r in rnd], ddof=1)) if n_random > 1 else math.nan for m in ("cosine", "norm_ratio")
+        }
+    return out
+
+
+def _slices(tokens: pd.DataFrame) -> dict[str, tuple[str, str, np.ndarray]]:
+    """``{prefix: (section, value, row mask)}`` for the by_domain / by_step slices of a table."""
+    out = {}
+    for col, section in (("domain", "by_domain"), ("step", "by_step")):
+        if col in tokens.columns and tokens[col].notna().any():
+            for v in sorted(tokens[col].dropna().unique(), key=str):
+                out[f"{col}={v}|"] = (section, str(v), (tokens[col] == v).to_numpy())
+    return out
+
+
+def fidelity_for_run(
+    model: torch.nn.Module,
+    answers: Iterable,
+    tokens: pd.DataFrame,
+    cfg,
+    stats: dict | None = None,
+    estimators: Iterable[str] | None = None,
+    rho: float = 0.2,
+    n_random: int = 5,
+    memory_budget_bytes: int = DEFAULT_BUDGET,
+) -> dict:
+    """Update fidelity of a probe run: ``{"update_fidelity": block}`` for ``stats.update``.
+
+    answers: the probe's :class:`gmts_analysis.rollouts.Answer` objects (answers missing from
+    ``tokens``, e.g. failed or empty ones, are skipped); tokens: the probe's tokens table;
+    cfg: the :class:`gmts_analysis.config.ProbeConfig` (temperature, seed, quiet).
+    estimators: default every estimator present. With ``stats`` (the dict of
+    :func:`gmts_analysis.stats.compute_stats`), the per-domain and per-step blocks are filled
+    in place too (``stats["by_domain"][d]["update_fidelity"]``), in the same pass over the
+    answers, when their accumulators fit the memory budget (else only the overall block, with
+    a warning). Batch scope, ``rho`` 0.2, ``n_random`` random draws.
+    """
+    from gmts_analysis.estimators import available
+
+    df = add_estimator_columns(tokens.copy()).reset_index(drop=True)
+    ests = list(estimators) if estimators is not None else available(df)
+    seed = int(getattr(cfg, "seed", 0))
+    masks = fidelity_selections(df, ests, rho, "batch", n_random, seed)
+    keys_overall = list(masks)
+    slices = _slices(df) if stats is not None else {}
+    if slices:
+        n_params = sum(p.numel() for _, p in trainable_parameters(model))
+        n_total = len(masks) * (1 + len(slices))
+        if n_total * n_params * 4 > memory_budget_bytes:
+            log.warning("update fidelity per domain/step skipped: %d gradients of %d parameters exceed the budget",
+                        n_total, n_params)
+            slices = {}
+    for prefix, (_, _, rows) in slices.items():
+        sub = df[rows].reset_index(drop=True)
+        sub_masks = fidelity_selections(sub, ests, rho, "batch", n_random, seed)
+        for k, m in sub_masks.items():
+            full = np.zeros(len(df), dtype=bool)
+            full[np.flatnonzero(rows)] = m
+            masks[prefix + k] = full
+    present = set(df["answer_id"].tolist())
+    as_str = df["answer_id"].dtype == object and not any(isinstance(v, (int, np.integer)) for v in present)
+    device = next(model.parameters()).device
+
+    def batches():
+        for a in answers:
+            aid = a.answer_id
+            if aid not in present and as_str and str(aid) in present:
+                aid = str(aid)
+            if aid not in present or a.length == 0:
+                continue
+            ids = torch.tensor(list(a.prompt_ids) + list(a.response_ids), dtype=torch.long, device=device)
+            yield aid, ids, len(a.prompt_ids)
+
+    grads = selection_gradients(model, batches(), df, masks, float(getattr(cfg, "temperature", 1.0)),
+                                memory_budget_bytes, progress=not getattr(cfg, "quiet", True))
+
+    def block(prefix: str) -> dict:
+        g_all = grads[prefix + "all"]
+        out = {k: compare(grads[prefix + k], g_all) for k in keys_overall if not k.startswith("random_")}
+        if n_random > 0:
+            rnd = [compare(grads[f"{prefix}random_{j}"], g_all) for j in range(n_random)]
+            out["random"] = {m: float(np.nanmean([r[m] for r in rnd])) for m in ("cosine", "norm_ratio")}
+            out["random_std"] = {
+                m: float(np.nanstd([r[m] for r in rnd], ddof=1)) if n_random > 1 else math.nan
+                for m in ("cosine", "norm_ratio")
+            }
+        return out
+
+    overall = block("")
+    if stats is not None:
+        stats["update_fidelity"] = overall
+        for prefix, (section, value, _) in slices.items():
+            stats.setdefault(section, {}).setdefault(value, {})["update_fidelity"] = block(prefix)
+    return {"update_fidelity": overall}

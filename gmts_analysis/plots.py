@@ -1,0 +1,455 @@
+"""Figures of a probe: plain matplotlib functions of the tables, one figure each.
+
+Every ``fig_*`` function takes the tokens table and/or the stats dict and returns a
+:class:`matplotlib.figure.Figure` built without pyplot (no global state, any backend;
+files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
+
+- ``within_vs_cross``: per-answer Spearman(s, grad_norm_logp) distribution beside the
+  pooled cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy and gmts.
+- ``group_answers``: one group's answers, log entropy vs log grad_norm, one colour per
+  answer, marker by advantage sign.
+- ``pooled_hexbin``: entropy vs grad_norm next to gmts vs grad_norm (log-log hexbins).
+- ``topk_overlap``: overlap with the top-rho tokens by grad_norm vs rho, every estimator.
+- ``update_fidelity``: cosine and norm ratio of the selected tokens' update vs the full one.
+- ``token_strip``: one answer's tokens coloured by entropy and by grad_norm, with the
+  entropy and GMTS selections under them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+COLORS = {"entropy": "#1f77b4", "gmts": "#ff7f0e", "oracle": "#2ca02c", "random": "#7f7f7f", "all": "#444444"}
+DEFAULT_RUN_DIR = "data/example_run"
+
+
+# ------------------------------------------------------------------------ run directory
+
+
+@dataclass
+class Run:
+    """The tables of a run directory (SPEC section 8)."""
+
+    path: Path
+    tokens: pd.DataFrame
+    answers: pd.DataFrame | None = None
+    stats: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+
+
+def default_run_dir() -> Path:
+    """``$GMTS_RUN_DIR``, else ``data/example_run`` (also looked up from the repository root)."""
+    env = os.environ.get("GMTS_RUN_DIR")
+    if env:
+        return Path(env)
+    here = Path(DEFAULT_RUN_DIR)
+    if here.exists():
+        return here
+    repo = Path(__file__).resolve().parent.parent / DEFAULT_RUN_DIR
+    return repo if repo.exists() else here
+
+
+def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bool = True) -> Run:
+    """Read tokens/answers parquet, stats.json and manifest.json of a run directory.
+
+    stats.json is computed (and not written) when absent and ``compute_missing_stats``.
+    """
+    from gmts_analysis.io import read_json, read_parquet
+    from gmts_analysis.stats import compute_stats, prepare_tokens
+
+    path = Path(run_dir) if run_dir is not None else default_run_dir()
+    if not path.is_dir():
+        raise GmtsError(f"{path}: no such run directory (set GMTS_RUN_DIR or pass a path)")
+    answers = read_parquet(path / "answers.parquet") if (path / "answers.parquet").exists() else None
+    tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
+    stats = read_json(path / "stats.json") if (path / "stats.json").exists() else {}
+    if not stats and compute_missing_stats:
+        stats = compute_stats(tokens, answers)
+    manifest = read_json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    return Run(path=path, tokens=tokens, answers=answers, stats=stats, manifest=manifest)
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+def _color(name: str, i: int) -> str:
+    if name in COLORS:
+        return COLORS[name]
+    cycle = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#1f77b4", "#ff7f0e"]
+    return cycle[i % len(cycle)]
+
+
+def _num(x: Any) -> float:
+    return float("nan") if x is None else float(x)
+
+
+def _empty(fig: Figure, ax, msg: str) -> Figure:
+    ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, parse_math=False)
+    ax.set_axis_off()
+    return fig
+
+
+def display_token(tok: Any, width: int | None = None) -> str:
+    """A visible form of a token: newline as ↵, tab as →, space as ␣; cut to ``width`` chars."""
+    s = "" if tok is None else str(tok)
+    s = s.replace("\n", "↵").replace("\t", "→").replace(" ", "␣").replace("\r", "⏎")
+    if width is not None and len(s) > width:
+        s = s[: max(1, width - 1)] + "…"
+    return s
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def fig_within_vs_cross(
+    tokens: pd.DataFrame, stats: dict | None = None, estimators: Sequence[str] = ("entropy", "gmts")
+) -> Figure:
+    """Per-answer Spearman distributions beside pooled cross-answer values (the paper's figure).
+
+    For each estimator: a violin and the per-answer points of Spearman(s, grad_norm_logp)
+    inside answers, with the mean and its 95% CI (bootstrap over answers); next to it the
+    pooled Spearman(s, grad_norm) across all tokens with its cluster-bootstrap 95% CI.
+    """
+    from gmts_analysis.stats import per_cluster_spearman, prepare_tokens, TARGET_WITHIN
+
+    df = prepare_tokens(tokens)
+    ests = [s for s in estimators if s in df.columns]
+    stats = stats or {}
+    fig = Figure(figsize=(2.6 + 2.4 * max(1, len(ests)), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    if not ests:
+        return _empty(fig, ax, "no estimator columns")
+    rng = np.random.default_rng(0)
+    for i, s in enumerate(ests):
+        c = _color(s, i)
+        rhos = per_cluster_spearman(df, s, TARGET_WITHIN, "answer_id").dropna().to_numpy()
+        x0 = i - 0.18
+        if len(rhos) >= 2:
+            vp = ax.violinplot([rhos], positions=[x0], widths=0.3, showextrema=False)
+            for b in vp["bodies"]:
+                b.set_facecolor(c)
+                b.set_alpha(0.3)
+        ax.scatter(x0 + rng.uniform(-0.06, 0.06, len(rhos)), rhos, s=6, color=c, alpha=0.5, lw=0)
+        wa = stats.get("within_answer", {}).get(s, {})
+        mean = _num(wa.get("mean")) if wa else (float(np.mean(rhos)) if len(rhos) else np.nan)
+        lo, hi = _num(wa.get("ci_low")), _num(wa.get("ci_high"))
+        ax.errorbar([x0], [mean], yerr=[[mean - lo], [hi - mean]] if np.isfinite(lo) else None,
+                    fmt="o", color="black", ms=5, capsize=4, zorder=5,
+                    label="within answers: mean, 95% CI" if i == 0 else None)
+        ca = stats.get("cross_answer", {}).get(s, {})
+        r = _num(ca.get("spearman"))
+        clo, chi = _num(ca.get("ci_low")), _num(ca.get("ci_high"))
+        if np.isfinite(r):
+            ax.errorbar([i + 0.2], [r], yerr=[[r - clo], [chi - r]] if np.isfinite(clo) else None,
+                        fmt="D", color=c, mec="black", ms=8, capsize=4, zorder=5)
+            ax.annotate(f"{r:.2f}", (i + 0.2, r), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.annotate(f"median {np.median(rhos):.2f}\n(n={len(rhos)})" if len(rhos) else "n=0",
+                    (x0, -1.0), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
+    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers (pooled): 95% CI")
+    ax.axhline(0, color="grey", lw=0.6, ls=":")
+    ax.set_xticks(range(len(ests)), ests)
+    ax.set_xlim(-0.6, len(ests) - 0.4)
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_ylabel("Spearman ρ with gradient norm")
+    ax.set_title("Inside an answer vs across answers", fontsize=10)
+    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    return fig
+
+
+def pick_group(tokens: pd.DataFrame) -> Any:
+    """A group to show: both advantage signs and most tokens with a positive grad_norm."""
+    df = tokens
+    if "group_id" not in df.columns:
+        raise GmtsError("tokens table has no group_id")
+    pos = df["grad_norm"].fillna(0) > 0 if "grad_norm" in df.columns else pd.Series(True, index=df.index)
+    adv = df["advantage"] if "advantage" in df.columns else pd.Series(0.0, index=df.index)
+    g = pd.DataFrame({"g": df["group_id"], "up": adv > 0, "down": adv < 0, "n": pos}).groupby("g", sort=True)
+    summary = pd.DataFrame({"both": g["up"].any() & g["down"].any(), "n": g["n"].sum()})
+    summary = summary.sort_values(["both", "n"], ascending=False, kind="stable")
+    return summary.index[0]
+
+
+def fig_group_answers(tokens: pd.DataFrame, group_id: Any = None) -> Figure:
+    """One group's answers: log entropy vs log grad_norm, a colour per answer, marker by sign(A).
+
+    Inside each answer the points rise together; the answers sit at different heights
+    (their |omega| = w |A|), which is why pooled entropy misranks grad_norm.
+    """
+    fig = Figure(figsize=(6.4, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    if group_id is None:
+        group_id = pick_group(tokens)
+    df = tokens[tokens["group_id"] == group_id]
+    if df.empty:
+        return _empty(fig, ax, f"group {group_id!r} not found")
+    ok = (df["entropy"] > 0) & (df["grad_norm"] > 0)
+    n_zero = int((~ok).sum())
+    markers = {1: ("^", "A > 0"), -1: ("v", "A < 0"), 0: ("o", "A = 0")}
+    seen_sign = set()
+    for i, (aid, a) in enumerate(df[ok].groupby("answer_id", sort=True)):
+        adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else 0.0
+        sign = int(np.sign(adv))
+        m, lab = markers[sign]
+        ax.scatter(a["entropy"], a["grad_norm"], s=16, marker=m, color=f"C{i % 10}", alpha=0.75, lw=0.3,
+                   edgecolor="black", label=f"answer {aid} (A={adv:+.2f})")
+        seen_sign.add(sign)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("entropy (nats, log scale)")
+    ax.set_ylabel("grad_norm = |ω| · ‖∇ log p‖ (log scale)")
+    title = f"One group ({group_id}): each answer its own band"
+    if n_zero:
+        title += f"\n{n_zero} tokens with zero gradient (A = 0) not shown"
+    ax.set_title(title, fontsize=10)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(handles[:12], labels[:12], fontsize=7, frameon=False, loc="best",
+                  title="marker: ▲ A>0, ▼ A<0", title_fontsize=7)
+    return fig
+
+
+def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entropy", "gmts")) -> Figure:
+    """All tokens pooled: each estimator vs grad_norm, log-log hexbins, Spearman in the title."""
+    from gmts_analysis.stats import spearman
+
+    ests = [s for s in estimators if s in tokens.columns]
+    fig = Figure(figsize=(4.6 * max(1, len(ests)), 4.2), layout="constrained")
+    axes = fig.subplots(1, max(1, len(ests)), squeeze=False)[0]
+    if not ests:
+        return _empty(fig, axes[0], "no estimator columns")
+    for ax, s in zip(axes, ests):
+        x = tokens[s].to_numpy(dtype=float)
+        y = tokens["grad_norm"].to_numpy(dtype=float) if "grad_norm" in tokens.columns else np.full(len(x), np.nan)
+        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        if ok.sum() < 2:
+            _empty(fig, ax, f"{s}: no positive values")
+            continue
+        hb = ax.hexbin(x[ok], y[ok], xscale="log", yscale="log", gridsize=40, bins="log", cmap="viridis", mincnt=1)
+        fig.colorbar(hb, ax=ax, label="tokens (log)")
+        rho = spearman(x, y)
+        ax.set_xlabel(f"{s} (log scale)")
+        ax.set_ylabel("grad_norm (log scale)")
+        ax.set_title(f"{s} vs grad_norm, pooled: Spearman ρ = {rho:.2f}\n({int(ok.sum())} tokens > 0)", fontsize=9)
+    return fig
+
+
+def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) -> Figure:
+    """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
+
+    The dotted diagonal is the expected overlap of a random selection (= rho).
+    """
+    tk = stats.get("topk_overlap", {})
+    scopes = [s for s in scopes if s in tk]
+    fig = Figure(figsize=(4.4 * max(1, len(scopes)) + 1.6, 4.0), layout="constrained")
+    axes = fig.subplots(1, max(1, len(scopes)), squeeze=False, sharey=True)[0]
+    if not scopes:
+        return _empty(fig, axes[0], "no top-k overlap in stats")
+    for ax, scope in zip(axes, scopes):
+        for i, (s, by_rho) in enumerate(tk[scope].items()):
+            ks = sorted(by_rho, key=float)
+            xs = [float(k) for k in ks]
+            ys = [_num(by_rho[k]) for k in ks]
+            bold = s in ("entropy", "gmts")
+            ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
+                    color=_color(s, i), alpha=1.0 if bold else 0.75, label=s)
+        ax.plot([0, 0.55], [0, 0.55], ls=":", color="grey", label="random (= ρ)")
+        ax.set_xlabel("kept fraction ρ")
+        ax.set_title(f"scope: {scope}", fontsize=10)
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("|S ∩ S_true| / |S_true|  (S_true: top by grad_norm)")
+    axes[-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+def fig_update_fidelity(stats: dict) -> Figure | None:
+    """Cosine and norm ratio of the selected tokens' update vs the full update (rho 0.2).
+
+    Bars for each estimator and the references all (1, 1), oracle (top by grad_norm) and
+    random (mean of several draws, with their standard deviation). None without fidelity.
+    """
+    fid = {k: v for k, v in (stats.get("update_fidelity") or {}).items() if isinstance(v, dict) and "cosine" in v}
+    if not fid:
+        return None
+    refs = [k for k in ("all", "oracle") if k in fid]
+    ests = [k for k in fid if k not in ("all", "oracle", "random", "random_std")]
+    names = refs + ests + (["random"] if "random" in fid else [])
+    std = fid.get("random_std", {})
+    fig = Figure(figsize=(max(5.0, 0.9 * len(names) + 2.0), 3.8), layout="constrained")
+    axes = fig.subplots(1, 2, squeeze=False)[0]
+    for ax, metric, label in zip(axes, ("cosine", "norm_ratio"), ("cosine(g_S, g_all)", "‖g_S‖ / ‖g_all‖")):
+        vals = [_num(fid[n].get(metric)) for n in names]
+        err = [(_num(std.get(metric)) if n == "random" and std else 0.0) for n in names]
+        cols = [_color(n, i) for i, n in enumerate(names)]
+        ax.bar(range(len(names)), vals, color=cols, yerr=err, capsize=3, edgecolor="black", lw=0.4)
+        for i, v in enumerate(vals):
+            if np.isfinite(v):
+                ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(label, fontsize=10)
+        ax.axhline(1.0, color="grey", lw=0.6, ls=":")
+    fig.suptitle("Update fidelity of a 20% selection", fontsize=10)
+    return fig
+
+
+def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = 0.2) -> Any:
+    """The answer whose tokens ``a`` and ``b`` select most differently (batch scope), among
+    answers with a non-zero gradient when there are any."""
+    from gmts_analysis.selection import answer_disagreement
+
+    d = answer_disagreement(tokens, a, b, rho, "batch")
+    if "grad_norm" in tokens.columns:  # prefer answers whose tokens have a gradient at all
+        live = tokens.loc[tokens["grad_norm"].fillna(0) > 0, "answer_id"].unique()
+        if len(live):
+            d = d[d["answer_id"].isin(live)]
+    return d["answer_id"].iloc[0]
+
+
+def fig_token_strip(
+    tokens: pd.DataFrame,
+    answer_id: Any = None,
+    rho: float = 0.2,
+    scope: str = "batch",
+    per_line: int = 32,
+    max_tokens: int = 160,
+) -> Figure:
+    """One answer as a strip of tokens: coloured by entropy, by grad_norm, and the tokens the
+    entropy and GMTS selections keep (top-``rho`` in ``scope``, computed on the whole table).
+
+    Colours are log-scaled inside the answer (dark = high). Long answers are cut to
+    ``max_tokens``; the strip wraps every ``per_line`` tokens.
+    """
+    from matplotlib.colors import LogNorm, Normalize
+    from matplotlib import colormaps
+
+    from gmts_analysis.selection import select_top
+
+    if answer_id is None:
+        answer_id = pick_answer(tokens, rho=rho)
+    sel_e = select_top(tokens, "entropy", rho, scope)
+    sel_g = select_top(tokens, "gmts", rho, scope) if "gmts" in tokens.columns else np.zeros(len(tokens), bool)
+    m = (tokens["answer_id"] == answer_id).to_numpy()
+    a = tokens[m].assign(_se=sel_e[m], _sg=sel_g[m]).sort_values("position")
+    n_all = len(a)
+    a = a.head(max_tokens)
+    n = len(a)
+    lines = max(1, -(-n // per_line))
+    rows = [("entropy", "entropy", "Blues"), ("grad_norm", "grad_norm", "Oranges"),
+            ("entropy keeps", "_se", None), ("GMTS keeps", "_sg", None)]
+    fig = Figure(figsize=(min(16.0, 0.42 * min(n, per_line) + 1.8), 0.5 + 1.25 * lines), layout="constrained")
+    ax = fig.add_subplot()
+    if n == 0:
+        return _empty(fig, ax, f"answer {answer_id!r} not found")
+    cmaps = {}
+    for label, col, cmap in rows:
+        if cmap is None:
+            continue
+        v = a[col].to_numpy(dtype=float)
+        pos = v[np.isfinite(v) & (v > 0)]
+        norm = LogNorm(pos.min(), pos.max()) if len(pos) >= 2 and pos.max() > pos.min() else Normalize(0, 1)
+        cmaps[col] = (colormaps[cmap], norm)
+    row_h = 1.0
+    block = len(rows) + 0.6
+    toks = [display_token(t, 4) for t in a["token"]]
+    for j in range(n):
+        line, x = divmod(j, per_line)
+        y0 = line * block
+        for r, (label, col, cmap) in enumerate(rows):
+            y = y0 + r * row_h
+            val = a[col].iloc[j]
+            if cmap is None:
+                face = (COLORS["entropy"] if col == "_se" else COLORS["gmts"]) if bool(val) else "white"
+                txt_color = "white" if bool(val) else "#bbbbbb"
+            else:
+                cm, norm = cmaps[col]
+                fv = float(val) if np.isfinite(val) and val > 0 else np.nan
+                rgba = cm(norm(fv)) if np.isfinite(fv) else (0.9, 0.9, 0.9, 1)
+                face = rgba
+                txt_color = "white" if np.isfinite(fv) and norm(fv) > 0.6 else "black"
+            ax.add_patch(_rect(x, y, face))
+            ax.text(x + 0.5, y + 0.5, toks[j], ha="center", va="center", fontsize=6, color=txt_color,
+                    parse_math=False, family="DejaVu Sans Mono")
+        if x == 0:
+            for r, (label, _, _) in enumerate(rows):
+                ax.text(-0.3, y0 + r * row_h + 0.5, label, ha="right", va="center", fontsize=7, parse_math=False)
+    ax.set_xlim(-4.0, per_line)
+    ax.set_ylim(lines * block, -0.2)
+    ax.set_axis_off()
+    adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else float("nan")
+    cut = f", first {n} of {n_all} tokens" if n < n_all else ""
+    ax.set_title(
+        f"answer {answer_id} (A = {adv:+.2f}{cut}): colour = value inside the answer (log scale); "
+        f"selections: top {rho:.0%} per {scope}", fontsize=8, loc="left",
+    )
+    return fig
+
+
+def _rect(x: float, y: float, face) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
+
+
+# ------------------------------------------------------------------------------ writing
+
+
+FIGURES: dict[str, Callable[[Run], Figure | None]] = {
+    "within_vs_cross": lambda r: fig_within_vs_cross(r.tokens, r.stats),
+    "group_answers": lambda r: fig_group_answers(r.tokens),
+    "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),
+    "topk_overlap": lambda r: fig_topk_overlap(r.stats),
+    "update_fidelity": lambda r: fig_update_fidelity(r.stats),
+    "token_strip": lambda r: fig_token_strip(r.tokens),
+}
+
+
+def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 150) -> list[Path]:
+    """Write ``fig`` as ``stem.<fmt>`` for each format (Agg canvas, atomic); returns the paths."""
+    import io as _io
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gmts_analysis.io import atomic_write_bytes
+
+    FigureCanvasAgg(fig)
+    out = []
+    for fmt in formats:
+        buf = _io.BytesIO()
+        fig.savefig(buf, format=fmt, dpi=dpi, metadata={"Creator": "gmts_analysis"} if fmt == "png" else None)
+        out.append(atomic_write_bytes(stem.with_suffix(f".{fmt}"), buf.getvalue()))
+    return out
+
+
+def render_all(run_dir: str | os.PathLike, to: str | os.PathLike | None = None) -> list[Path]:
+    """Render every figure of a run directory as PNG and PDF into ``to`` (default RUN_DIR/figures).
+
+    Figures that cannot be drawn (e.g. update fidelity when the probe did not compute it)
+    are skipped with a log line. Returns the written paths.
+    """
+    run = load_run(run_dir)
+    out_dir = Path(to) if to is not None else run.path / "figures"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for name, make in FIGURES.items():
+        try:
+            fig = make(run)
+        except GmtsError as e:
+            log.warning("figure %s skipped: %s", name, e)
+            continue
+        if fig is None:
+            log.info("figure %s skipped (no data)", name)
+            continue
+        written += save_figure(fig, out_dir / name)
+    return written
