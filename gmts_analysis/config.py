@@ -47,7 +47,10 @@ class ProbeConfig:
     truncate: bool = opt(False, "cut responses that do not fit the model's context instead of failing")
     figures: bool = opt(True, "render figures/ and report.html", flag_off="--no-figures")
     seed: int = opt(0, "seed for sketches, bootstrap and random selections")
-    overwrite: bool = opt(False, "replace an existing output directory")
+    overwrite: bool = opt(False, "replace an existing output directory (default: resume a run of the same "
+                          "model, rollouts and configuration; refuse anything else)")
+    strict: bool = opt(False, "stop at the first answer that fails (default: record it in errors.jsonl and go on)")
+    answers_per_chunk: int = opt(16, "answers per recorded chunk: a killed run redoes at most one chunk per rank")
     quiet: bool = opt(False, "no progress bars")
 
 

@@ -365,36 +365,14 @@ def _verifier(name: str | None):
 def run_probe(cfg: ProbeConfig) -> Path:
     """Load, read, probe, compute statistics (and fidelity, figures, report); write ``cfg.out``.
 
-    The run directory is built in a temporary sibling and renamed when complete.
+    One process, or every rank of a torchrun job (each takes a share of whole groups; rank 0
+    merges). Work is recorded chunk by chunk in ``cfg.out``: the same command run again
+    after a crash resumes; the finished files appear only once everything is done (see
+    :mod:`gmts_analysis.dist` and docs/scaling.md).
     """
-    from gmts_analysis import io
-    from gmts_analysis.models import context_length, load_model, resolve_model_path
-    from gmts_analysis.rollouts import read_rollouts, validate_against_model
+    from gmts_analysis.dist import run_sharded
 
-    if cfg.out is None:
-        raise GmtsError("--out: an output directory is required")
-    rollouts_path = Path(cfg.rollouts)
-    if not rollouts_path.exists():
-        raise GmtsError(f"{rollouts_path}: rollouts file not found")
-    out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()) and not cfg.overwrite:
-        raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
-    t_start = time.perf_counter()
-    model_path = resolve_model_path(cfg.model)
-    model, tokenizer = load_model(cfg.model, cfg.device, cfg.dtype)
-    t_load = time.perf_counter() - t_start
-    answers = read_rollouts(rollouts_path, tokenizer, cfg.format, _verifier(cfg.verifier))
-    vocab = model.get_input_embeddings().weight.shape[0]
-    n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
-    if n_cut:
-        log.warning("%d answer(s) truncated to the model's context", n_cut)
-    log.info("probing %d answers (%d tokens) with %s on %s", len(answers), sum(a.length for a in answers),
-             type(model).__name__, next(model.parameters()).device)
-    result = probe_rollouts(model, tokenizer, answers, cfg)
-    result.timings["load_s"] = t_load
-    return write_run(cfg, model, model_path, answers, result, extra={"n_truncated": n_cut,
-                     "rollouts": {"path": str(rollouts_path), "sha256": file_sha256(rollouts_path),
-                                  "format": cfg.format}})
+    return run_sharded(cfg)
 
 
 def fidelity_enabled(cfg: ProbeConfig, n_tokens: int) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -25,5 +26,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = from_args(ProbeConfig, args)
     out = run_probe(cfg)
-    print(f"wrote {out}", file=sys.stderr)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the run
+        print(f"wrote {out}", file=sys.stderr)
     return 0

@@ -1,0 +1,187 @@
+"""A probe run on one process or many (torchrun), resumable, merged by rank 0.
+
+Steps, on every rank unless said:
+
+1. rank 0 fingerprints the run and inspects ``out`` (fresh, resume, complete, or refuse);
+   every rank gets its decision;
+2. load the model on this rank's device, read the rollouts, compute advantages and
+   aggregation weights from the whole file (batch-wide values on every rank);
+3. rank 0 creates or reopens the work area;
+4. take the length-balanced share of whole groups (:func:`shard_answers`), skip the
+   answers some chunk record already holds, probe the rest chunk by chunk, and write
+   this rank's part;
+5. rank 0 waits for every part, merges, computes the statistics and writes the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from gmts_analysis import probe as probe_mod
+from gmts_analysis.config import ProbeConfig
+from gmts_analysis.dist import merge, state
+from gmts_analysis.dist.context import (
+    DistContext, broadcast_from_main, context_from_env, process_group, rank_device,
+)
+from gmts_analysis.dist.shard import shard_answers
+from gmts_analysis.dist.worker import probe_share
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger("gmts_analysis.dist")
+
+
+def check_inputs(cfg: ProbeConfig) -> None:
+    """Errors any rank can tell before touching the disk."""
+    if cfg.out is None:
+        raise GmtsError("--out: an output directory is required")
+    if not Path(cfg.rollouts).exists():
+        raise GmtsError(f"{cfg.rollouts}: rollouts file not found")
+    try:
+        n = int(cfg.answers_per_chunk)
+    except (TypeError, ValueError):
+        raise GmtsError(f"--answers-per-chunk: expected an integer, got '{cfg.answers_per_chunk}'") from None
+    if n < 1:
+        raise GmtsError(f"--answers-per-chunk: must be at least 1, got {n}")
+
+
+def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int, float]:
+    """``(model, tokenizer, model_path, answers, n_truncated, load_seconds)``."""
+    from gmts_analysis.models import context_length, load_model, resolve_model_path
+    from gmts_analysis.rollouts import read_rollouts, validate_against_model
+
+    t0 = time.perf_counter()
+    model_path = resolve_model_path(cfg.model)
+    model, tokenizer = load_model(cfg.model, device, cfg.dtype)
+    t_load = time.perf_counter() - t0
+    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, probe_mod._verifier(cfg.verifier))
+    vocab = model.get_input_embeddings().weight.shape[0]
+    n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
+    if n_cut:
+        log.warning("%d answer(s) truncated to the model's context", n_cut)
+    return model, tokenizer, model_path, answers, n_cut, t_load
+
+
+def _on_main(ctx: DistContext, fn: Any) -> Any:
+    """Run ``fn`` on rank 0 and give every rank its result; a GmtsError is raised on every rank."""
+    msg = None
+    if ctx.is_main:
+        try:
+            msg = ("ok", fn())
+        except GmtsError as e:
+            msg = ("error", str(e))
+        except Exception as e:  # tell the others before failing, so they do not wait forever
+            broadcast_from_main(ctx, ("error", f"rank 0 failed: {type(e).__name__}: {e}"))
+            raise
+    msg = broadcast_from_main(ctx, msg)
+    if msg[0] == "error":
+        raise GmtsError(msg[1])
+    return msg[1]
+
+
+def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
+    """Probe ``cfg.rollouts`` with ``cfg.model`` into ``cfg.out`` on this rank; rank 0 merges.
+
+    With no torchrun environment this is one process doing everything. Returns ``cfg.out``.
+    """
+    ctx = ctx or context_from_env()
+    check_inputs(cfg)
+    out = Path(cfg.out)
+    if not ctx.is_main:  # progress and info lines on rank 0 only
+        logging.getLogger("gmts_analysis.probe").setLevel(logging.ERROR)
+        logging.getLogger("gmts_analysis.dist").setLevel(logging.WARNING)
+    with process_group(ctx):
+        t_start = time.perf_counter()
+
+        def inspect() -> tuple[str, state.Fingerprint]:
+            fp = state.run_fingerprint(cfg)
+            return state.inspect_directory(out, fp, cfg.overwrite), fp
+
+        status, fp = _on_main(ctx, inspect)
+        if status == "complete":
+            log.info("%s: this run is already complete (same model, rollouts and configuration); nothing to do", out)
+            return out
+        device = rank_device(ctx, cfg.device)
+        model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
+        coefs = probe_mod.answer_coefficients(answers, cfg)
+        attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size))
+
+        share = shard_answers(answers, ctx.world_size)[ctx.rank]
+        done = state.owners(state.read_chunks(out, fp.run_hash))
+        todo = [i for i in share if i not in done]
+        if ctx.is_main:
+            n_done = len(done)
+            log.info("probing %d answers (%d tokens) with %s on %s%s%s", len(answers),
+                     sum(a.length for a in answers), type(model).__name__, device,
+                     f", {ctx.world_size} ranks" if ctx.distributed else "",
+                     f"; resuming: {n_done} answers already done" if n_done else "")
+        summary = probe_share(model, tokenizer, answers, coefs, todo, cfg, out, fp.run_hash, ctx, attempt,
+                              progress=ctx.is_main and not cfg.quiet)
+        merge.write_part(out, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
+                         {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
+                          "n_tokens_probed": summary.n_tokens, "device": device})
+        if not ctx.is_main:
+            return out
+        parts = merge.wait_for_parts(out, ctx.world_size, fp.run_hash, attempt)
+        return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
+                      time.perf_counter() - t_start, ctx.world_size)
+
+
+def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
+           fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
+           world_size: int) -> Path:
+    """Merge and write the final directory, with the manifest's timings and distribution record."""
+    records = state.read_chunks(out, fp.run_hash)
+    n_tok = sum(r.n_tokens for r in records)
+    probe_s = sum(r.seconds for r in records)
+    st = state.read_state(out)
+    timings = {"load_s": t_load, "probe_s": probe_s, "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"),
+               "wall_s": wall_s}
+    extra = {
+        "n_truncated": n_cut,
+        "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format},
+        "distributed": {
+            "world_size": world_size,
+            "attempts": st.get("attempts", []),
+            "ranks": [{k: m.get(k) for k in ("rank", "device", "probe_wall_s", "n_probed", "n_tokens_probed")}
+                      for m in parts or []],
+            "answers_per_chunk": cfg.answers_per_chunk,
+            "n_chunks": len(records),
+        },
+    }
+    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra)
+
+
+def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
+              fidelity: str | None = None, quiet: bool = False) -> Path:
+    """``gmts merge RUN_DIR``: finish an unfinished run whose answers are all probed.
+
+    Uses the parts when every rank of the last attempt wrote one, else the chunk records.
+    The model and rollouts must still match the run's fingerprint.
+    """
+    import dataclasses
+
+    out = Path(run_dir)
+    if not out.is_dir():
+        raise GmtsError(f"{out}: no such run directory")
+    st = state.read_state(out)
+    fields = {f.name for f in dataclasses.fields(ProbeConfig)}
+    cfg = ProbeConfig(**{k: v for k, v in st["config"].items() if k in fields})
+    cfg = dataclasses.replace(cfg, out=str(out), device=device, quiet=quiet,
+                              figures=cfg.figures if figures is None else figures,
+                              fidelity=cfg.fidelity if fidelity is None else fidelity)
+    check_inputs(cfg)
+    fp = state.run_fingerprint(cfg)
+    if fp.run_hash != st.get("run_hash"):
+        why = "; ".join(fp.differences(st.get("fingerprint") or {}))
+        raise GmtsError(f"{out}: the model or rollouts changed since the run started ({why})")
+    t0 = time.perf_counter()
+    model, _, model_path, answers, n_cut, t_load = load_inputs(cfg, rank_device(DistContext(), device))
+    coefs = probe_mod.answer_coefficients(answers, cfg)
+    attempts = st.get("attempts") or [{}]
+    world = int(attempts[-1].get("world_size", 1))
+    parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))
+    return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
+                  time.perf_counter() - t0, world)

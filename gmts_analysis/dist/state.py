@@ -1,0 +1,332 @@
+"""The work area of an unfinished run: fingerprint, ``run.json``, chunk records and parts.
+
+While a probe runs, its output directory holds::
+
+    run.json                         what this run is (fingerprint + hash), its attempts
+    chunks/<key>.tokens.parquet      token rows of a few answers (with ``_answer_index``)
+    chunks/<key>.groups.parquet      their per-layer/module norms (with --grad-groups)
+    chunks/<key>.json                the chunk's record: answers done, answers failed
+    parts/part-RRRRR-of-WWWWW.*      one rank's share, gathered from the chunks
+
+Every file is written under a temporary name and renamed; a chunk counts as done only
+once its record (``.json``, written last) exists, so a process killed at any moment
+leaves either a whole chunk or nothing of it. The answers done are the union of the
+records, whatever world size or chunk size wrote them: a run can be resumed on a
+different number of GPUs. When the run finishes, the directory is replaced by the
+final one (tokens.parquet, answers.parquet, stats.json, manifest.json, ...), whose
+manifest keeps the hash.
+
+The hash covers what changes the results: the model's files (config and tokenizer files
+hashed whole, weight files by size and 16 sampled 64 KiB blocks), the rollouts file
+(sha256), and the configuration fields in :data:`RESULT_FIELDS`. Not covered: paths,
+``out``, ``device``, ``chunk_size``, ``max_memory`` (performance only), ``fidelity``
+and ``figures`` (decided at the end), ``overwrite``, ``strict``, ``answers_per_chunk``
+and ``quiet``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from gmts_analysis.config import ProbeConfig
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger("gmts_analysis.dist")
+
+STATE_FILE = "run.json"
+CHUNKS = "chunks"
+PARTS = "parts"
+INDEX_COLUMN = "_answer_index"  # position of the answer in the rollouts file (0-based)
+STATE_FORMAT = "gmts-run-state/1"
+
+# configuration fields that change the rows of tokens.parquet or the statistics
+RESULT_FIELDS = ("format", "dtype", "temperature", "advantage", "loss_agg", "max_len", "clip_low", "clip_high",
+                 "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed")
+_TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".py", ".tiktoken", ".vocab", ".merges")
+_BLOCK = 64 * 1024
+_BLOCKS = 16
+
+
+# ---------------------------------------------------------------- fingerprint
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _sampled_sha256(path: Path) -> str:
+    """sha256 of the size and of ``_BLOCKS`` blocks at evenly spaced offsets (first and last included)."""
+    size = path.stat().st_size
+    h = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= _BLOCK * _BLOCKS:
+            h.update(f.read())
+        else:
+            for k in range(_BLOCKS):
+                f.seek((size - _BLOCK) * k // (_BLOCKS - 1))
+                h.update(f.read(_BLOCK))
+    return h.hexdigest()
+
+
+def model_fingerprint(name_or_path: str) -> dict[str, Any]:
+    """What identifies the model's content: ``{file name: digest}`` of a local directory.
+
+    Small text files (config, tokenizer) are hashed whole, others (weights) by size and
+    sampled blocks, so two checkpoints of one architecture differ while a 14 GB model is
+    fingerprinted in milliseconds. A name that is not a local directory (a hub id) is
+    kept as given. The path itself is not part of it: nodes may mount it differently.
+    """
+    from gmts_analysis.models import resolve_model_path
+
+    path = Path(resolve_model_path(name_or_path))
+    if not path.is_dir():
+        return {"id": str(name_or_path)}
+    files = {}
+    for f in sorted(path.iterdir()):
+        if not f.is_file() or f.name.startswith("."):
+            continue
+        small_text = f.suffix in _TEXT_SUFFIXES and f.stat().st_size <= 64 * 2**20
+        files[f.name] = _sha256_file(f) if small_text else "sampled:" + _sampled_sha256(f)
+    return {"files": files}
+
+
+def result_config(cfg: ProbeConfig) -> dict[str, Any]:
+    """The configuration fields that change results (``probes`` only for a sketch)."""
+    d = {k: getattr(cfg, k) for k in RESULT_FIELDS}
+    if cfg.grad_norm == "sketch":
+        d["probes"] = cfg.probes
+    return d
+
+
+@dataclass
+class Fingerprint:
+    """Identity of a run: model content, rollouts content, result-changing configuration."""
+
+    model: dict
+    rollouts_sha256: str
+    config: dict
+    run_hash: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.run_hash:
+            blob = json.dumps({"model": self.model, "rollouts": self.rollouts_sha256, "config": self.config},
+                              sort_keys=True, default=str)
+            self.run_hash = hashlib.sha256(blob.encode()).hexdigest()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def differences(self, other: dict) -> list[str]:
+        """Human-readable list of what differs from a stored fingerprint (``to_json`` form)."""
+        out = []
+        if other.get("model") != self.model:
+            out.append("the model's files")
+        if other.get("rollouts_sha256") != self.rollouts_sha256:
+            out.append("the rollouts file's content")
+        old_cfg = other.get("config") or {}
+        for k in sorted(set(old_cfg) | set(self.config)):
+            if old_cfg.get(k) != self.config.get(k):
+                out.append(f"--{k.replace('_', '-')} {old_cfg.get(k)} -> {self.config.get(k)}")
+        return out or ["the run hash"]
+
+
+def run_fingerprint(cfg: ProbeConfig) -> Fingerprint:
+    return Fingerprint(model=model_fingerprint(cfg.model), rollouts_sha256=_sha256_file(Path(cfg.rollouts)),
+                       config=result_config(cfg))
+
+
+# ---------------------------------------------------------------- the directory
+
+def _read_json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def work_area_sibling(out: Path) -> Path:
+    """Where the work area waits while the finished directory is renamed into place."""
+    return out.parent / f".{out.name}.gmts-work"
+
+
+def recover_work_area(out: Path) -> None:
+    """Undo an interrupted final rename: bring the work area back, or drop it if the run finished."""
+    import shutil
+
+    work = work_area_sibling(out)
+    if not work.exists():
+        return
+    if out.exists() and (out / "manifest.json").exists():
+        shutil.rmtree(work, ignore_errors=True)
+    elif not out.exists():
+        os.replace(work, out)
+
+
+def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
+    """What to do with ``out``: ``fresh``, ``resume``, ``complete`` or ``overwrite``.
+
+    Raises :class:`GmtsError` when ``out`` holds anything else than this run (another
+    model, rollouts or configuration, or files that are not a run) and not ``overwrite``.
+    """
+    recover_work_area(out)
+    if out.exists() and not out.is_dir():
+        raise GmtsError(f"{out}: exists and is not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return "fresh"
+    if overwrite:
+        return "overwrite"
+    manifest = _read_json_or_none(out / "manifest.json") if (out / "manifest.json").exists() else None
+    if manifest is not None and (out / "tokens.parquet").exists():
+        if manifest.get("run_hash") == fp.run_hash:
+            return "complete"
+        old = manifest.get("run_fingerprint")
+        why = "; ".join(fp.differences(old)) if isinstance(old, dict) else "an earlier run"
+        raise GmtsError(f"{out}: holds a finished run of a different model, rollouts or configuration ({why}); "
+                        "pass --overwrite to replace it")
+    state = _read_json_or_none(out / STATE_FILE) if (out / STATE_FILE).exists() else None
+    if isinstance(state, dict) and state.get("format") == STATE_FORMAT:
+        if state.get("run_hash") == fp.run_hash:
+            return "resume"
+        why = "; ".join(fp.differences(state.get("fingerprint") or {}))
+        raise GmtsError(f"{out}: holds an unfinished run of a different model, rollouts or configuration ({why}); "
+                        "rerun its own command to resume it, or pass --overwrite to start over")
+    raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
+
+
+def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int) -> int:
+    """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...).
+
+    ``overwrite`` empties ``out`` first. Parts of earlier attempts are removed (they are
+    rebuilt from the chunk records); chunk records are kept.
+    """
+    import shutil
+
+    from gmts_analysis import io
+
+    if status == "overwrite":
+        for child in out.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+    state = _read_json_or_none(out / STATE_FILE) if status == "resume" else None
+    if not isinstance(state, dict):
+        state = {"format": STATE_FORMAT, "run_hash": fp.run_hash, "fingerprint": fp.to_json(),
+                 "config": asdict(cfg), "created": _now(), "attempts": []}
+    state["attempts"].append({"started": _now(), "world_size": world_size})
+    state["config"] = asdict(cfg)  # the latest command (gmts merge uses it)
+    shutil.rmtree(out / PARTS, ignore_errors=True)
+    (out / CHUNKS).mkdir(exist_ok=True)
+    (out / PARTS).mkdir(exist_ok=True)
+    io.atomic_write_json(out / STATE_FILE, state)
+    return len(state["attempts"])
+
+
+def read_state(out: Path) -> dict:
+    recover_work_area(out)
+    state = _read_json_or_none(out / STATE_FILE)
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        if (out / "manifest.json").exists() and (out / "tokens.parquet").exists():
+            raise GmtsError(f"{out}: this run is already complete (tokens.parquet and manifest.json exist)")
+        raise GmtsError(f"{out}: not an unfinished probe run (no readable {STATE_FILE})")
+    return state
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+# ---------------------------------------------------------------- chunk records
+
+@dataclass
+class ChunkRecord:
+    """A finished chunk: ``answers`` (indices) done, ``errors`` among them, the files holding the rows."""
+
+    name: str
+    answers: list[int]
+    errors: list[dict] = field(default_factory=list)
+    tokens: str | None = None  # file name under chunks/ (None: no rows)
+    groups: str | None = None
+    n_rows: int = 0
+    seconds: float = 0.0
+    n_tokens: int = 0
+
+
+def chunk_name(indices: Sequence[int]) -> str:
+    digest = hashlib.sha1(",".join(map(str, indices)).encode()).hexdigest()[:10]
+    return f"c{min(indices):09d}-{digest}"
+
+
+def write_chunk(out: Path, run_hash: str, indices: Sequence[int], tokens: Any, groups: Any, errors: list[dict],
+                seconds: float, n_tokens: int, meta: dict) -> ChunkRecord:
+    """Write a chunk's tables, then its record (the commit point)."""
+    from gmts_analysis import io
+
+    name = chunk_name(indices)
+    d = out / CHUNKS
+    rec = ChunkRecord(name=name, answers=[int(i) for i in indices], errors=errors, seconds=seconds,
+                      n_tokens=n_tokens)
+    if tokens is not None and len(tokens):
+        rec.tokens = f"{name}.tokens.parquet"
+        rec.n_rows = int(len(tokens))
+        io.atomic_write_parquet(d / rec.tokens, tokens)
+    if groups is not None and len(groups):
+        rec.groups = f"{name}.groups.parquet"
+        io.atomic_write_parquet(d / rec.groups, groups)
+    io.atomic_write_json(d / f"{name}.json", {"run_hash": run_hash, **asdict(rec), **meta})
+    return rec
+
+
+def read_chunks(out: Path, run_hash: str) -> list[ChunkRecord]:
+    """Valid chunk records of this run, by name (that is, by first answer index)."""
+    recs = []
+    for p in sorted((out / CHUNKS).glob("c*.json")):
+        d = _read_json_or_none(p)
+        if not isinstance(d, dict) or d.get("run_hash") != run_hash:
+            log.warning("%s: ignoring an unreadable or foreign chunk record", p)
+            continue
+        rec = ChunkRecord(**{k: d[k] for k in ChunkRecord.__dataclass_fields__ if k in d})
+        missing = [f for f in (rec.tokens, rec.groups) if f and not (out / CHUNKS / f).exists()]
+        if missing:
+            log.warning("%s: its table %s is missing; the chunk will be redone", p, missing[0])
+            continue
+        recs.append(rec)
+    return recs
+
+
+def owners(records: Iterable[ChunkRecord]) -> dict[int, ChunkRecord]:
+    """Answer index -> the record that holds it (the first by name if two do)."""
+    own: dict[int, ChunkRecord] = {}
+    for r in records:
+        for i in r.answers:
+            own.setdefault(i, r)
+    return own
+
+
+# ---------------------------------------------------------------- parts
+
+def part_stem(rank: int, world_size: int) -> str:
+    return f"part-{rank:05d}-of-{world_size:05d}"
+
+
+def read_part_meta(out: Path, rank: int, world_size: int) -> dict | None:
+    p = out / PARTS / f"{part_stem(rank, world_size)}.json"
+    return _read_json_or_none(p) if p.exists() else None
+
+
+def remove_file(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
