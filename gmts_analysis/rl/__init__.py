@@ -1,0 +1,13 @@
+"""RLVR training with token selection: GMTS vs entropy vs all vs random.
+
+- :mod:`gmts_analysis.rl.trainer`: the home-made on-policy GRPO loop behind ``gmts rl``
+  (toy domains, no TRL needed), with per-step diagnostics.
+- :mod:`gmts_analysis.rl.experiment`: runs arms x seeds, results JSON, summary.
+- :mod:`gmts_analysis.rl.plots`: learning curves with seed bands.
+- :mod:`gmts_analysis.rl.trl_trainer`: ``SelectiveGRPOTrainer``, a drop-in subclass of TRL's
+  ``GRPOTrainer`` (optional extra ``[trl]``).
+- :mod:`gmts_analysis.rl.verl_recipe`: the selection mask for verl batches (verl not needed).
+
+The selection itself (pure tensor functions) is in :mod:`gmts_analysis.selection`.
+Nothing heavy is imported here.
+"""

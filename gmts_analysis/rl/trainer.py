@@ -1,0 +1,412 @@
+"""A small on-policy GRPO loop on the toy domains, with token selection (``gmts rl``).
+
+One training step:
+
+1. sample ``prompts_per_domain`` train-split prompts of each domain with ``group_size``
+   answers each (:func:`gmts_analysis.toy.sample.sample_rollouts`, temperature ``tau``),
+   rewards from the domain verifier;
+2. group advantages (:func:`gmts_analysis.advantages.compute_advantages`, GRPO by default);
+3. one forward of the policy on the whole batch: log-probs ``(B, T)`` (differentiable)
+   and entropies ``(B, T)`` of ``softmax(z / tau)``;
+4. a selection mask (``all`` | ``entropy`` | ``gmts`` | ``random``, top ``rho`` in
+   ``scope``; :func:`gmts_analysis.selection.selection_mask`), and the loss
+   ``aggregate_loss(-A * ratio, mask, selected, normalizer, loss_agg)`` with
+   ``ratio = exp(logp - logp.detach())``;
+5. one AdamW step (gradient clipped to ``max_grad_norm``).
+
+The update is strictly on-policy: one gradient step per fresh batch, so the importance ratio
+is 1, the PPO clip is inactive and omega = w * A exactly (SPEC section 4); GMTS is then
+entropy * |A| * w. No KL penalty, no reference model.
+
+Per-step diagnostics (cheap, every step): the overlap ``|S_entropy ∩ S_gmts| / |S_gmts|`` of
+the two selections on the same batch, the share of selected tokens with A = 0, reward,
+entropy, length, loss, gradient norm. Every ``diag_every`` steps (costlier): exact per-token
+gradient norms on ``diag_answers`` answers (:func:`gmts_analysis.grads.grad_norms`) for the
+within-answer Spearman(entropy, grad_norm_logp) and cross-answer Spearman(entropy | gmts,
+grad_norm), and the update fidelity (cosine and norm ratio between the summed gradient of
+the selected tokens' terms and the full policy gradient) for entropy, gmts and random
+selections on the whole batch.
+
+Evaluation: pass@1 at temperature 1.0 on ``eval_prompts`` held-out prompts per domain
+(one sample each, fixed ``eval_seed``: every arm and checkpoint sees the same prompts and
+the same sampling noise, so differences between checkpoints are not sampling noise of the
+prompt set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+ALL_DOMAINS = ("arithmetic", "program", "logic")
+SELECTION_ARMS = ("all", "entropy", "gmts", "random")
+
+
+@dataclass
+class RLConfig:
+    """Everything one training run depends on (recorded in the results JSON)."""
+
+    policy: str = "small"
+    selection: str = "gmts"  # all | entropy | gmts | random
+    seed: int = 0
+    steps: int = 60
+    domains: tuple[str, ...] = ALL_DOMAINS
+    rho: float = 0.2
+    scope: str = "batch"  # batch | group
+    normalizer: str = "all"  # all | selected
+    loss_agg: str = "token-mean"
+    advantage: str = "group"
+    prompts_per_domain: int = 4
+    group_size: int = 8
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    temperature: float = 1.0
+    max_new_tokens: int = 96
+    eval_every: int = 20
+    eval_prompts: int = 200
+    eval_seed: int = 12345
+    diag_every: int = 20
+    diag_answers: int = 6
+    device: str = "cpu"
+    batch_size: int = 64  # generation batch size
+    extra: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        """Raise :class:`GmtsError` on a bad field."""
+        from gmts_analysis.toy.domains import DOMAINS
+
+        if self.selection not in SELECTION_ARMS:
+            raise GmtsError(f"--selection: unknown '{self.selection}' (choose from {', '.join(SELECTION_ARMS)})")
+        for d in self.domains:
+            if d not in DOMAINS:
+                raise GmtsError(f"--domain: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
+        if not 0.0 < self.rho <= 1.0:
+            raise GmtsError(f"--rho must be in (0, 1], got {self.rho}")
+        if self.scope not in ("batch", "group"):
+            raise GmtsError(f"--scope must be batch or group, got '{self.scope}'")
+        if self.normalizer not in ("all", "selected"):
+            raise GmtsError(f"--normalizer must be all or selected, got '{self.normalizer}'")
+        if self.steps < 0 or self.group_size < 2 or self.prompts_per_domain < 1:
+            raise GmtsError("--steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
+        if self.lr <= 0:
+            raise GmtsError(f"--lr must be > 0, got {self.lr}")
+        if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0:
+            raise GmtsError("--eval-every and --eval-prompts must be >= 1, --diag-every >= 0")
+
+
+def stable_seed(*key: object) -> int:
+    """A 31-bit seed from a key, stable across runs and platforms."""
+    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:4], "big") >> 1
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids``/``attention_mask`` ``(B, S)`` of prompt+response, and over the
+    response positions ``targets``, ``mask``, ``logit_index`` ``(B, T)`` (``T`` the longest
+    response): response token ``t`` of row ``i`` is ``input_ids[i, P_i + t]``, predicted by
+    the logits at ``P_i + t - 1`` (the shift of :mod:`gmts_analysis.tokens`)."""
+    B = len(rows)
+    P = [len(r["prompt_ids"]) for r in rows]
+    L = [len(r["response_ids"]) for r in rows]
+    S = max(p + n for p, n in zip(P, L))
+    T = max(max(L), 1)
+    ids = torch.full((B, S), pad_id, dtype=torch.long)
+    att = torch.zeros((B, S), dtype=torch.long)
+    tgt = torch.full((B, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.long)
+    lidx = torch.zeros((B, T), dtype=torch.long)
+    for i, r in enumerate(rows):
+        seq = list(r["prompt_ids"]) + list(r["response_ids"])
+        ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        att[i, : len(seq)] = 1
+        if L[i]:
+            tgt[i, : L[i]] = torch.tensor(r["response_ids"], dtype=torch.long)
+            mask[i, : L[i]] = 1
+        lidx[i] = torch.clamp(P[i] - 1 + torch.arange(T), max=S - 1)
+    out = {"input_ids": ids, "attention_mask": att, "targets": tgt, "mask": mask, "logit_index": lidx}
+    return {k: v.to(device) for k, v in out.items()}
+
+
+def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0):
+    """``(logprobs, entropy)``, both ``(B, T)`` float32: log p(o_t) (differentiable) and the
+    entropy in nats (detached) of ``softmax(z / tau)`` at every response position."""
+    from gmts_analysis.tokens import scaled_log_softmax
+
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
+    V = logits.shape[-1]
+    idx = batch["logit_index"].unsqueeze(-1).expand(-1, -1, V)
+    resp = logits.gather(1, idx)
+    logp = scaled_log_softmax(resp, temperature)
+    lp = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        p = logp.exp()
+        ent = -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1)
+    m = batch["mask"].to(lp.dtype)
+    return lp * m, ent * m
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def evaluate(model, tokenizer, cfg: RLConfig) -> dict[str, float]:
+    """pass@1 per domain at ``cfg.temperature`` on ``cfg.eval_prompts`` held-out prompts (one sample each)."""
+    from gmts_analysis.toy.sample import sample_rollouts
+
+    out = {}
+    for d in cfg.domains:
+        rows = sample_rollouts(
+            model, tokenizer, d, cfg.eval_prompts, 1, temperature=1.0, max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.eval_seed, split="heldout", batch_size=cfg.batch_size,
+        )
+        out[d] = float(np.mean([r["reward"] for r in rows]))
+    return out
+
+
+# ----------------------------------------------------------------------------- diagnostics
+
+
+def _spearman(x: np.ndarray, y: np.ndarray) -> float:
+    from scipy.stats import spearmanr
+
+    ok = ~(np.isnan(x) | np.isnan(y))
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return float("nan")
+    return float(spearmanr(x[ok], y[ok]).statistic)
+
+
+def update_fidelity(
+    logprobs: torch.Tensor, omega: torch.Tensor, selections: dict[str, torch.Tensor], params: list
+) -> dict[str, dict[str, float]]:
+    """``{name: {cosine, norm_ratio}}`` of ``g_S = grad sum_S omega * logp`` against ``g_all``.
+
+    logprobs: ``(B, T)`` differentiable (graph retained); omega ``(B, T)`` (0 on padding).
+    """
+    def flat_grad(weights: torch.Tensor) -> torch.Tensor:
+        gs = torch.autograd.grad((weights * logprobs).sum(), params, retain_graph=True, allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(gs, params)])
+
+    om = omega.to(logprobs.dtype)
+    g_all = flat_grad(om)
+    n_all = float(g_all.norm())
+    out = {}
+    for name, sel in selections.items():
+        g = flat_grad(om * sel.to(om.dtype))
+        n = float(g.norm())
+        cos = float(g @ g_all) / (n * n_all) if n > 0 and n_all > 0 else float("nan")
+        out[name] = {"cosine": cos, "norm_ratio": n / n_all if n_all > 0 else float("nan")}
+    return out
+
+
+def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
+                           cfg: RLConfig) -> dict[str, float]:
+    """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with >= 5 tokens) and
+    cross-answer Spearman(entropy | gmts, grad_norm) on a few answers (exact per-token norms).
+
+    entropy/gmts/omega_abs: one array per row (``(L_i,)``), aligned with ``rows``.
+    """
+    from gmts_analysis.grads import grad_norms
+
+    within, ent_all, gm_all, gn_all = [], [], [], []
+    device = next(model.parameters()).device
+    for r, e, g, w in zip(rows, entropy, gmts, omega_abs):
+        ids = torch.tensor(list(r["prompt_ids"]) + list(r["response_ids"]), dtype=torch.long, device=device)
+        try:
+            gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="exact").norms
+        except Exception as err:  # noqa: BLE001 - fall back to the plain loop, say so once
+            log.debug("exact grad norms failed (%s); using the loop", err)
+            gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="loop").norms
+        gn = gn.numpy()
+        if len(gn) >= 5:
+            within.append(_spearman(e, gn))
+        ent_all.append(e)
+        gm_all.append(g)
+        gn_all.append(gn * w)
+    e, g, gn = (np.concatenate(x) if x else np.zeros(0) for x in (ent_all, gm_all, gn_all))
+    wv = np.asarray([v for v in within if not math.isnan(v)])
+    return {
+        "within_answer_entropy_median": float(np.median(wv)) if len(wv) else float("nan"),
+        "cross_answer_entropy": _spearman(e, gn),
+        "cross_answer_gmts": _spearman(g, gn),
+        "n_answers": len(rows),
+        "n_tokens": len(gn),
+    }
+
+
+# ----------------------------------------------------------------------------- the loop
+
+
+def _rows_for_step(model, tokenizer, cfg: RLConfig, step: int, reward_fn=None) -> list[dict]:
+    from gmts_analysis.toy.sample import sample_rollouts
+
+    rows = []
+    for d in cfg.domains:
+        rows += sample_rollouts(
+            model, tokenizer, d, cfg.prompts_per_domain, cfg.group_size, temperature=cfg.temperature,
+            max_new_tokens=cfg.max_new_tokens, seed=stable_seed("rl-train", cfg.seed, step),
+            split="train", batch_size=cfg.batch_size,
+        )
+    if reward_fn is not None:
+        for r in rows:
+            r["reward"] = float(reward_fn(r))
+    return rows
+
+
+def train(
+    model: torch.nn.Module,
+    tokenizer: Any,
+    cfg: RLConfig,
+    initial_eval: dict[str, float] | None = None,
+    progress: bool = False,
+    on_eval: Callable[[int, dict], None] | None = None,
+    reward_fn: Callable[[dict], float] | None = None,
+) -> dict:
+    """Train ``model`` in place for ``cfg.steps`` steps; returns the run record (JSON-ready).
+
+    initial_eval: pass@1 of the untrained policy when already known (the experiment runner
+    evaluates it once for every arm); otherwise it is measured. reward_fn: replaces the
+    domain verifier's reward of each training rollout row (tests; evaluation keeps the verifier).
+    """
+    import warnings
+
+    from gmts_analysis.advantages import SingletonGroupWarning, compute_advantages
+    from gmts_analysis.models import trainable_parameters
+    from gmts_analysis.selection import aggregate_loss, selection_mask, selection_overlap, token_omega
+
+    cfg.check()
+    torch.manual_seed(cfg.seed)
+    named = trainable_parameters(model)
+    params = [p for _, p in named]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model.eval()  # no dropout in the toy policies; keeps sampling and training identical
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+
+    t_eval = t_diag = 0.0
+    t0 = time.perf_counter()
+    evals = []
+    if initial_eval is None:
+        te = time.perf_counter()
+        initial_eval = evaluate(model, tokenizer, cfg)
+        t_eval += time.perf_counter() - te
+    evals.append({"step": 0, "pass1": dict(initial_eval), "pass1_mean": float(np.mean(list(initial_eval.values())))})
+    if on_eval:
+        on_eval(0, evals[-1])
+    steps_log = []
+    it = range(1, cfg.steps + 1)
+    if progress:
+        from tqdm import tqdm
+
+        it = tqdm(it, desc=f"rl {cfg.selection} s{cfg.seed}", unit="step", leave=False)
+    for step in it:
+        ts = time.perf_counter()
+        rows = _rows_for_step(model, tokenizer, cfg, step, reward_fn)
+        t_sample = time.perf_counter() - ts
+        rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SingletonGroupWarning)
+            adv_np = compute_advantages(rewards, [r["group_id"] for r in rows], cfg.advantage)
+        batch = collate(rows, pad, device)
+        adv = torch.tensor(adv_np, dtype=torch.float32, device=device)
+        mask = batch["mask"]
+        group_ids = [r["group_id"] for r in rows]
+        with torch.enable_grad():
+            lp, ent = policy_forward(model, batch, cfg.temperature)
+            gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
+            sel_kw = {"rho": cfg.rho, "scope": cfg.scope, "group_ids": group_ids, "loss_agg": cfg.loss_agg}
+            sels = {
+                "entropy": selection_mask("entropy", ent, adv, mask, **sel_kw),
+                "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
+            }
+            if cfg.selection == "random":
+                sels["random"] = selection_mask("random", ent, adv, mask, generator=gen, **sel_kw)
+            selected = mask.bool() if cfg.selection == "all" else sels[cfg.selection]
+            ratio = torch.exp(lp - lp.detach())
+            per_token = -adv[:, None] * ratio
+            loss = aggregate_loss(per_token, mask, selected, cfg.normalizer, cfg.loss_agg)
+            rec: dict[str, Any] = {}
+            if cfg.diag_every and step % cfg.diag_every == 0:
+                td = time.perf_counter()
+                om = token_omega(adv, mask, loss_agg=cfg.loss_agg).float()
+                fsel = dict(sels)
+                if "random" not in fsel:
+                    g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
+                    fsel["random"] = selection_mask("random", ent, adv, mask, generator=g2, **sel_kw)
+                rec["fidelity"] = update_fidelity(lp, om, fsel, params)
+                rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step)
+                t_diag += time.perf_counter() - td
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+        gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        opt.step()
+        m = mask.bool()
+        n_tok = int(m.sum())
+        zero_adv = torch.from_numpy(adv_np == 0).to(device)[:, None].expand_as(m)
+        rec.update(
+            {
+                "step": step,
+                "reward_mean": float(rewards.mean()),
+                "frac_groups_zero_std": float(np.mean([np.std(rewards[i : i + cfg.group_size]) == 0
+                                                       for i in range(0, len(rows), cfg.group_size)])),
+                "loss": float(loss.detach()),
+                "grad_norm": gnorm,
+                "entropy_mean": float(ent[m].mean()) if n_tok else float("nan"),
+                "response_len_mean": n_tok / len(rows),
+                "n_tokens": n_tok,
+                "n_selected": int(selected.sum()),
+                "overlap_entropy_gmts": selection_overlap(sels["entropy"], sels["gmts"]),
+                "frac_selected_zero_adv": float((selected & zero_adv).sum()) / max(int(selected.sum()), 1),
+                "sample_s": t_sample,
+                "step_s": time.perf_counter() - ts,
+            }
+        )
+        steps_log.append(rec)
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            te = time.perf_counter()
+            ev = evaluate(model, tokenizer, cfg)
+            t_eval += time.perf_counter() - te
+            evals.append({"step": step, "pass1": ev, "pass1_mean": float(np.mean(list(ev.values())))})
+            if on_eval:
+                on_eval(step, evals[-1])
+            log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
+                     " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
+    total = time.perf_counter() - t0
+    return {
+        "config": asdict(cfg),
+        "steps": steps_log,
+        "evals": evals,
+        "final_pass1": evals[-1]["pass1"],
+        "timing_s": {"total": total, "eval": t_eval, "diagnostics": t_diag, "train": total - t_eval - t_diag},
+    }
+
+
+def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int) -> dict[str, float]:
+    """Grad-norm correlations on ``cfg.diag_answers`` answers with A != 0 (seeded choice)."""
+    cand = [i for i in range(len(rows)) if adv_np[i] != 0 and int(mask[i].sum()) > 0]
+    if not cand or cfg.diag_answers <= 0:
+        return {"n_answers": 0}
+    rng = np.random.default_rng(stable_seed("rl-diag", cfg.seed, step))
+    pick = sorted(rng.choice(cand, size=min(cfg.diag_answers, len(cand)), replace=False).tolist())
+    ents, gms, oms = [], [], []
+    for i in pick:
+        L = int(mask[i].sum())
+        e = ent[i, :L].double().cpu().numpy()
+        w = om[i, :L].abs().double().cpu().numpy()
+        ents.append(e)
+        oms.append(w)
+        gms.append(e * w)
+    return grad_norm_correlations(model, [rows[i] for i in pick], ents, gms, oms, cfg)
