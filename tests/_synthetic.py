@@ -59,7 +59,7 @@ def make_tables(
                 lgn = np.sqrt(np.clip((1 - prob) ** 2 + 0.1 * (1 - prob), 0, None))
                 w = 1.0 / total_len
                 omega = w * adv[i]
-                chars = rng.choice(ALPHABET, size=L)
+                chars = [str(c) for c in rng.choice(ALPHABET, size=L)]
                 if planted_token is not None and aid == 0:
                     chars[0] = planted_token
                 response = "".join(chars)

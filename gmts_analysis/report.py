@@ -1,0 +1,373 @@
+"""The self-contained HTML report of a run directory: ``report.html``.
+
+One file, readable offline: styles, script and images are inline (PNG as data URIs),
+nothing is fetched. It shows the run's configuration and model (manifest.json), the
+statistics with their 95% CIs (stats.json), the figures, and an audit view of answers as
+token heatmaps: hovering a token shows its entropy, probability, grad_norm, gmts and
+whether each method's selection keeps it (a click pins the details). Answers are ordered
+so those where entropy and GMTS selections (top 20%, batch scope) disagree most come first.
+
+Every piece of text from the model, the rollouts or the manifest is HTML-escaped; the
+token data used by the script sits in ``data-`` attributes (escaped) and is written to the
+page with ``textContent`` only.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io as _io
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWERS = 40  # answers in the audit view
+MAX_TOKENS = 600  # tokens shown per answer
+RHO = 0.2
+
+
+def _e(x: Any) -> str:
+    """HTML-escape any value (quotes too, so it is safe in attributes)."""
+    return html.escape("" if x is None else str(x), quote=True)
+
+
+def _fmt(x: Any, digits: int = 3) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, (int, np.integer)) and not isinstance(x, bool):
+        return str(int(x))
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return _e(x)
+    if math.isnan(v):
+        return "–"
+    if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{digits}f}"
+
+
+def _ci(v: Any, lo: Any, hi: Any) -> str:
+    s = _fmt(v)
+    if lo is None or hi is None or (isinstance(lo, float) and math.isnan(lo)):
+        return s
+    return f'{s} <span class="ci">[{_fmt(lo)}, {_fmt(hi)}]</span>'
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _config_section(manifest: Mapping, stats: Mapping) -> str:
+    rows = []
+    for k, v in manifest.items():
+        if isinstance(v, Mapping):
+            inner = "".join(
+                f"<tr><td>{_e(k2)}</td><td>{_e(v2 if not isinstance(v2, (dict, list)) else _short(v2))}</td></tr>"
+                for k2, v2 in v.items()
+            )
+            rows.append(f'<tr><th>{_e(k)}</th><td><table class="inner">{inner}</table></td></tr>')
+        else:
+            rows.append(f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>")
+    meta = stats.get("meta", {})
+    counts = (
+        f"{_fmt(meta.get('n_answers'))} answers in {_fmt(meta.get('n_groups'))} groups, "
+        f"{_fmt(meta.get('n_tokens'))} response tokens; bootstrap: {_fmt(meta.get('n_boot'))} resamples "
+        f"of answers, seed {_fmt(meta.get('seed'))}"
+    )
+    body = f'<table class="kv">{"".join(rows)}</table>' if rows else "<p>No manifest.json in this run.</p>"
+    return f'<section id="config"><h2>Run</h2><p>{_e(counts)}</p><details open><summary>Configuration and model</summary>{body}</details></section>'
+
+
+def _short(v: Any, n: int = 300) -> str:
+    s = v if isinstance(v, str) else repr(v)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+def _stats_section(stats: Mapping) -> str:
+    from gmts_analysis.stats import stats_table
+
+    t = stats_table(stats)
+    if t.empty:
+        return '<section id="stats"><h2>Statistics</h2><p>No statistics.</p></section>'
+    head = (
+        "<tr><th>estimator</th><th>within answer ρ<br><small>median (mean [95% CI])</small></th>"
+        "<th>n answers</th><th>across answers ρ<br><small>pooled [95% CI]</small></th><th>Kendall τ<sub>b</sub></th>"
+        "<th>within group ρ<br><small>median</small></th><th>top-20% overlap<br><small>batch / group</small></th>"
+        "<th>update fidelity<br><small>cosine / norm ratio</small></th></tr>"
+    )
+    body = []
+    for _, r in t.iterrows():
+        cls = ' class="key"' if r["estimator"] in ("entropy", "gmts") else ""
+        body.append(
+            f"<tr{cls}><td>{_e(r['estimator'])}</td>"
+            f"<td>{_fmt(r['within_median'])} ({_ci(r['within_mean'], r['within_ci_low'], r['within_ci_high'])})</td>"
+            f"<td>{_fmt(r['n_answers'])}</td>"
+            f"<td>{_ci(r['cross_spearman'], r['cross_ci_low'], r['cross_ci_high'])}</td>"
+            f"<td>{_fmt(r['cross_kendall'])}</td><td>{_fmt(r['group_median'])}</td>"
+            f"<td>{_fmt(r['topk_batch'])} / {_fmt(r['topk_group'])}</td>"
+            f"<td>{_fmt(r['fidelity_cosine'])} / {_fmt(r['fidelity_norm_ratio'])}</td></tr>"
+        )
+    fid = stats.get("update_fidelity") or {}
+    refs = " ".join(
+        f"<b>{_e(k)}</b> {_fmt(fid[k].get('cosine'))} / {_fmt(fid[k].get('norm_ratio'))};"
+        for k in ("all", "oracle", "random") if isinstance(fid.get(k), Mapping)
+    )
+    fid_note = f"<p>Update fidelity references (cosine / norm ratio): {refs}</p>" if refs else (
+        "<p>Update fidelity was not computed for this run (it needs the model).</p>"
+    )
+    slices = "".join(_slice_table(stats, sec, title) for sec, title in (("by_domain", "domain"), ("by_step", "step")))
+    return (
+        '<section id="stats"><h2>Statistics</h2>'
+        "<p>Within answer: Spearman ρ(score, ‖∇ log p‖) inside each answer (≥ 5 tokens). Across answers: "
+        "ρ(score, grad_norm) over all tokens pooled. CIs: 95% percentile bootstrap resampling answers "
+        "(groups for within group), never tokens. Overlap: |S<sub>score</sub> ∩ S<sub>grad_norm</sub>| / "
+        "|S<sub>grad_norm</sub>| for the top 20% (group scope pooled over groups).</p>"
+        f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
+        f"{fid_note}{slices}</section>"
+    )
+
+
+def _slice_table(stats: Mapping, section: str, title: str) -> str:
+    sl = stats.get(section)
+    if not isinstance(sl, Mapping) or not sl:
+        return ""
+    ests = [s for s in ("entropy", "gmts") if s in stats.get("cross_answer", {})]
+    head = f"<tr><th>{_e(title)}</th><th>answers</th>" + "".join(
+        f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ [CI]</th><th>{_e(s)}: top-20%</th>" for s in ests
+    ) + "</tr>"
+    rows = []
+    for k, blk in sl.items():
+        cells = ""
+        for s in ests:
+            wa = blk.get("within_answer", {}).get(s, {})
+            ca = blk.get("cross_answer", {}).get(s, {})
+            tk = blk.get("topk_overlap", {}).get("batch", {}).get(s, {}).get("0.2")
+            cells += (f"<td>{_fmt(wa.get('median'))}</td><td>{_ci(ca.get('spearman'), ca.get('ci_low'), ca.get('ci_high'))}</td>"
+                      f"<td>{_fmt(tk)}</td>")
+        rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.get('n_answers'))}</td>{cells}</tr>")
+    return f'<h3>By {_e(title)}</h3><div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
+
+
+FIGURE_CAPTIONS = {
+    "within_vs_cross": "Inside an answer entropy tracks the gradient norm; pooled across answers it does not, GMTS does.",
+    "group_answers": "One group: each answer is its own band of log entropy vs log grad_norm (marker: sign of the advantage).",
+    "pooled_hexbin": "All tokens pooled: entropy vs grad_norm next to GMTS vs grad_norm.",
+    "topk_overlap": "Overlap of each estimator's top-ρ tokens with the top-ρ by grad_norm; dotted: random.",
+    "update_fidelity": "Cosine and norm ratio of the selected tokens' update vs the full policy gradient (ρ = 0.2).",
+    "token_strip": "One answer's tokens coloured by entropy and by grad_norm, with the entropy and GMTS selections.",
+}
+
+
+def _figures_section(run_dir: Path, run: Any) -> str:
+    from gmts_analysis.plots import FIGURES
+
+    figdir = run_dir / "figures"
+    items = []
+    for name in FIGURES:
+        png = figdir / f"{name}.png"
+        data = png.read_bytes() if png.exists() else _render_png(name, run)
+        if data is None:
+            continue
+        b64 = base64.b64encode(data).decode("ascii")
+        items.append(
+            f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{b64}">'
+            f"<figcaption><b>{_e(name)}</b>: {_e(FIGURE_CAPTIONS.get(name, ''))}</figcaption></figure>"
+        )
+    return f'<section id="figures"><h2>Figures</h2>{"".join(items) or "<p>No figures.</p>"}</section>'
+
+
+def _render_png(name: str, run: Any) -> bytes | None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.plots import FIGURES
+
+    try:
+        fig = FIGURES[name](run)
+    except (GmtsError, KeyError, ValueError) as e:
+        log.warning("report: figure %s skipped: %s", name, e)
+        return None
+    if fig is None:
+        return None
+    FigureCanvasAgg(fig)
+    buf = _io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return buf.getvalue()
+
+
+def _pct(s: pd.Series) -> np.ndarray:
+    """Batch-wide percentile rank in [0, 1] (NaN -> 0), so colours compare across answers."""
+    r = s.rank(pct=True, method="average").fillna(0.0)
+    return r.to_numpy(dtype=np.float64)
+
+
+def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int) -> str:
+    from gmts_analysis.plots import display_token
+    from gmts_analysis.selection import answer_disagreement, select_top
+
+    df = tokens.reset_index(drop=True)
+    have_g = "gmts" in df.columns
+    sel_e = select_top(df, "entropy", RHO, "batch")
+    sel_g = select_top(df, "gmts", RHO, "batch") if have_g else np.zeros(len(df), bool)
+    gn = df["grad_norm"] if "grad_norm" in df.columns else pd.Series(np.nan, index=df.index)
+    level = {
+        "e": _pct(df["entropy"]),
+        "n": _pct(gn),
+        "m": _pct(df["gmts"]) if have_g else np.zeros(len(df)),
+    }
+    dis = answer_disagreement(df, "entropy", "gmts", RHO, "batch") if have_g else (
+        pd.DataFrame({"answer_id": df["answer_id"].unique(), "n_disagree": 0, "frac_disagree": 0.0,
+                      "n_only_entropy": 0, "n_only_gmts": 0})
+    )
+    shown = dis.head(max_answers)
+    ans_info = answers.set_index("answer_id") if answers is not None and "answer_id" in answers.columns else None
+    rows_of = df.groupby("answer_id", sort=False).indices
+    blocks = []
+    for d in shown.to_dict("records"):  # records keep each column's type (ids stay ints)
+        aid = d["answer_id"]
+        rows = rows_of[aid]
+        rows = rows[np.argsort(df["position"].to_numpy()[rows], kind="stable")]
+        n_all = len(rows)
+        rows = rows[:MAX_TOKENS]
+        first = df.iloc[rows[0]]
+        info = ans_info.loc[aid] if ans_info is not None and aid in ans_info.index else None
+        if isinstance(info, pd.DataFrame):
+            info = info.iloc[0]
+        reward = info.get("reward") if info is not None else first.get("reward")
+        prompt = info.get("prompt") if info is not None and "prompt" in info.index else None
+        spans = []
+        for i in rows:
+            t = df.iloc[i]
+            cls = "t" + (" se" if sel_e[i] else "") + (" sg" if sel_g[i] else "")
+            tok = display_token(t.get("token"))
+            if str(t.get("token", "")).endswith("\n"):
+                tok += "\n"
+            spans.append(
+                f'<span class="{cls}" data-pos="{int(t["position"])}" data-tok="{_e(t.get("token"))}" '
+                f'data-en="{_fmt(t.get("entropy"), 4)}" data-p="{_fmt(t.get("prob"), 4)}" '
+                f'data-gn="{_fmt(gn.iloc[i], 4)}" data-gm="{_fmt(t.get("gmts"), 4)}" '
+                f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
+                f'style="background:rgba(31,119,180,{0.85 * level["e"][i]:.3f})">{_e(tok)}</span>'
+            )
+        cut = f" (first {MAX_TOKENS} of {n_all} tokens)" if n_all > MAX_TOKENS else ""
+        prompt_html = (
+            f'<details><summary>prompt</summary><pre class="prompt">{_e(prompt)}</pre></details>' if prompt else ""
+        )
+        blocks.append(
+            f'<div class="answer" data-aid="{_e(aid)}"><div class="ahead"><b>answer {_e(aid)}</b> · group {_e(first.get("group_id"))} · '
+            f"reward {_fmt(reward)} · advantage {_fmt(first.get('advantage'))} · {n_all} tokens{_e(cut)} · "
+            f"kept by entropy only: {int(d.get('n_only_entropy', 0))}, by GMTS only: {int(d.get('n_only_gmts', 0))}"
+            f"</div>{prompt_html}<div class=\"toks\">{''.join(spans)}</div></div>"
+        )
+    n_total = df["answer_id"].nunique()
+    return (
+        '<section id="audit"><h2>Audit: answers where entropy and GMTS disagree most</h2>'
+        f"<p>{len(shown)} of {n_total} answers, ordered by the number of tokens kept by exactly one of the two "
+        f"selections (top {RHO:.0%} of the batch). Underline: kept by entropy; overline: kept by GMTS. "
+        "Hover a token for its values, click to pin them.</p>"
+        '<div class="controls">colour by: '
+        '<label><input type="radio" name="mode" value="e" checked> entropy</label> '
+        '<label><input type="radio" name="mode" value="n"> grad_norm</label> '
+        '<label><input type="radio" name="mode" value="m"> gmts</label> '
+        '<span class="legend"><span class="t se">entropy keeps</span> <span class="t sg">GMTS keeps</span> '
+        '<span class="t se sg">both</span></span></div>'
+        '<div id="details" class="details">click a token</div>'
+        f'{"".join(blocks)}</section>'
+    )
+
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 80px;color:#222}
+h1{font-size:1.5em}h2{border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:1.6em}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ddd;padding:3px 6px;text-align:left;vertical-align:top}
+table.stats td{text-align:right;white-space:nowrap}table.stats td:first-child{text-align:left}
+tr.key{background:#f6f8fa;font-weight:600}.ci{color:#666;font-weight:normal}
+table.inner td{border:none;padding:0 6px}.scroll{overflow-x:auto}
+figure{margin:16px 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#444}
+.answer{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px}
+.ahead{font-size:13px;color:#333;margin-bottom:6px}.toks{font-family:Menlo,Consolas,monospace;font-size:13px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
+.t{padding:1px 0;border-top:3px solid transparent;border-bottom:3px solid transparent;cursor:pointer}
+.t.se{border-bottom-color:#1f77b4}.t.sg{border-top-color:#ff7f0e}.t.pinned{outline:2px solid #d62728}
+.legend .t{padding:0 4px;margin-left:8px}
+.details{position:sticky;top:0;background:#fffbe6;border:1px solid #e6d27a;padding:4px 8px;font-size:13px;z-index:2;min-height:1.4em;font-family:Menlo,Consolas,monospace}
+.controls{margin:8px 0;font-size:14px}pre.prompt{white-space:pre-wrap;background:#f6f8fa;padding:6px;font-size:12px}
+"""
+
+JS = """
+(function(){
+  var det=document.getElementById('details');
+  if(!det){return;}
+  var colours={e:[31,119,180],n:[214,39,40],m:[255,127,14]};
+  var pinned=null;
+  function show(el){
+    var d=el.dataset;
+    var box=el.closest('.answer');
+    det.textContent='answer '+(box?box.dataset.aid:'?')+' | token '+JSON.stringify(d.tok)+' @ position '+d.pos+' | entropy '+d.en+' nats | prob '+d.p+
+      ' | grad_norm '+d.gn+' | gmts '+d.gm+' | entropy keeps: '+(el.classList.contains('se')?'yes':'no')+
+      ' | GMTS keeps: '+(el.classList.contains('sg')?'yes':'no');
+  }
+  var toks=document.querySelectorAll('.toks .t');
+  toks.forEach(function(el){
+    el.addEventListener('mouseenter',function(){ if(!pinned){show(el);} });
+    el.addEventListener('click',function(){
+      if(pinned){pinned.classList.remove('pinned');}
+      if(pinned===el){pinned=null;return;}
+      pinned=el;el.classList.add('pinned');show(el);
+    });
+  });
+  function recolour(mode){
+    var c=colours[mode];
+    toks.forEach(function(el){
+      var a=parseFloat(el.dataset[mode])||0;
+      el.style.background='rgba('+c[0]+','+c[1]+','+c[2]+','+(0.85*a).toFixed(3)+')';
+    });
+  }
+  document.querySelectorAll('input[name=mode]').forEach(function(r){
+    r.addEventListener('change',function(){ if(r.checked){recolour(r.value);} });
+  });
+})();
+"""
+
+
+def render_report(run_dir: str | os.PathLike, max_answers: int = MAX_ANSWERS) -> str:
+    """The report of a run directory as one HTML string (see module docstring)."""
+    from gmts_analysis.plots import load_run
+
+    run = load_run(run_dir)
+    title = f"gmts report: {run.path.name}"
+    model = run.manifest.get("model") or run.manifest.get("model_path") or ""
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        # no network at all, even if something slipped in: a strict content security policy
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">",
+        f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
+        f"<h1>{_e(title)}</h1>",
+        f"<p>Model: <code>{_e(model)}</code> · which tokens matter: per-token entropy vs the exact norm of each "
+        "token's policy-gradient term (grad_norm = |ω| · ‖∇ log p‖), and GMTS = entropy · |ω|.</p>",
+        '<nav><a href="#config">run</a> · <a href="#stats">statistics</a> · <a href="#figures">figures</a> · '
+        '<a href="#audit">audit</a></nav>',
+        _config_section(run.manifest, run.stats),
+        _stats_section(run.stats),
+        _figures_section(run.path, run),
+        _audit_section(run.tokens, run.answers, max_answers),
+        f"<script>{JS}</script></body></html>",
+    ]
+    return "\n".join(parts)
+
+
+def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, max_answers: int = MAX_ANSWERS) -> Path:
+    """Write ``report.html`` into the run directory (or ``out``) atomically; returns its path."""
+    from gmts_analysis.io import atomic_write_text
+
+    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    return atomic_write_text(path, render_report(run_dir, max_answers))

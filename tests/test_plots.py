@@ -1,0 +1,99 @@
+"""Figures: every figure function draws from the tables; render_all writes PNG and PDF with Agg."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from _synthetic import make_run_dir, make_tables
+from gmts_analysis import plots
+from gmts_analysis.stats import compute_stats
+
+
+@pytest.fixture(scope="module")
+def tables():
+    tokens, answers = make_tables(n_groups=4, group_size=4, seed=4)
+    return tokens, answers, compute_stats(tokens, answers, n_boot=50)
+
+
+def test_figure_functions_return_figures(tables):
+    tokens, _, stats = tables
+    assert isinstance(plots.fig_within_vs_cross(tokens, stats), Figure)
+    assert isinstance(plots.fig_group_answers(tokens), Figure)
+    assert isinstance(plots.fig_pooled_hexbin(tokens), Figure)
+    assert isinstance(plots.fig_topk_overlap(stats), Figure)
+    assert plots.fig_update_fidelity(stats) is None  # not computed: no figure
+    stats2 = dict(stats, update_fidelity={"all": {"cosine": 1.0, "norm_ratio": 1.0},
+                                          "gmts": {"cosine": 0.8, "norm_ratio": 0.7},
+                                          "random": {"cosine": 0.4, "norm_ratio": 0.5},
+                                          "random_std": {"cosine": 0.1, "norm_ratio": 0.1}})
+    fig = plots.fig_update_fidelity(stats2)
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["all", "gmts", "random"]
+    strip = plots.fig_token_strip(tokens)
+    texts = {t.get_text() for t in strip.axes[0].texts}
+    assert {"entropy", "grad_norm", "entropy keeps", "GMTS keeps"} <= texts
+
+
+def test_pickers_follow_the_data(tables):
+    tokens, _, _ = tables
+    g = plots.pick_group(tokens)
+    adv = tokens.loc[tokens["group_id"] == g, "advantage"]
+    assert (adv > 0).any() and (adv < 0).any()
+    a = plots.pick_answer(tokens)
+    assert (tokens.loc[tokens["answer_id"] == a, "grad_norm"] > 0).any()
+
+
+def test_group_answers_draws_one_series_per_answer(tables):
+    tokens, _, _ = tables
+    g = plots.pick_group(tokens)
+    fig = plots.fig_group_answers(tokens, g)
+    n_live = tokens[(tokens["group_id"] == g) & (tokens["grad_norm"] > 0)]["answer_id"].nunique()
+    assert len(fig.axes[0].collections) == n_live
+    assert fig.axes[0].get_xscale() == "log" and fig.axes[0].get_yscale() == "log"
+
+
+def test_dollar_and_markup_tokens_do_not_break_text(tables):
+    tokens, _, _ = tables
+    t = tokens.copy()
+    a = plots.pick_answer(t)
+    idx = t.index[t["answer_id"] == a][:2]
+    t.loc[idx, "token"] = ["$x^2$", "$\\frac{$"]
+    fig = plots.fig_token_strip(t, a)
+    import io
+
+    fig.savefig(io.BytesIO(), format="png")  # mathtext would raise on "\\frac{" if parsed
+
+
+def test_display_token():
+    assert plots.display_token("a b\n") == "a␣b↵"
+    assert plots.display_token("abcdefgh", 4) == "abc…"
+    assert plots.display_token(None) == ""
+
+
+def test_render_all_and_command(tmp_path):
+    run = make_run_dir(tmp_path / "run", figures=False, report=False, n_boot=50)
+    paths = plots.render_all(run)
+    names = {p.name for p in paths}
+    for stem in plots.FIGURES:
+        for ext in ("png", "pdf"):
+            assert f"{stem}.{ext}" in names
+    for p in paths:
+        assert p.parent == run / "figures" and p.stat().st_size > 1000
+        head = p.read_bytes()[:8]
+        assert head.startswith(b"\x89PNG") if p.suffix == ".png" else head.startswith(b"%PDF")
+    from gmts_analysis.cli import main
+
+    out = tmp_path / "paper"
+    assert main(["figures", str(run), "--to", str(out), "-q"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == sorted(names)
+    assert main(["figures", str(tmp_path / "missing")]) == 2
+
+
+def test_render_all_without_stats_json(tmp_path):
+    run = make_run_dir(tmp_path / "run", figures=False, report=False, n_boot=20)
+    (run / "stats.json").unlink()
+    paths = plots.render_all(run, to=tmp_path / "f")
+    assert {p.stem for p in paths} == set(plots.FIGURES) - {"update_fidelity"}
+    assert np.all([p.stat().st_size > 0 for p in paths])

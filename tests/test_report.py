@@ -1,0 +1,93 @@
+"""report.html: self-contained, escaped, ordered by disagreement, renders in a real headless browser."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from _browser import Browser, find_browser
+from _synthetic import make_run_dir
+from gmts_analysis.report import MAX_ANSWERS, write_report
+from gmts_analysis.selection import answer_disagreement
+
+PLANT = "<script>alert(1)</script>"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    # 12 groups x 4 answers = 48 answers > MAX_ANSWERS; a planted hostile token in answer 0
+    return make_run_dir(tmp_path_factory.mktemp("report") / "run", n_groups=12, planted_token=PLANT,
+                        domains=("math", "logic"), n_boot=50)
+
+
+def test_report_is_self_contained(run):
+    text = (run / "report.html").read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html>")
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", text, flags=re.I)
+    assert refs, "expected images and anchors"
+    for r in refs:
+        assert r.startswith(("data:", "#")), f"external reference {r[:60]}"
+    assert not re.search(r"<link\b", text, flags=re.I)
+    assert "https://" not in text and "http://" not in text
+    assert text.count("data:image/png;base64,") >= 5
+
+
+def test_model_text_is_escaped(run):
+    text = (run / "report.html").read_text(encoding="utf-8")
+    assert PLANT not in text
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    assert "synthetic <b>model</b>" not in text and "synthetic &lt;b&gt;model&lt;/b&gt;" in text
+    assert text.count("<script>") == 1  # only the report's own script
+
+
+def test_audit_order_and_limit(run):
+    from gmts_analysis.plots import load_run
+
+    text = (run / "report.html").read_text(encoding="utf-8")
+    shown = re.findall(r'<div class="answer" data-aid="([^"]+)"', text)
+    assert len(shown) == MAX_ANSWERS
+    d = answer_disagreement(load_run(run).tokens)
+    assert shown == [str(a) for a in d["answer_id"].head(MAX_ANSWERS)]
+    assert d["n_disagree"].is_monotonic_decreasing
+
+
+def test_write_report_to_another_path(run, tmp_path):
+    out = write_report(run, out=tmp_path / "r.html", max_answers=3)
+    assert out == tmp_path / "r.html"
+    assert len(re.findall(r'<div class="answer" ', out.read_text(encoding="utf-8"))) == 3
+
+
+needs_browser = pytest.mark.skipif(find_browser() is None, reason="no chromium binary (see .ci/run)")
+
+
+@needs_browser
+def test_browser_checker_sees_errors(tmp_path):
+    """The console checker itself must catch errors, exceptions and dialogs (else the next test proves nothing)."""
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>console.error('boom');alert(1);null.x;</script></body></html>")
+    with Browser() as b:
+        problems = b.open(bad).problems()
+    text = " ".join(problems)
+    assert "boom" in text and "dialog opened" in text and "uncaught" in text
+
+
+@needs_browser
+def test_report_renders_in_headless_chromium(run, tmp_path):
+    with Browser() as b:
+        page = b.open(run / "report.html")
+        assert page.problems() == []
+        assert page.eval("document.title").startswith("gmts report")
+        assert page.eval("document.querySelectorAll('.answer').length") == MAX_ANSWERS
+        assert page.eval("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
+        assert page.eval("document.querySelectorAll('figure img').length") >= 5
+        # the planted token is shown as text, not executed
+        assert page.eval("Array.from(document.querySelectorAll('.t')).some(e => e.textContent === %r)" % PLANT)
+        page.eval("document.querySelector('.toks .t').click()")
+        details = page.eval("document.getElementById('details').textContent")
+        assert "entropy" in details and "GMTS keeps" in details and "answer" in details
+        page.eval("document.querySelector('input[value=n]').click()")
+        assert page.eval("document.querySelector('.toks .t').style.background").startswith("rgba(214, 39, 40")
+        shot = page.screenshot(tmp_path / "report.png")
+        assert shot.stat().st_size > 10_000
+        assert page.problems() == []
