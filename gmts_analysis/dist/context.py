@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from gmts_analysis.errors import GmtsError
 

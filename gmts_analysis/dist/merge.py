@@ -11,8 +11,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd

@@ -24,7 +24,11 @@ from gmts_analysis import probe as probe_mod
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.dist import merge, state
 from gmts_analysis.dist.context import (
-    DistContext, broadcast_from_main, context_from_env, process_group, rank_device,
+    DistContext,
+    broadcast_from_main,
+    context_from_env,
+    process_group,
+    rank_device,
 )
 from gmts_analysis.dist.shard import shard_answers
 from gmts_analysis.dist.worker import probe_share
@@ -101,7 +105,8 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
 
         status, fp = _on_main(ctx, inspect)
         if status == "complete":
-            log.info("%s: this run is already complete (same model, rollouts and configuration); nothing to do", out)
+            log.warning("%s: this run is already complete (same model, rollouts and configuration); nothing to do",
+                        out)
             return out
         device = rank_device(ctx, cfg.device)
         model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)

@@ -8,7 +8,7 @@ the lower rank, so the shares depend only on the answers and the world size.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from gmts_analysis.rollouts import Answer
 

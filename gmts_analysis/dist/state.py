@@ -31,9 +31,10 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
@@ -279,7 +280,7 @@ def write_chunk(out: Path, run_hash: str, indices: Sequence[int], tokens: Any, g
                       n_tokens=n_tokens)
     if tokens is not None and len(tokens):
         rec.tokens = f"{name}.tokens.parquet"
-        rec.n_rows = int(len(tokens))
+        rec.n_rows = len(tokens)
         io.atomic_write_parquet(d / rec.tokens, tokens)
     if groups is not None and len(groups):
         rec.groups = f"{name}.groups.parquet"

@@ -18,8 +18,9 @@ import gc
 import logging
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -38,7 +39,7 @@ FAIL_AFTER_ENV = "GMTS_TEST_FAIL_AFTER_CHUNKS"
 SLOW_ENV = "GMTS_TEST_SLOW_S"
 
 
-class TestHookFailure(RuntimeError):
+class InjectedFailure(RuntimeError):
     """Raised by the ``GMTS_TEST_FAIL_AFTER_CHUNKS`` hook."""
 
 
@@ -67,7 +68,7 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
         oom = None
         try:
             return probe_mod.probe_answer(model, answer, coef, cur, token_text)
-        except Exception as e:  # noqa: BLE001 - classified below
+        except Exception as e:
             if not is_out_of_memory(e):
                 raise
             oom = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
@@ -138,7 +139,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
                 a = answers[i]
                 try:
                     cols, g = probe_with_retry(model, a, coefs[i], cfg, token_text)
-                except Exception as e:  # noqa: BLE001 - any failure of one answer is recorded
+                except Exception as e:
                     reason = _reason(e)
                     if cfg.strict:
                         if done:  # keep what this chunk finished
@@ -173,7 +174,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
             elapsed = time.perf_counter() - t_start
             bar.set_postfix(tok_s=f"{summary.n_tokens / max(elapsed, 1e-9):.1f}")
             if fail_after and summary.n_chunks >= fail_after:
-                raise TestHookFailure(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {summary.n_chunks} chunk(s)")
+                raise InjectedFailure(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {summary.n_chunks} chunk(s)")
     finally:
         bar.close()
     summary.seconds = time.perf_counter() - t_start

@@ -1,0 +1,315 @@
+"""Scale-out of the probe in one process: shares, chunked runs, resume, refusal, faults, merge."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from _dist_helpers import assert_same_rows, probe_args, tokens, write_rollouts
+from gmts_analysis import probe as probe_mod
+from gmts_analysis.cli import main
+from gmts_analysis.config import ProbeConfig
+from gmts_analysis.dist import merge as merge_mod
+from gmts_analysis.dist import shard_answers
+from gmts_analysis.dist.shard import answer_cost
+from gmts_analysis.dist.worker import InjectedFailure
+from gmts_analysis.models import load_model
+from gmts_analysis.rollouts import Answer, read_rollouts
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dirs):
+    return tiny_model_dirs["qwen2"]
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir, tmp_path_factory):
+    """An uninterrupted single-process run (chunks of 3 answers) of the 7-group rollouts."""
+    d = tmp_path_factory.mktemp("ref")
+    r = write_rollouts(d / "r.jsonl")
+    out = d / "run"
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0
+    return r, out
+
+
+# ---------------------------------------------------------------- shares
+
+def _answers(sizes, seed=0):
+    rnd = random.Random(seed)
+    out = []
+    for g, n in enumerate(sizes):
+        p = [1] * rnd.randrange(1, 30)
+        for j in range(n):
+            out.append(Answer(answer_id=f"{g}-{j}", group_id=f"g{g}", prompt_ids=p,
+                              response_ids=[5] * rnd.randrange(0, 200), reward=0.0))
+    rnd.shuffle(out)  # groups interleaved in the input
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 5, 8])
+def test_shares_keep_groups_whole_cover_once_and_balance(world):
+    answers = _answers([rnd_n for rnd_n in (3, 1, 7, 2, 5, 8, 2, 4, 6, 1, 3, 9)], seed=world)
+    shares = shard_answers(answers, world)
+    assert len(shares) == world
+    flat = [i for s in shares for i in s]
+    assert sorted(flat) == list(range(len(answers)))  # each answer exactly once
+    for s in shares:
+        assert s == sorted(s)  # input order inside a share
+    rank_of = {i: r for r, s in enumerate(shares) for i in s}
+    by_group: dict = {}
+    for i, a in enumerate(answers):
+        by_group.setdefault(a.group_id, set()).add(rank_of[i])
+    assert all(len(r) == 1 for r in by_group.values())  # whole groups
+    loads = [sum(answer_cost(answers[i]) for i in s) for s in shares]
+    group_cost = {g: sum(answer_cost(a) for a in answers if a.group_id == g) for g in by_group}
+    # greedy bound: the heaviest rank exceeds the mean by at most one group
+    assert max(loads) <= sum(loads) / world + max(group_cost.values())
+    assert shard_answers(answers, world) == shares  # deterministic
+
+
+def test_more_ranks_than_groups_gives_empty_shares():
+    answers = _answers([2, 3])
+    shares = shard_answers(answers, 4)
+    assert sorted(len(s) > 0 for s in shares) == [False, False, True, True]
+
+
+# ---------------------------------------------------------------- one process, chunked
+
+def test_chunked_run_equals_probe_rollouts(model_dir, reference, tmp_path):
+    r, out = reference
+    cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True)
+    model, tok = load_model(cfg.model, "cpu")
+    answers = read_rollouts(r, tok)
+    res = probe_mod.probe_rollouts(model, tok, answers, cfg)
+    res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
+    res.answers.to_parquet(tmp_path / "a.parquet", index=False)
+    assert_same_rows(tokens(out), pd.read_parquet(tmp_path / "t.parquet"))
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "answers.parquet"), pd.read_parquet(tmp_path / "a.parquet"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["n_errors"] == 0 and len(m["run_hash"]) == 64
+    assert m["config"]["overwrite"] is False  # the manifest records the command as given
+    assert m["distributed"]["n_chunks"] == 7  # 20 answers in chunks of 3
+    assert (out / "errors.jsonl").read_text() == ""
+    assert not (out / "chunks").exists() and not (out / "run.json").exists()  # the work area is gone
+    assert not list(out.parent.glob(".run*"))
+
+
+def test_rerun_of_a_finished_run_does_nothing(model_dir, reference, capsys):
+    r, out = reference
+    before = (out / "tokens.parquet").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0
+    assert "already complete" in capsys.readouterr().err
+    assert (out / "tokens.parquet").stat().st_mtime_ns == before
+
+
+# ---------------------------------------------------------------- resume
+
+def test_killed_after_k_chunks_resumes_to_the_same_rows(model_dir, reference, tmp_path, monkeypatch):
+    r, ref = reference
+    out = tmp_path / "run"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "2")
+    with pytest.raises(InjectedFailure):
+        main(probe_args(model_dir, r, out, "--answers-per-chunk", "3"))
+    assert not (out / "tokens.parquet").exists() and not (out / "manifest.json").exists()
+    recs = sorted((out / "chunks").glob("c*.json"))
+    assert len(recs) == 2
+    done = {i for p in recs for i in json.loads(p.read_text())["answers"]}
+    assert len(done) == 6
+    # debris of a chunk killed mid-write: a table without its record, a temporary file
+    (out / "chunks" / "c000000019-deadbeef00.tokens.parquet").write_bytes(b"torn")
+    (out / "chunks" / ".c000000019-deadbeef00.json.1234.tmp").write_bytes(b"{")
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    # a different chunk size is fine: what is done is a set of answers
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "4")) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+    m = json.loads((out / "manifest.json").read_text())
+    assert len(m["distributed"]["attempts"]) == 2
+    assert m["distributed"]["ranks"][0]["n_probed"] == 20 - 6  # only the rest was probed again
+
+
+def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tmp_path, monkeypatch):
+    r, ref = reference
+    out = tmp_path / "run"
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(probe_mod, "write_run", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        main(probe_args(model_dir, r, out))
+    assert (out / "run.json").exists() and not (out / "tokens.parquet").exists()
+    monkeypatch.undo()
+    assert main(probe_args(model_dir, r, out)) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+
+
+# ---------------------------------------------------------------- refusal
+
+def test_mismatch_is_refused_unless_overwrite(model_dir, tiny_model_dirs, reference, tmp_path, monkeypatch, capsys):
+    r, ref = reference
+    out = tmp_path / "run"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
+    with pytest.raises(InjectedFailure):
+        main(probe_args(model_dir, r, out, "--answers-per-chunk", "4"))
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    capsys.readouterr()
+    # another configuration
+    assert main(probe_args(model_dir, r, out, "--temperature", "0.7")) == 2
+    err = capsys.readouterr().err
+    assert "unfinished run of a different model, rollouts or configuration" in err
+    assert "--temperature 1.0 -> 0.7" in err and "--overwrite" in err and "Traceback" not in err
+    # another model (same architecture, other weights)
+    assert main(probe_args(tiny_model_dirs["llama"], r, out)) == 2
+    assert "the model's files" in capsys.readouterr().err
+    # another rollouts file content
+    r2 = write_rollouts(tmp_path / "r2.jsonl", seed=5)
+    assert main(probe_args(model_dir, r2, out)) == 2
+    assert "the rollouts file's content" in capsys.readouterr().err
+    # options that do not change results are not part of the identity
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "7", "--chunk-size", "2")) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+    # a finished run of another configuration is refused too, and replaced with --overwrite
+    assert main(probe_args(model_dir, r, out, "--temperature", "0.7")) == 2
+    assert "finished run of a different" in capsys.readouterr().err
+    assert main(probe_args(model_dir, r, out, "--temperature", "0.7", "--overwrite")) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["config"]["temperature"] == 0.7 and len(m["distributed"]["attempts"]) == 1
+    assert not np.allclose(tokens(out).entropy, tokens(ref).entropy)
+
+
+def test_a_directory_that_is_not_a_run_is_refused(model_dir, reference, tmp_path, capsys):
+    r, _ = reference
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(probe_args(model_dir, r, out)) == 2
+    assert "exists and is not empty" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+# ---------------------------------------------------------------- faults
+
+@pytest.fixture(scope="module")
+def nan_model_dir(tmp_path_factory):
+    """A tiny GPT-2 whose position embeddings from position 40 on are NaN: any sequence longer
+    than 40 tokens gets non-finite logits, shorter ones are untouched."""
+    from transformers import AutoModelForCausalLM
+
+    from gmts_analysis.testing import save_tiny_model
+
+    d = save_tiny_model("gpt2", tmp_path_factory.mktemp("nan") / "m", seed=2)
+    model = AutoModelForCausalLM.from_pretrained(d)
+    with torch.no_grad():
+        model.transformer.wpe.weight[40:] = float("nan")
+    model.save_pretrained(d)
+    return d
+
+
+def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
+    r = write_rollouts(tmp_path / "r.jsonl", long_answer="bad")
+    out = tmp_path / "run"
+    assert main(probe_args(nan_model_dir, r, out, "--answers-per-chunk", "4")) == 0
+    err = capsys.readouterr().err
+    assert "1 answer(s) failed and were skipped" in err
+    lines = (out / "errors.jsonl").read_text().splitlines()
+    assert len(lines) == 1
+    e = json.loads(lines[0])
+    assert e["answer_id"] == "bad" and "non-finite logits" in e["reason"] and e["index"] == 4
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["n_errors"] == 1 and m["errors"][0]["answer_id"] == "bad"
+    t = tokens(out)
+    a = pd.read_parquet(out / "answers.parquet")
+    assert "bad" not in set(t.answer_id) and "bad" not in set(a.answer_id)
+    # the others are exactly what a probe of them gives with the batch-wide coefficients
+    cfg = ProbeConfig(model=str(nan_model_dir), rollouts=str(r), out=None, device="cpu", quiet=True)
+    model, tok = load_model(cfg.model, "cpu")
+    answers = read_rollouts(r, tok)
+    coefs = probe_mod.answer_coefficients(answers, cfg)
+    keep = [i for i, x in enumerate(answers) if x.answer_id != "bad"]
+    res = probe_mod.probe_rollouts(model, tok, [answers[i] for i in keep], cfg, [coefs[i] for i in keep])
+    res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
+    assert_same_rows(t, pd.read_parquet(tmp_path / "t.parquet"))
+    # the batch-wide token-mean weight counts the failed answer's tokens too
+    np.testing.assert_allclose(t.loss_weight, 1.0 / sum(x.length for x in answers))
+
+
+def test_strict_stops_at_the_bad_answer(nan_model_dir, tmp_path, capsys):
+    r = write_rollouts(tmp_path / "r.jsonl", long_answer="bad")
+    out = tmp_path / "run"
+    assert main(probe_args(nan_model_dir, r, out, "--strict", "--grad-norm", "none")) == 2
+    err = capsys.readouterr().err
+    assert "answer 'bad' failed" in err and "non-finite logits" in err and "--strict" in err
+    assert not (out / "tokens.parquet").exists()
+    # the answers before it were recorded: a rerun without --strict resumes from there
+    done = [i for p in (out / "chunks").glob("c*.json") for i in json.loads(p.read_text())["answers"]]
+    assert sorted(done) == [0, 1, 2, 3]
+
+
+def test_out_of_memory_lowers_the_chunk_size_and_retries(model_dir, reference, tmp_path, monkeypatch):
+    r, ref = reference
+    real = probe_mod.probe_answer
+    tried: dict = {}
+
+    def flaky(model, answer, coef, cfg, token_text=None):
+        tried.setdefault(answer.answer_id, []).append(cfg.chunk_size)
+        cs = cfg.chunk_size
+        if answer.answer_id == "q2-0":  # never fits
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        if answer.length > 4 and (not cs.isdigit() or int(cs) > 2):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return real(model, answer, coef, cfg, token_text)
+
+    monkeypatch.setattr(probe_mod, "probe_answer", flaky)
+    out = tmp_path / "run"
+    assert main(probe_args(model_dir, r, out)) == 0
+    long_ok = next(k for k, v in tried.items() if len(v) > 1 and k != "q2-0")
+    sizes = tried[long_ok]
+    assert sizes[0] == "auto" and all(int(b) == int(a) // 2 for a, b in zip(sizes[1:], sizes[2:]))
+    assert int(sizes[-1]) <= 2
+    assert tried["q2-0"][-1] == "1"  # halved down to one token before giving up
+    errs = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
+    assert [e["answer_id"] for e in errs] == ["q2-0"] and "out of memory" in errs[0]["reason"]
+    ref_t = tokens(ref)
+    got = tokens(out)
+    assert_same_rows(got, ref_t[ref_t.answer_id != "q2-0"].reset_index(drop=True))
+
+
+# ---------------------------------------------------------------- merge
+
+def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monkeypatch, capsys):
+    r, ref = reference
+    out = tmp_path / "run"
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(merge_mod, "finalize", stop)  # rank 0 dies after every part is written
+    assert main(probe_args(model_dir, r, out)) == 130
+    monkeypatch.undo()
+    assert (out / "parts" / "part-00000-of-00001.json").exists()
+    assert main(["merge", str(out), "--device", "cpu", "--quiet"]) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+    assert main(["merge", str(out), "--quiet"]) == 2
+    assert "already complete" in capsys.readouterr().err
+
+    # without parts: straight from the chunk records; an unfinished run is refused
+    out2 = tmp_path / "run2"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
+    with pytest.raises(InjectedFailure):
+        main(probe_args(model_dir, r, out2, "--answers-per-chunk", "5"))
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    assert main(["merge", str(out2), "--quiet"]) == 2
+    assert "15 of 20 answers are not probed yet" in capsys.readouterr().err
+    monkeypatch.setattr(merge_mod, "finalize", stop)
+    assert main(probe_args(model_dir, r, out2)) == 130
+    monkeypatch.undo()
+    for p in (out2 / "parts").iterdir():
+        p.unlink()
+    assert main(["merge", str(out2), "--device", "cpu", "--quiet"]) == 0
+    assert_same_rows(tokens(out2), tokens(ref))
