@@ -352,14 +352,16 @@ def build_manifest(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, re
 
 
 def _verifier(name: str | None):
+    """A TRL-shaped reward function: a toy domain's verifier, or ``domain`` (per-row dispatch)."""
     if not name:
         return None
-    from gmts_analysis.toy.verifiers import get_reward_function
+    from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
 
-    try:
-        return get_reward_function(name)
-    except KeyError as e:
-        raise GmtsError(f"--verifier: {e.args[0]}") from None
+    if name == "domain":
+        return toy_reward
+    if name not in REWARD_FUNCTIONS:
+        raise GmtsError(f"--verifier: unknown verifier '{name}' (choose from domain, {', '.join(REWARD_FUNCTIONS)})")
+    return REWARD_FUNCTIONS[name]
 
 
 def run_probe(cfg: ProbeConfig) -> Path:
@@ -400,7 +402,7 @@ def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers
         from gmts_analysis.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()
-        stats.update(fidelity_for_run(model, answers, result.tokens, cfg))
+        stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats))
         result.timings["fidelity_s"] = time.perf_counter() - t0
     manifest = build_manifest(cfg, model, model_path, result, extra)
     with io.staged_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
