@@ -152,6 +152,18 @@ def selection_gradients(
     return acc
 
 
+def _nanmean(v: list[float]) -> float:
+    a = np.asarray(v, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    return float(a.mean()) if len(a) else math.nan
+
+
+def _nanstd(v: list[float]) -> float:
+    a = np.asarray(v, dtype=np.float64)
+    a = a[~np.isnan(a)]
+    return float(a.std(ddof=1)) if len(a) > 1 else math.nan
+
+
 def compare(g: torch.Tensor, g_all: torch.Tensor) -> dict[str, float]:
     """``{cosine, norm_ratio}`` of g against g_all (float64 reductions; NaN when undefined)."""
     a, b = g.double(), g_all.double()
@@ -194,10 +206,8 @@ def update_fidelity(
             out[k] = compare(g, g_all)
     if n_random > 0:
         rnd = [compare(grads[f"random_{j}"], g_all) for j in range(n_random)]
-        out["random"] = {m: float(np.nanmean([r[m] for r in rnd])) for m in ("cosine", "norm_ratio")}
-        out["random_std"] = {
-            m: float(np.nanstd([r[m] for r in rnd], ddof=1)) if n_random > 1 else math.nan for m in ("cosine", "norm_ratio")
-        }
+        out["random"] = {m: _nanmean([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
+        out["random_std"] = {m: _nanstd([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
     return out
 
 
@@ -277,11 +287,8 @@ def fidelity_for_run(
         out = {k: compare(grads[prefix + k], g_all) for k in keys_overall if not k.startswith("random_")}
         if n_random > 0:
             rnd = [compare(grads[f"{prefix}random_{j}"], g_all) for j in range(n_random)]
-            out["random"] = {m: float(np.nanmean([r[m] for r in rnd])) for m in ("cosine", "norm_ratio")}
-            out["random_std"] = {
-                m: float(np.nanstd([r[m] for r in rnd], ddof=1)) if n_random > 1 else math.nan
-                for m in ("cosine", "norm_ratio")
-            }
+            out["random"] = {m: _nanmean([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
+            out["random_std"] = {m: _nanstd([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
         return out
 
     overall = block("")

@@ -1,0 +1,56 @@
+"""Every notebook runs top to bottom (nbclient) against the example run, and is stored without outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+EXAMPLE = ROOT / "data" / "example_run"
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    if (EXAMPLE / "tokens.parquet").exists():
+        return EXAMPLE
+    from _synthetic import make_run_dir
+
+    return make_run_dir(tmp_path_factory.mktemp("nb") / "run", domains=("math", "logic"), n_boot=100)
+
+
+def test_notebooks_present():
+    names = {p.name for p in NOTEBOOKS}
+    assert {"01_within_vs_cross_answer.ipynb", "02_estimators.ipynb", "03_audit_a_checkpoint.ipynb"} <= names
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_stored_without_outputs(path):
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: stored with outputs"
+    assert "GMTS_RUN_DIR" in path.read_text() or "03_" in path.name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_executes(path, run_dir, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("GMTS_RUN_DIR", str(run_dir))
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+    client.execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
+    assert not errors
+    n_images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {}))
+    assert n_images >= 2, f"{path.name}: expected figures, got {n_images}"
