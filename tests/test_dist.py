@@ -21,6 +21,8 @@ from gmts_analysis.dist.worker import InjectedFailure
 from gmts_analysis.models import load_model
 from gmts_analysis.rollouts import Answer, read_rollouts
 
+FAST = ("--grad-norm", "none")
+
 
 @pytest.fixture(scope="module")
 def model_dir(tiny_model_dirs):
@@ -29,11 +31,13 @@ def model_dir(tiny_model_dirs):
 
 @pytest.fixture(scope="module")
 def reference(model_dir, tmp_path_factory):
-    """An uninterrupted single-process run (chunks of 3 answers) of the 7-group rollouts."""
+    """An uninterrupted single-process run (chunks of 3 answers) of the 7-group rollouts
+    (``--grad-norm none`` to keep these tests fast; the exact engine is covered below and in
+    test_dist_torchrun.py)."""
     d = tmp_path_factory.mktemp("ref")
     r = write_rollouts(d / "r.jsonl")
     out = d / "run"
-    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0
+    assert main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "3")) == 0
     return r, out
 
 
@@ -81,7 +85,9 @@ def test_more_ranks_than_groups_gives_empty_shares():
 # ---------------------------------------------------------------- one process, chunked
 
 def test_chunked_run_equals_probe_rollouts(model_dir, reference, tmp_path):
-    r, out = reference
+    r, _ = reference
+    out = tmp_path / "run"
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0  # exact gradient norms
     cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True)
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
@@ -103,7 +109,7 @@ def test_rerun_of_a_finished_run_does_nothing(model_dir, reference, capsys):
     r, out = reference
     before = (out / "tokens.parquet").stat().st_mtime_ns
     capsys.readouterr()
-    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0
+    assert main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "3")) == 0
     assert "already complete" in capsys.readouterr().err
     assert (out / "tokens.parquet").stat().st_mtime_ns == before
 
@@ -115,7 +121,7 @@ def test_killed_after_k_chunks_resumes_to_the_same_rows(model_dir, reference, tm
     out = tmp_path / "run"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "2")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out, "--answers-per-chunk", "3"))
+        main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "3"))
     assert not (out / "tokens.parquet").exists() and not (out / "manifest.json").exists()
     recs = sorted((out / "chunks").glob("c*.json"))
     assert len(recs) == 2
@@ -126,7 +132,7 @@ def test_killed_after_k_chunks_resumes_to_the_same_rows(model_dir, reference, tm
     (out / "chunks" / ".c000000019-deadbeef00.json.1234.tmp").write_bytes(b"{")
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     # a different chunk size is fine: what is done is a set of answers
-    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "4")) == 0
+    assert main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "4")) == 0
     assert_same_rows(tokens(out), tokens(ref))
     m = json.loads((out / "manifest.json").read_text())
     assert len(m["distributed"]["attempts"]) == 2
@@ -142,10 +148,10 @@ def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tm
 
     monkeypatch.setattr(probe_mod, "write_run", boom)
     with pytest.raises(RuntimeError, match="disk full"):
-        main(probe_args(model_dir, r, out))
+        main(probe_args(model_dir, r, out, *FAST))
     assert (out / "run.json").exists() and not (out / "tokens.parquet").exists()
     monkeypatch.undo()
-    assert main(probe_args(model_dir, r, out)) == 0
+    assert main(probe_args(model_dir, r, out, *FAST)) == 0
     assert_same_rows(tokens(out), tokens(ref))
 
 
@@ -156,28 +162,28 @@ def test_mismatch_is_refused_unless_overwrite(model_dir, tiny_model_dirs, refere
     out = tmp_path / "run"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out, "--answers-per-chunk", "4"))
+        main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "4"))
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     capsys.readouterr()
     # another configuration
-    assert main(probe_args(model_dir, r, out, "--temperature", "0.7")) == 2
+    assert main(probe_args(model_dir, r, out, *FAST, "--temperature", "0.7")) == 2
     err = capsys.readouterr().err
     assert "unfinished run of a different model, rollouts or configuration" in err
     assert "--temperature 1.0 -> 0.7" in err and "--overwrite" in err and "Traceback" not in err
     # another model (same architecture, other weights)
-    assert main(probe_args(tiny_model_dirs["llama"], r, out)) == 2
+    assert main(probe_args(tiny_model_dirs["llama"], r, out, *FAST)) == 2
     assert "the model's files" in capsys.readouterr().err
     # another rollouts file content
     r2 = write_rollouts(tmp_path / "r2.jsonl", seed=5)
-    assert main(probe_args(model_dir, r2, out)) == 2
+    assert main(probe_args(model_dir, r2, out, *FAST)) == 2
     assert "the rollouts file's content" in capsys.readouterr().err
     # options that do not change results are not part of the identity
-    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "7", "--chunk-size", "2")) == 0
+    assert main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "7", "--chunk-size", "2")) == 0
     assert_same_rows(tokens(out), tokens(ref))
     # a finished run of another configuration is refused too, and replaced with --overwrite
-    assert main(probe_args(model_dir, r, out, "--temperature", "0.7")) == 2
+    assert main(probe_args(model_dir, r, out, *FAST, "--temperature", "0.7")) == 2
     assert "finished run of a different" in capsys.readouterr().err
-    assert main(probe_args(model_dir, r, out, "--temperature", "0.7", "--overwrite")) == 0
+    assert main(probe_args(model_dir, r, out, *FAST, "--temperature", "0.7", "--overwrite")) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["config"]["temperature"] == 0.7 and len(m["distributed"]["attempts"]) == 1
     assert not np.allclose(tokens(out).entropy, tokens(ref).entropy)
@@ -188,7 +194,7 @@ def test_a_directory_that_is_not_a_run_is_refused(model_dir, reference, tmp_path
     out = tmp_path / "run"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert main(probe_args(model_dir, r, out)) == 2
+    assert main(probe_args(model_dir, r, out, *FAST)) == 2
     assert "exists and is not empty" in capsys.readouterr().err
     assert (out / "notes.txt").read_text() == "mine"
 
@@ -214,7 +220,7 @@ def nan_model_dir(tmp_path_factory):
 def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
     r = write_rollouts(tmp_path / "r.jsonl", long_answer="bad")
     out = tmp_path / "run"
-    assert main(probe_args(nan_model_dir, r, out, "--answers-per-chunk", "4")) == 0
+    assert main(probe_args(nan_model_dir, r, out, *FAST, "--answers-per-chunk", "4")) == 0
     err = capsys.readouterr().err
     assert "1 answer(s) failed and were skipped" in err
     lines = (out / "errors.jsonl").read_text().splitlines()
@@ -227,7 +233,8 @@ def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
     a = pd.read_parquet(out / "answers.parquet")
     assert "bad" not in set(t.answer_id) and "bad" not in set(a.answer_id)
     # the others are exactly what a probe of them gives with the batch-wide coefficients
-    cfg = ProbeConfig(model=str(nan_model_dir), rollouts=str(r), out=None, device="cpu", quiet=True)
+    cfg = ProbeConfig(model=str(nan_model_dir), rollouts=str(r), out=None, device="cpu", quiet=True,
+                      grad_norm="none")
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
     coefs = probe_mod.answer_coefficients(answers, cfg)
@@ -242,7 +249,7 @@ def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
 def test_strict_stops_at_the_bad_answer(nan_model_dir, tmp_path, capsys):
     r = write_rollouts(tmp_path / "r.jsonl", long_answer="bad")
     out = tmp_path / "run"
-    assert main(probe_args(nan_model_dir, r, out, "--strict", "--grad-norm", "none")) == 2
+    assert main(probe_args(nan_model_dir, r, out, *FAST, "--strict")) == 2
     err = capsys.readouterr().err
     assert "answer 'bad' failed" in err and "non-finite logits" in err and "--strict" in err
     assert not (out / "tokens.parquet").exists()
@@ -267,7 +274,7 @@ def test_out_of_memory_lowers_the_chunk_size_and_retries(model_dir, reference, t
 
     monkeypatch.setattr(probe_mod, "probe_answer", flaky)
     out = tmp_path / "run"
-    assert main(probe_args(model_dir, r, out)) == 0
+    assert main(probe_args(model_dir, r, out, *FAST)) == 0
     long_ok = next(k for k, v in tried.items() if len(v) > 1 and k != "q2-0")
     sizes = tried[long_ok]
     assert sizes[0] == "auto" and all(int(b) == int(a) // 2 for a, b in zip(sizes[1:], sizes[2:]))
@@ -290,7 +297,7 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
         raise KeyboardInterrupt
 
     monkeypatch.setattr(merge_mod, "finalize", stop)  # rank 0 dies after every part is written
-    assert main(probe_args(model_dir, r, out)) == 130
+    assert main(probe_args(model_dir, r, out, *FAST)) == 130
     monkeypatch.undo()
     assert (out / "parts" / "part-00000-of-00001.json").exists()
     assert main(["merge", str(out), "--device", "cpu", "--quiet"]) == 0
@@ -302,12 +309,12 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
     out2 = tmp_path / "run2"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out2, "--answers-per-chunk", "5"))
+        main(probe_args(model_dir, r, out2, *FAST, "--answers-per-chunk", "5"))
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     assert main(["merge", str(out2), "--quiet"]) == 2
     assert "15 of 20 answers are not probed yet" in capsys.readouterr().err
     monkeypatch.setattr(merge_mod, "finalize", stop)
-    assert main(probe_args(model_dir, r, out2)) == 130
+    assert main(probe_args(model_dir, r, out2, *FAST)) == 130
     monkeypatch.undo()
     for p in (out2 / "parts").iterdir():
         p.unlink()
