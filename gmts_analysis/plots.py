@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -122,7 +123,7 @@ def fig_within_vs_cross(
     inside answers, with the mean and its 95% CI (bootstrap over answers); next to it the
     pooled Spearman(s, grad_norm) across all tokens with its cluster-bootstrap 95% CI.
     """
-    from gmts_analysis.stats import per_cluster_spearman, prepare_tokens, TARGET_WITHIN
+    from gmts_analysis.stats import TARGET_WITHIN, per_cluster_spearman, prepare_tokens
 
     df = prepare_tokens(tokens)
     ests = [s for s in estimators if s in df.columns]
@@ -196,15 +197,13 @@ def fig_group_answers(tokens: pd.DataFrame, group_id: Any = None) -> Figure:
         return _empty(fig, ax, f"group {group_id!r} not found")
     ok = (df["entropy"] > 0) & (df["grad_norm"] > 0)
     n_zero = int((~ok).sum())
-    markers = {1: ("^", "A > 0"), -1: ("v", "A < 0"), 0: ("o", "A = 0")}
-    seen_sign = set()
+    markers = {1: "^", -1: "v", 0: "o"}
     for i, (aid, a) in enumerate(df[ok].groupby("answer_id", sort=True)):
         adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else 0.0
         sign = int(np.sign(adv))
-        m, lab = markers[sign]
+        m = markers[sign]
         ax.scatter(a["entropy"], a["grad_norm"], s=16, marker=m, color=f"C{i % 10}", alpha=0.75, lw=0.3,
                    edgecolor="black", label=f"answer {aid} (A={adv:+.2f})")
-        seen_sign.add(sign)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("entropy (nats, log scale)")
@@ -331,8 +330,8 @@ def fig_token_strip(
     Colours are log-scaled inside the answer (dark = high). Long answers are cut to
     ``max_tokens``; the strip wraps every ``per_line`` tokens.
     """
-    from matplotlib.colors import LogNorm, Normalize
     from matplotlib import colormaps
+    from matplotlib.colors import LogNorm, Normalize
 
     from gmts_analysis.selection import select_top
 

@@ -20,8 +20,9 @@ import io as _io
 import logging
 import math
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -348,14 +349,20 @@ def render_report(run_dir: str | os.PathLike, max_answers: int = MAX_ANSWERS) ->
         '<html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         # no network at all, even if something slipped in: a strict content security policy
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
-        "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">",
+        (
+            "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+            "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
+        ),
         f"<title>{_e(title)}</title><style>{CSS}</style></head><body>",
         f"<h1>{_e(title)}</h1>",
-        f"<p>Model: <code>{_e(model)}</code> · which tokens matter: per-token entropy vs the exact norm of each "
-        "token's policy-gradient term (grad_norm = |ω| · ‖∇ log p‖), and GMTS = entropy · |ω|.</p>",
-        '<nav><a href="#config">run</a> · <a href="#stats">statistics</a> · <a href="#figures">figures</a> · '
-        '<a href="#audit">audit</a></nav>',
+        (
+            f"<p>Model: <code>{_e(model)}</code> · which tokens matter: per-token entropy vs the exact norm of each "
+            "token's policy-gradient term (grad_norm = |ω| · ‖∇ log p‖), and GMTS = entropy · |ω|.</p>"
+        ),
+        (
+            '<nav><a href="#config">run</a> · <a href="#stats">statistics</a> · <a href="#figures">figures</a> · '
+            '<a href="#audit">audit</a></nav>'
+        ),
         _config_section(run.manifest, run.stats),
         _stats_section(run.stats),
         _figures_section(run.path, run),

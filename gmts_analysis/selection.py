@@ -19,7 +19,7 @@ Every function returns a boolean numpy mask aligned with the rows of the table.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd

@@ -37,7 +37,8 @@ from __future__ import annotations
 import logging
 import math
 import zlib
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -161,7 +162,7 @@ def summarise(values: pd.Series | np.ndarray, rng: np.random.Generator, n_boot: 
         "mean": float(v.mean()),
         "q25": float(q25),
         "q75": float(q75),
-        count_key: int(len(v)),
+        count_key: len(v),
         "ci_low": lo,
         "ci_high": hi,
     }
@@ -406,7 +407,7 @@ def compute_stats(
     stats: dict[str, Any] = {
         "meta": {
             "n_answers": int(df["answer_id"].nunique()),
-            "n_tokens": int(len(df)),
+            "n_tokens": len(df),
             "n_groups": int(df["group_id"].nunique()) if "group_id" in df.columns else None,
             "target": TARGET,
             "target_within_answer": TARGET_WITHIN,
@@ -435,7 +436,7 @@ def compute_stats(
                 fidelity=(fid or {}).get(k),
             )
             stats[name][k]["n_answers"] = int(sub["answer_id"].nunique())
-            stats[name][k]["n_tokens"] = int(len(sub))
+            stats[name][k]["n_tokens"] = len(sub)
     return stats
 
 

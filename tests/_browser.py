@@ -45,7 +45,7 @@ class Browser:
         self._buf = b""
         self.events: list[dict] = []
 
-    def __enter__(self) -> "Browser":
+    def __enter__(self) -> Browser:
         self._profile = tempfile.mkdtemp(prefix="gmts-chromium-")
         cmd_r, cmd_w = os.pipe()  # we write commands, chromium reads fd 3
         out_r, out_w = os.pipe()  # chromium writes fd 4, we read
@@ -66,17 +66,17 @@ class Browser:
         ]
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=child_fds, pass_fds=(3, 4, hi_cmd_r, hi_out_w),
+            preexec_fn=child_fds, pass_fds=(3, 4, hi_cmd_r, hi_out_w),  # noqa: PLW1509 (fds 3 and 4 need dup2)
         )
         os.close(hi_cmd_r)
         os.close(hi_out_w)
         self._w, self._r = cmd_w, out_r
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         try:
             self.send("Browser.close", timeout=5)
-        except Exception:
+        except (OSError, RuntimeError, TimeoutError):  # already gone
             pass
         try:
             self.proc.wait(timeout=10)
@@ -140,7 +140,7 @@ class Browser:
                 return m
 
     # -- a page
-    def open(self, path: str | os.PathLike) -> "Page":
+    def open(self, path: str | os.PathLike) -> Page:
         target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
         session = self.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
         for m in ("Page.enable", "Runtime.enable", "Log.enable"):

@@ -11,7 +11,11 @@ import torch
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.fidelity import (
-    compare, fidelity_for_run, fidelity_selections, selection_gradients, update_fidelity,
+    compare,
+    fidelity_for_run,
+    fidelity_selections,
+    selection_gradients,
+    update_fidelity,
 )
 from gmts_analysis.testing import build_tiny_model
 

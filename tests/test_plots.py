@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _synthetic import make_run_dir, make_tables
 from matplotlib.figure import Figure
 
-from _synthetic import make_run_dir, make_tables
 from gmts_analysis import plots
 from gmts_analysis.stats import compute_stats
 

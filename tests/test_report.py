@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from _browser import Browser, find_browser
 from _synthetic import make_run_dir
+
 from gmts_analysis.report import MAX_ANSWERS, write_report
 from gmts_analysis.selection import answer_disagreement
 
@@ -24,11 +24,11 @@ def run(tmp_path_factory):
 def test_report_is_self_contained(run):
     text = (run / "report.html").read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>")
-    refs = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", text, flags=re.I)
+    refs = re.findall(r"""(?:src|href)\s*=\s*["']?([^"'\s>]+)""", text, flags=re.IGNORECASE)
     assert refs, "expected images and anchors"
     for r in refs:
         assert r.startswith(("data:", "#")), f"external reference {r[:60]}"
-    assert not re.search(r"<link\b", text, flags=re.I)
+    assert not re.search(r"<link\b", text, flags=re.IGNORECASE)
     assert "https://" not in text and "http://" not in text
     assert text.count("data:image/png;base64,") >= 5
 
@@ -82,7 +82,7 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
         assert page.eval("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
         assert page.eval("document.querySelectorAll('figure img').length") >= 5
         # the planted token is shown as text, not executed
-        assert page.eval("Array.from(document.querySelectorAll('.t')).some(e => e.textContent === %r)" % PLANT)
+        assert page.eval(f"Array.from(document.querySelectorAll('.t')).some(e => e.textContent === {PLANT!r})")
         page.eval("document.querySelector('.toks .t').click()")
         details = page.eval("document.getElementById('details').textContent")
         assert "entropy" in details and "GMTS keeps" in details and "answer" in details

@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from _synthetic import make_tables
 from scipy.stats import kendalltau, spearmanr
 
-from _synthetic import make_tables
 from gmts_analysis import stats as S
 from gmts_analysis.io import to_json
 from gmts_analysis.selection import overlap

@@ -70,4 +70,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _f(x) -> str:
-    return "n/a" if x is None or x != x else f"{x:+.3f}"
+    import math
+
+    return "n/a" if x is None or math.isnan(x) else f"{x:+.3f}"
