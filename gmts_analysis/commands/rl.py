@@ -6,7 +6,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.rl.trainer import ALL_DOMAINS, SELECTION_ARMS, RLConfig
+    from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig
 
     d = RLConfig()
     p = subparsers.add_parser(
@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.models import resolve_device
+    from gmts_analysis.rl.config import RLConfig
     from gmts_analysis.rl.experiment import run_experiment
-    from gmts_analysis.rl.trainer import RLConfig
 
     if args.threads is not None:
         if args.threads < 1:

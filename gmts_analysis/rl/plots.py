@@ -78,7 +78,7 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
         ("entropy_mean", "mean token entropy (nats)"),
         ("frac_selected_zero_adv", "selected tokens with A = 0"),
     ]
-    fig, axes = plt.subplots(1, len(keys), figsize=(3.6 * len(keys), 3.2), squeeze=False)
+    fig, axes = plt.subplots(2, len(keys), figsize=(3.6 * len(keys), 6.4), squeeze=False)
     for ax, (k, title) in zip(axes[0], keys):
         for arm, runs in _runs_by_arm(result).items():
             n = min(len(r["steps"]) for r in runs)
@@ -91,9 +91,50 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
         ax.set_xlabel("training step")
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=8)
-    fig.suptitle("per-step diagnostics (mean over seeds, moving average of 5 steps)", fontsize=9)
+    _plot_sparse(axes[1], result)
+    fig.suptitle("per-step diagnostics (top: mean over seeds per arm, moving average of 5 steps; bottom: "
+                 "every --diag-every steps, pooled over arms and seeds, mean and min-max)", fontsize=9)
     fig.tight_layout()
     return _save(fig, path, atomic_write_bytes)
+
+
+SPARSE = [
+    ("fidelity", "cosine", ("entropy", "gmts", "random"), "update fidelity: cosine(g_S, g_all)"),
+    ("fidelity", "norm_ratio", ("entropy", "gmts", "random"), "update fidelity: |g_S| / |g_all|"),
+    ("grad_norm_corr", None, ("cross_answer_entropy", "cross_answer_gmts"), "cross-answer Spearman vs grad_norm"),
+    ("grad_norm_corr", None, ("within_answer_entropy_median",), "within-answer Spearman(entropy, |grad logp|)"),
+]
+
+
+def _plot_sparse(axes, result: dict) -> None:
+    """Diagnostics logged every ``diag_every`` steps, pooled over every run."""
+    colors = {"entropy": COLORS["entropy"], "gmts": COLORS["gmts"], "random": COLORS["random"],
+              "cross_answer_entropy": COLORS["entropy"], "cross_answer_gmts": COLORS["gmts"],
+              "within_answer_entropy_median": COLORS["entropy"]}
+    for ax, (block, field, names, title) in zip(axes, SPARSE):
+        for name in names:
+            by_step: dict[int, list[float]] = {}
+            for r in result["runs"]:
+                for s in r["steps"]:
+                    d = s.get(block)
+                    if not d or name not in d:
+                        continue
+                    v = d[name][field] if field else d[name]
+                    if v is not None and np.isfinite(v):
+                        by_step.setdefault(s["step"], []).append(float(v))
+            if not by_step:
+                continue
+            steps = sorted(by_step)
+            v = [by_step[k] for k in steps]
+            c = colors.get(name)
+            ax.plot(steps, [np.mean(x) for x in v], "o-", color=c, ms=3, lw=1.5,
+                    label=name.replace("cross_answer_", "").replace("_median", ""))
+            ax.fill_between(steps, [min(x) for x in v], [max(x) for x in v], color=c, alpha=0.12, lw=0)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("training step")
+        ax.grid(alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
 
 
 def _smooth(x: np.ndarray, k: int = 5) -> np.ndarray:

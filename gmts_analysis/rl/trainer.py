@@ -35,81 +35,22 @@ prompt set).
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
-from gmts_analysis.errors import GmtsError
+from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, stable_seed
 
 log = logging.getLogger(__name__)
 
-ALL_DOMAINS = ("arithmetic", "program", "logic")
-SELECTION_ARMS = ("all", "entropy", "gmts", "random")
-
-
-@dataclass
-class RLConfig:
-    """Everything one training run depends on (recorded in the results JSON)."""
-
-    policy: str = "small"
-    selection: str = "gmts"  # all | entropy | gmts | random
-    seed: int = 0
-    steps: int = 60
-    domains: tuple[str, ...] = ALL_DOMAINS
-    rho: float = 0.2
-    scope: str = "batch"  # batch | group
-    normalizer: str = "all"  # all | selected
-    loss_agg: str = "token-mean"
-    advantage: str = "group"
-    prompts_per_domain: int = 4
-    group_size: int = 8
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    temperature: float = 1.0
-    max_new_tokens: int = 96
-    eval_every: int = 20
-    eval_prompts: int = 200
-    eval_seed: int = 12345
-    diag_every: int = 20
-    diag_answers: int = 6
-    device: str = "cpu"
-    batch_size: int = 64  # generation batch size
-    extra: dict = field(default_factory=dict)
-
-    def check(self) -> None:
-        """Raise :class:`GmtsError` on a bad field."""
-        from gmts_analysis.toy.domains import DOMAINS
-
-        if self.selection not in SELECTION_ARMS:
-            raise GmtsError(f"--selection: unknown '{self.selection}' (choose from {', '.join(SELECTION_ARMS)})")
-        for d in self.domains:
-            if d not in DOMAINS:
-                raise GmtsError(f"--domain: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
-        if not 0.0 < self.rho <= 1.0:
-            raise GmtsError(f"--rho must be in (0, 1], got {self.rho}")
-        if self.scope not in ("batch", "group"):
-            raise GmtsError(f"--scope must be batch or group, got '{self.scope}'")
-        if self.normalizer not in ("all", "selected"):
-            raise GmtsError(f"--normalizer must be all or selected, got '{self.normalizer}'")
-        if self.steps < 0 or self.group_size < 2 or self.prompts_per_domain < 1:
-            raise GmtsError("--steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
-        if self.lr <= 0:
-            raise GmtsError(f"--lr must be > 0, got {self.lr}")
-        if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0:
-            raise GmtsError("--eval-every and --eval-prompts must be >= 1, --diag-every >= 0")
-
-
-def stable_seed(*key: object) -> int:
-    """A 31-bit seed from a key, stable across runs and platforms."""
-    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:4], "big") >> 1
+__all__ = ["ALL_DOMAINS", "SELECTION_ARMS", "RLConfig", "collate", "evaluate", "policy_forward", "stable_seed",
+           "train", "update_fidelity"]
 
 
 # ----------------------------------------------------------------------------- batches
