@@ -1,0 +1,176 @@
+"""Per-token gradient norms ``||d logprob_t / d theta||_2`` of a causal LM.
+
+``grad_norms(model, input_ids, prompt_len)`` is the one entry point. Methods:
+
+- ``exact`` (default): batched activation VJPs + ghost norms + causal truncation
+  (:mod:`gmts_analysis.grads.exact`); exact to float32 rounding (float64 for float64 models).
+- ``sketch``: closed-form head part + Gaussian forward-mode sketch of the rest, with a 95%
+  interval per token (:mod:`gmts_analysis.grads.sketch`).
+- ``loop``: one forward, ``autograd.grad`` per token (:mod:`gmts_analysis.grads.reference`).
+
+The model is left as it was found: attention implementation restored, hooks removed,
+``requires_grad`` flags restored, no ``.grad`` written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+METHODS = ("exact", "sketch", "loop")
+GROUPINGS = ("layer", "module")
+
+
+@dataclass
+class GradNorms:
+    """Per-token gradient norms of one answer (all tensors ``(T,)`` float64 on CPU)."""
+
+    norms: torch.Tensor  # grad_norm_logp per response token
+    lo: torch.Tensor | None  # 95% lower bound (sketch only)
+    hi: torch.Tensor | None  # 95% upper bound (sketch only)
+    groups: dict[str, torch.Tensor] | None  # group -> SQUARED norms; sum over groups == norms**2
+    method: str  # "exact" | "sketch" | "loop"
+
+
+@contextlib.contextmanager
+def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
+    """Attention that function transforms can batch, and ``requires_grad=False`` on every
+    parameter; both restored on exit.
+
+    SDPA stays SDPA but runs its MATH backend (composite ops with batching and forward-mode
+    rules, and no float32 down-cast for float64 models); eager stays eager; any other
+    implementation (flash, flex, ...) is switched to eager for the call.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from gmts_analysis.models import attention_implementation
+
+    params = list(model.parameters())
+    flags = [p.requires_grad for p in params]
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    ctx = contextlib.nullcontext() if impl in (None, "sdpa", "eager") else attention_implementation(model, "eager")
+    with ctx, sdpa_kernel(SDPBackend.MATH):
+        try:
+            for p in params:
+                p.requires_grad_(False)
+            yield
+        finally:
+            for p, f in zip(params, flags):
+                p.requires_grad_(f)
+
+
+def group_of(model: torch.nn.Module, module_name: str, groups: str) -> str:
+    """Group name of a module for ``groups`` = ``module`` or ``layer``."""
+    from gmts_analysis.grads.plan import layer_group
+
+    return module_name if groups == "module" else layer_group(model, module_name)
+
+
+def _check_args(model, input_ids, prompt_len, temperature, method, groups, probes):
+    if method not in METHODS:
+        raise GmtsError(f"grad-norm method '{method}': choose from {', '.join(METHODS)}")
+    if groups is not None and groups not in GROUPINGS:
+        raise GmtsError(f"grad groups '{groups}': choose from {', '.join(GROUPINGS)}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 1:
+        raise GmtsError("input_ids must be a 1-D tensor of token ids")
+    S = int(input_ids.shape[0])
+    if not 1 <= prompt_len < S:
+        raise GmtsError(f"prompt_len={prompt_len} must be in [1, {S - 1}] for a sequence of {S} tokens")
+    if not temperature > 0:
+        raise GmtsError(f"temperature must be > 0 (got {temperature})")
+    if method == "sketch" and int(probes) < 2:
+        raise GmtsError(f"--probes must be >= 2 (got {probes})")
+
+
+def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
+    from gmts_analysis.grads.reference import loop_grad_norms
+    from gmts_analysis.models import trainable_parameters
+
+    if groups is None:
+        return GradNorms(loop_grad_norms(model, input_ids, prompt_len, temperature), None, None, None, "loop")
+    mapping: dict[str, list[str]] = {}
+    for name, _ in trainable_parameters(model):
+        mapping.setdefault(group_of(model, name.rsplit(".", 1)[0], groups), []).append(name)
+    norms, g = loop_grad_norms(model, input_ids, prompt_len, temperature, groups=mapping)
+    return GradNorms(norms, None, None, g, "loop")
+
+
+def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
+    from gmts_analysis.grads.exact import ExactEngine, default_budget, exact_chunks, model_acc_dtype
+
+    acc = model_acc_dtype(model)
+    S = input_ids.shape[0]
+    T = S - prompt_len
+    budget = int(max_memory) if max_memory else default_budget(model, acc)
+    engine = ExactEngine(model, acc)
+    with frozen_for_transforms(model):
+        try:
+            engine.install(input_ids[: min(S, 8)])
+            chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget)
+            per_module: dict[str, torch.Tensor] = {}
+            for s, e in chunks:
+                res = engine.chunk(input_ids, prompt_len, s, e, temperature)
+                for name, v in res.items():
+                    buf = per_module.setdefault(name, torch.zeros(T, dtype=torch.float64))
+                    buf[s:e] += v.detach().double().cpu()
+        finally:
+            engine.remove()
+    total = sum(per_module.values())
+    norms = total.clamp_min(0.0).sqrt()
+    out_groups = None
+    if groups is not None:
+        out_groups = {}
+        for name, v in per_module.items():
+            key = group_of(model, name, groups)
+            out_groups[key] = out_groups.get(key, 0) + v
+    return GradNorms(norms, None, None, out_groups, "exact")
+
+
+def grad_norms(
+    model: torch.nn.Module,
+    input_ids: torch.LongTensor,
+    prompt_len: int,
+    *,
+    temperature: float = 1.0,
+    method: str = "exact",
+    chunk_size: int | str = "auto",
+    max_memory: int | None = None,
+    probes: int = 32,
+    seed: int = 0,
+    groups: str | None = None,
+) -> GradNorms:
+    """Per-token ``||d logprob_t / d theta||_2`` for the ``T = S - P`` response tokens.
+
+    input_ids: ``(S,)`` on the model's device; ``prompt_len`` = P >= 1. logprob_t is
+    ``log softmax(z_{P+t-1} / tau)[input_ids[P+t]]`` (:func:`gmts_analysis.tokens.sequence_logprobs`).
+    Norms are over all trainable parameters, tied tensors once.
+
+    chunk_size: tokens per batched VJP (``auto``: from ``max_memory`` bytes, default the size of
+    one parameter gradient). probes/seed: sketch only. groups: ``layer`` | ``module`` also returns
+    per-group squared norms that add up to ``norms**2``.
+    """
+    _check_args(model, input_ids, prompt_len, temperature, method, groups, probes)
+    if chunk_size != "auto" and (not str(chunk_size).isdigit() or int(chunk_size) < 1):
+        raise GmtsError(f"chunk size must be a positive integer or 'auto' (got {chunk_size!r})")
+    if method == "loop":
+        return _loop(model, input_ids, prompt_len, temperature, groups)
+    if method == "sketch":
+        from gmts_analysis.grads.sketch import sketch_grad_norms
+
+        return sketch_grad_norms(model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed)
+    try:
+        return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
+    except NotImplementedError as e:
+        log.warning("exact engine unavailable for this model (%s); falling back to the per-token loop", e)
+        return _loop(model, input_ids, prompt_len, temperature, groups)
+
+
+__all__ = ["GradNorms", "grad_norms", "METHODS", "GROUPINGS", "frozen_for_transforms"]

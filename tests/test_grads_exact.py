@@ -1,0 +1,128 @@
+"""The exact engine against the per-token autograd loop (independent reference)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.grads import grad_norms
+from gmts_analysis.grads.reference import loop_grad_norms, naive_grad_norms
+from gmts_analysis.testing import build_tiny_model
+
+TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
+
+
+def _ids(n: int = 30, vocab: int = 64, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, vocab, (n,), generator=g)
+    ids[2] = ids[n // 2] = ids[n - 2]  # repeated tokens: the embedding's equal-token pairs
+    return ids
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(((a - b).abs() / b.abs()).max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "qwen2"])
+def test_exact_matches_loop(arch, dtype):
+    model = build_tiny_model(arch, dtype=dtype)
+    ids, P = _ids(22), 9
+    for tau, chunks in ((1.0, (1, "auto")), (0.7, (5,))):
+        ref = loop_grad_norms(model, ids, P, tau)
+        assert ref.shape == (len(ids) - P,) and bool((ref > 0).all())
+        for chunk in chunks:
+            got = grad_norms(model, ids, P, temperature=tau, chunk_size=chunk)
+            assert got.method == "exact" and got.lo is None and got.groups is None
+            assert got.norms.dtype == torch.float64 and got.norms.shape == ref.shape
+            assert _rel(got.norms, ref) <= TOL[dtype], (arch, dtype, tau, chunk, _rel(got.norms, ref))
+
+
+def test_naive_equals_loop():
+    model = build_tiny_model("qwen2", dtype=torch.float64)
+    ids = _ids(16)
+    assert _rel(naive_grad_norms(model, ids, 5, 0.8, tokens=[0, 3, 10]), loop_grad_norms(model, ids, 5, 0.8)[[0, 3, 10]]) < 1e-12
+
+
+@pytest.mark.parametrize("groups", ["layer", "module"])
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_groups_add_up_and_match_loop(arch, groups):
+    model = build_tiny_model(arch, dtype=torch.float64)
+    ids, P = _ids(24), 6
+    got = grad_norms(model, ids, P, groups=groups, chunk_size=5)
+    total = sum(got.groups.values())
+    assert _rel(total, got.norms**2) < 1e-12
+    ref = grad_norms(model, ids, P, groups=groups, method="loop")
+    assert set(got.groups) == set(ref.groups)
+    for name, v in ref.groups.items():
+        assert float((got.groups[name] - v).abs().max()) <= 1e-9 * float(v.abs().max() + 1e-30), name
+    if groups == "layer":
+        layers = "transformer.h" if arch == "gpt2" else "model.layers"
+        assert {f"{layers}.0", f"{layers}.1"} <= set(got.groups)
+        assert ("lm_head" in got.groups) == (arch == "llama")  # gpt2's head is tied to the embedding
+    else:
+        assert any(k.endswith("q_proj") or k.endswith("c_attn") for k in got.groups)
+
+
+class _Scale(nn.Module):
+    """A module type the engine does not know: its gradients are materialized per token."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+        self.gain = nn.Parameter(torch.linspace(0.5, 1.5, inner.out_features, dtype=inner.weight.dtype))
+
+    def forward(self, x):
+        return self.inner(x) * self.gain
+
+
+def test_fallback_for_unknown_module_and_shared_weight():
+    model = build_tiny_model("llama", dtype=torch.float64)
+    mlp = model.model.layers[0].mlp
+    mlp.down_proj = _Scale(mlp.down_proj)
+    # a weight shared by two modules (not the head): must be materialized, counted once
+    model.model.layers[1].self_attn.k_proj.weight = model.model.layers[1].self_attn.q_proj.weight
+    ids, P = _ids(20), 5
+    ref = loop_grad_norms(model, ids, P, 1.3)
+    got = grad_norms(model, ids, P, temperature=1.3, chunk_size=4, groups="module")
+    assert _rel(got.norms, ref) < 1e-9
+    assert "model.layers.0.mlp.down_proj" in got.groups
+
+
+def test_model_left_unchanged():
+    model = build_tiny_model("qwen2")
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(False)  # a frozen tensor stays frozen, and is excluded
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    impl = model.config._attn_implementation
+    ids, P = _ids(20), 4
+    ref = loop_grad_norms(model, ids, P)
+    for method in ("exact", "sketch"):
+        grad_norms(model, ids, P, method=method, groups="layer" if method == "exact" else None)
+    got = grad_norms(model, ids, P)
+    assert _rel(got.norms, ref) < 1e-4
+    assert model.config._attn_implementation == impl
+    assert not model.training
+    for name, mod in model.named_modules():
+        assert not mod._forward_hooks and not mod._forward_pre_hooks and not mod._backward_hooks, name
+    for n, p in model.named_parameters():
+        assert p.grad is None and p.requires_grad == flags[n] and torch.equal(p, before[n]), n
+
+
+def test_bad_arguments():
+    model = build_tiny_model("gpt2")
+    ids = _ids(10)
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids, 0)
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids, 10)
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids, 3, method="fast")
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids, 3, groups="tensor")
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids, 3, chunk_size=0)
+    with pytest.raises(GmtsError):
+        grad_norms(model, ids.unsqueeze(0), 3)
