@@ -18,7 +18,7 @@ from typing import Sequence
 from gmts_analysis.errors import GmtsError
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
-COMMANDS: list[str] = ["run", "probe", "merge", "stats", "figures", "rl"]
+COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "figures", "rl", "toy_train"]
 
 
 def build_parser() -> argparse.ArgumentParser:
