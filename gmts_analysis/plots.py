@@ -247,7 +247,8 @@ def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entrop
 def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) -> Figure:
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
-    The dotted diagonal is the expected overlap of a random selection (= rho).
+    The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
+    entropy and gmts: 95% CIs from the bootstrap over answers (``topk_overlap_ci``, at rho 0.2).
     """
     tk = stats.get("topk_overlap", {})
     scopes = [s for s in scopes if s in tk]
@@ -263,6 +264,12 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
             bold = s in ("entropy", "gmts")
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
                     color=_color(s, i), alpha=1.0 if bold else 0.75, label=s)
+            ci = stats.get("topk_overlap_ci", {}).get(scope, {}).get(s, {})
+            for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
+                v, lo, hi = _num(by_rho.get(k)), _num(b.get("ci_low")), _num(b.get("ci_high"))
+                if bold and np.isfinite(lo) and np.isfinite(v):
+                    ax.errorbar([float(k)], [v], yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color=_color(s, i),
+                                capsize=4, lw=1.2)
         ax.plot([0, 0.55], [0, 0.55], ls=":", color="grey", label="random (= ρ)")
         ax.set_xlabel("kept fraction ρ")
         ax.set_title(f"scope: {scope}", fontsize=10)

@@ -65,6 +65,35 @@ def _ci(v: Any, lo: Any, hi: Any) -> str:
 # --------------------------------------------------------------------------- sections
 
 
+SUMMARY_FIELDS = (
+    ("model", ("model_path", "model", ("config", "model"))),
+    ("model class", ("model_class", "model_type")),
+    ("parameters", ("n_parameters",)),
+    ("device / dtype", ("device_name", "device")),
+    ("dtype", ("dtype", ("config", "dtype"))),
+    ("gradient norms", ("grad_norm_method", ("config", "grad_norm"))),
+    ("temperature", (("config", "temperature"),)),
+    ("advantage", (("config", "advantage"),)),
+    ("loss aggregation", (("config", "loss_agg"),)),
+    ("rollouts", (("rollouts", "path"), ("config", "rollouts"))),
+    ("created", ("created",)),
+    ("seed", ("seed", ("config", "seed"))),
+)
+
+
+def _lookup(manifest: Mapping, keys: tuple) -> Any:
+    for k in keys:
+        if isinstance(k, tuple):
+            d: Any = manifest
+            for kk in k:
+                d = d.get(kk) if isinstance(d, Mapping) else None
+            if d not in (None, ""):
+                return d
+        elif manifest.get(k) not in (None, ""):
+            return manifest.get(k)
+    return None
+
+
 def _config_section(manifest: Mapping, stats: Mapping) -> str:
     rows = []
     for k, v in manifest.items():
@@ -76,14 +105,21 @@ def _config_section(manifest: Mapping, stats: Mapping) -> str:
             rows.append(f'<tr><th>{_e(k)}</th><td><table class="inner">{inner}</table></td></tr>')
         else:
             rows.append(f"<tr><th>{_e(k)}</th><td>{_e(_short(v))}</td></tr>")
+    summary = "".join(
+        f"<tr><th>{_e(label)}</th><td>{_e(_short(v))}</td></tr>"
+        for label, keys in SUMMARY_FIELDS
+        if (v := _lookup(manifest, keys)) is not None
+    )
     meta = stats.get("meta", {})
     counts = (
         f"{_fmt(meta.get('n_answers'))} answers in {_fmt(meta.get('n_groups'))} groups, "
         f"{_fmt(meta.get('n_tokens'))} response tokens; bootstrap: {_fmt(meta.get('n_boot'))} resamples "
         f"of answers, seed {_fmt(meta.get('seed'))}"
     )
-    body = f'<table class="kv">{"".join(rows)}</table>' if rows else "<p>No manifest.json in this run.</p>"
-    return f'<section id="config"><h2>Run</h2><p>{_e(counts)}</p><details open><summary>Configuration and model</summary>{body}</details></section>'
+    full = (f'<details><summary>Full manifest.json</summary><table class="kv">{"".join(rows)}</table></details>'
+            if rows else "<p>No manifest.json in this run.</p>")
+    table = f'<table class="kv">{summary}</table>' if summary else ""
+    return f'<section id="config"><h2>Run</h2><p>{_e(counts)}</p>{table}{full}</section>'
 
 
 def _short(v: Any, n: int = 300) -> str:
@@ -100,7 +136,7 @@ def _stats_section(stats: Mapping) -> str:
     head = (
         "<tr><th>estimator</th><th>within answer ρ<br><small>median (mean [95% CI])</small></th>"
         "<th>n answers</th><th>across answers ρ<br><small>pooled [95% CI]</small></th><th>Kendall τ<sub>b</sub></th>"
-        "<th>within group ρ<br><small>median</small></th><th>top-20% overlap<br><small>batch / group</small></th>"
+        "<th>within group ρ<br><small>median</small></th><th>top-20% overlap<br><small>batch / group [95% CI]</small></th>"
         "<th>update fidelity<br><small>cosine / norm ratio</small></th></tr>"
     )
     body = []
@@ -112,7 +148,8 @@ def _stats_section(stats: Mapping) -> str:
             f"<td>{_fmt(r['n_answers'])}</td>"
             f"<td>{_ci(r['cross_spearman'], r['cross_ci_low'], r['cross_ci_high'])}</td>"
             f"<td>{_fmt(r['cross_kendall'])}</td><td>{_fmt(r['group_median'])}</td>"
-            f"<td>{_fmt(r['topk_batch'])} / {_fmt(r['topk_group'])}</td>"
+            f"<td>{_ci(r['topk_batch'], r['topk_batch_ci_low'], r['topk_batch_ci_high'])} / "
+            f"{_ci(r['topk_group'], r['topk_group_ci_low'], r['topk_group_ci_high'])}</td>"
             f"<td>{_fmt(r['fidelity_cosine'])} / {_fmt(r['fidelity_norm_ratio'])}</td></tr>"
         )
     fid = stats.get("update_fidelity") or {}
@@ -293,7 +330,7 @@ tr.key{background:#f6f8fa;font-weight:600}.ci{color:#666;font-weight:normal}
 table.inner td{border:none;padding:0 6px}.scroll{overflow-x:auto}
 figure{margin:16px 0}figure img{max-width:100%;border:1px solid #eee}figcaption{font-size:13px;color:#444}
 .answer{border:1px solid #ddd;border-radius:6px;margin:10px 0;padding:8px}
-.ahead{font-size:13px;color:#333;margin-bottom:6px}.toks{font-family:Menlo,Consolas,monospace;font-size:13px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
+.ahead{font-size:13px;color:#333;margin-bottom:6px}.toks .t{margin-right:1px}.toks{font-family:Menlo,Consolas,monospace;font-size:13px;line-height:1.9;white-space:pre-wrap;word-break:break-all}
 .t{padding:1px 0;border-top:3px solid transparent;border-bottom:3px solid transparent;cursor:pointer}
 .t.se{border-bottom-color:#1f77b4}.t.sg{border-top-color:#ff7f0e}.t.pinned{outline:2px solid #d62728}
 .legend .t{padding:0 4px;margin-left:8px}
@@ -342,7 +379,9 @@ def render_report(run_dir: str | os.PathLike, max_answers: int = MAX_ANSWERS) ->
     from gmts_analysis.plots import load_run
 
     run = load_run(run_dir)
-    title = f"gmts report: {run.path.name}"
+    # the probe writes the report inside a staging directory: name the run after its final place
+    out = run.manifest.get("config", {}).get("out") if isinstance(run.manifest.get("config"), Mapping) else None
+    title = f"gmts report: {Path(str(out)).name if out else run.path.name}"
     model = run.manifest.get("model") or run.manifest.get("model_path") or ""
     parts = [
         "<!DOCTYPE html>",

@@ -61,6 +61,32 @@ def scope_codes(df: pd.DataFrame, scope: str, *, group_col: str = "group_id", ba
     return pd.factorize(pd.MultiIndex.from_arrays(keys), sort=True)[0].astype(np.int64)
 
 
+def selection_order(
+    df: pd.DataFrame,
+    score: str | np.ndarray | pd.Series,
+    scope: str = "batch",
+    *,
+    group_col: str = "group_id",
+    batch_col: str = "step",
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(order, scope_id)``: the row order in which selections keep tokens, and each row's scope.
+
+    ``order`` sorts rows by scope, then real scores before NaN, then score descending, then
+    ``(answer_id, position)``; a top-k selection keeps the first k rows of each scope in it.
+    """
+    n = len(df)
+    s = np.asarray(df[score] if isinstance(score, str) else score, dtype=np.float64)
+    if s.shape != (n,):
+        raise GmtsError(f"score has shape {s.shape}, expected ({n},)")
+    scope_id = scope_codes(df, scope, group_col=group_col, batch_col=batch_col)
+    ans = _codes(df["answer_id"])
+    pos = np.asarray(df["position"], dtype=np.int64)
+    nan = np.isnan(s)
+    key = np.where(nan, 0.0, -s)  # ascending sort of -score = descending score
+    # np.lexsort sorts by the last key first: scope, then NaN last, then score, then ties.
+    return np.lexsort((pos, ans, key, nan, scope_id)), scope_id
+
+
 def select_top(
     df: pd.DataFrame,
     score: str | np.ndarray | pd.Series,
@@ -81,16 +107,7 @@ def select_top(
     n = len(df)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    s = np.asarray(df[score] if isinstance(score, str) else score, dtype=np.float64)
-    if s.shape != (n,):
-        raise GmtsError(f"score has shape {s.shape}, expected ({n},)")
-    scope_id = scope_codes(df, scope, group_col=group_col, batch_col=batch_col)
-    ans = _codes(df["answer_id"])
-    pos = np.asarray(df["position"], dtype=np.int64)
-    nan = np.isnan(s)
-    key = np.where(nan, 0.0, -s)  # ascending sort of -score = descending score
-    # np.lexsort sorts by the last key first: scope, then NaN last, then score, then ties.
-    order = np.lexsort((pos, ans, key, nan, scope_id))
+    order, scope_id = selection_order(df, score, scope, group_col=group_col, batch_col=batch_col)
     sorted_scope = scope_id[order]
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_scope)) + 1]
     sizes = np.diff(np.r_[starts, n])

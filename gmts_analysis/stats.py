@@ -17,6 +17,8 @@ Everything here is a function of the tokens table (SPEC section 2) and is writte
 - ``topk_overlap.<scope>.<s>.<rho>``: |S_s ∩ S_true| / |S_true| (S_true: top-rho by
   grad_norm in the same scope). With several scopes (groups; or batches when there is a
   ``step`` column) intersections and |S_true| are summed over scopes before dividing.
+- ``topk_overlap_ci.<scope>.<s>."0.2"``: {ci_low, ci_high}, 95% CI of the overlap at rho 0.2 by
+  a bootstrap over answers (selections recomputed on each resample; extra key, not in SPEC).
 - ``update_fidelity``: needs the model; computed by :mod:`gmts_analysis.fidelity` during the
   probe and passed in here (``fidelity=``); ``gmts stats`` keeps the one already on disk.
 - ``by_domain.<d>`` / ``by_step.<k>``: the same blocks on each slice, when the tables carry
@@ -336,6 +338,85 @@ def topk_overlap(df: pd.DataFrame, estimators: Iterable[str], rhos: Iterable[flo
     return out
 
 
+class _KeepPlan:
+    """Selection order of one score in a scope, precomputed to select on weighted resamples."""
+
+    def __init__(self, order: np.ndarray, scope_id: np.ndarray, codes: np.ndarray):
+        n = len(order)
+        self.order = order
+        self.codes_sorted = codes[order]
+        sc = scope_id[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1]
+        self.ends = np.r_[starts[1:], n] - 1
+        self.scope_of_sorted = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n]))
+
+    def kept(self, counts: np.ndarray, rho: float) -> np.ndarray:
+        """Copies of each token kept, ``(B, n)`` in this plan's sort order, from answer counts ``(B, C)``.
+
+        A token of weight w_j stands for w_j identical copies; each scope keeps its first
+        ``ceil(rho * total weight)`` copies in the order (as select_top on the expanded table).
+        """
+        ws = counts[:, self.codes_sorted]
+        cs = np.cumsum(ws, axis=1)
+        end = cs[:, self.ends]
+        before_scope = np.concatenate([np.zeros((ws.shape[0], 1), ws.dtype), end[:, :-1]], axis=1)
+        k = np.ceil(rho * (end - before_scope) - 1e-6)
+        # copies before token j inside its scope = cs - ws - before_scope; kept = clip(k - that, 0, ws)
+        lim = (k + before_scope)[:, self.scope_of_sorted] - cs + ws
+        np.clip(lim, 0.0, ws, out=lim)
+        return lim
+
+
+def topk_overlap_ci(
+    df: pd.DataFrame, estimators: Iterable[str], *, seed: int, n_boot: int, key: str = "", rho: float = 0.2,
+    level: float = CI_LEVEL,
+) -> dict:
+    """``{scope: {s: {"<rho>": {ci_low, ci_high}}}}``: percentile CIs of the top-k overlap by a
+    bootstrap that resamples answers (exact: the selections are recomputed on each resample,
+    every copy of a drawn answer counted, counts pooled over scopes as in :func:`topk_overlap`).
+    Only at ``rho`` (default 0.2) to keep the cost at O(n) per resample and estimator.
+    """
+    from gmts_analysis.selection import selection_order
+
+    out: dict[str, dict] = {}
+    if n_boot < 1 or TARGET not in df.columns or df[TARGET].isna().all():
+        return out
+    codes, uniques = pd.factorize(df["answer_id"])
+    counts = multiplicities(len(uniques), n_boot, _rng(seed, key, "topk_overlap")).astype(np.float32)
+    n = len(df)
+    chunk = max(1, int(2_000_000 // max(n, 1)))
+    rk = rho_key(rho)
+    for scope in SCOPES:
+        if scope == "group" and "group_id" not in df.columns:
+            continue
+        true_plan = _KeepPlan(*selection_order(df, TARGET, scope), codes)
+        plans = {}
+        for s in estimators:
+            order, scope_id = selection_order(df, s, scope)
+            plans[s] = _KeepPlan(order, scope_id, codes)
+            inv = np.empty(n, dtype=np.int64)
+            inv[order] = np.arange(n)
+            plans[s].to_true = inv[true_plan.order]  # estimator-sorted index of each target-sorted token
+        vals = {s: np.empty(n_boot) for s in estimators}
+        for i in range(0, n_boot, chunk):
+            c = counts[i : i + chunk]
+            true = true_plan.kept(c, rho)
+            denom = true.sum(axis=1, dtype=np.float64)
+            for s in estimators:
+                sel = plans[s].kept(c, rho)[:, plans[s].to_true]
+                np.minimum(sel, true, out=sel)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    vals[s][i : i + len(c)] = sel.sum(axis=1, dtype=np.float64) / denom
+        a = (1 - level) / 2
+        block = {}
+        for s in estimators:
+            v = vals[s][np.isfinite(vals[s])]
+            lo, hi = (np.quantile(v, [a, 1 - a]) if len(v) else (np.nan, np.nan))
+            block[s] = {rk: {"ci_low": float(lo), "ci_high": float(hi)}}
+        out[scope] = block
+    return out
+
+
 def rho_key(rho: float) -> str:
     """The stats.json key of a selection fraction: 0.2 -> "0.2", 0.05 -> "0.05"."""
     return repr(float(rho))
@@ -347,6 +428,7 @@ def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, k
         "cross_answer": cross_answer(df, estimators, seed=seed, n_boot=n_boot, key=key),
         "within_group": within_group(df, estimators, seed=seed, n_boot=n_boot, key=key),
         "topk_overlap": topk_overlap(df, estimators),
+        "topk_overlap_ci": topk_overlap_ci(df, estimators, seed=seed, n_boot=n_boot, key=key),
         "update_fidelity": dict(fidelity or {}),
     }
 
@@ -460,7 +542,7 @@ def stats_table(stats: Mapping[str, Any], rho: str = "0.2") -> pd.DataFrame:
 
     Columns: estimator, within_median, within_mean, within_ci_low, within_ci_high,
     n_answers, cross_spearman, cross_ci_low, cross_ci_high, cross_kendall, n_tokens,
-    group_median, group_mean, n_groups, topk_batch, topk_group (at ``rho``),
+    group_median, group_mean, n_groups, topk_batch (+ _ci_low/_ci_high), topk_group (+ CI) at ``rho``,
     fidelity_cosine, fidelity_norm_ratio.
     """
     def g(d: Mapping | None, *keys: str) -> float:
@@ -493,7 +575,11 @@ def stats_table(stats: Mapping[str, Any], rho: str = "0.2") -> pd.DataFrame:
                 "group_mean": g(wg, "mean"),
                 "n_groups": g(wg, "n_groups"),
                 "topk_batch": g(stats.get("topk_overlap"), "batch", s, rho),
+                "topk_batch_ci_low": g(stats.get("topk_overlap_ci"), "batch", s, rho, "ci_low"),
+                "topk_batch_ci_high": g(stats.get("topk_overlap_ci"), "batch", s, rho, "ci_high"),
                 "topk_group": g(stats.get("topk_overlap"), "group", s, rho),
+                "topk_group_ci_low": g(stats.get("topk_overlap_ci"), "group", s, rho, "ci_low"),
+                "topk_group_ci_high": g(stats.get("topk_overlap_ci"), "group", s, rho, "ci_high"),
                 "fidelity_cosine": g(stats.get("update_fidelity"), s, "cosine"),
                 "fidelity_norm_ratio": g(stats.get("update_fidelity"), s, "norm_ratio"),
             }

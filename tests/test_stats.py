@@ -106,13 +106,15 @@ def test_stats_json_structure(tables, stats):
     assert {"entropy", "gmts", "logit_grad_norm", "surprisal", "one_minus_prob", "rsi", "gmts_lgn",
             "head_grad_norm"} <= set(ests)
     assert set(stats) == {"meta", "within_answer", "cross_answer", "within_group", "topk_overlap",
-                          "update_fidelity", "by_domain"}
+                          "topk_overlap_ci", "update_fidelity", "by_domain"}
     for s in ests:
         assert set(stats["within_answer"][s]) == SUMMARY_KEYS
         assert set(stats["cross_answer"][s]) == CROSS_KEYS
         assert set(stats["within_group"][s]) == SUMMARY_KEYS - {"n_answers"} | {"n_groups"}
         for scope in ("batch", "group"):
             assert set(stats["topk_overlap"][scope][s]) == RHO_KEYS
+            ci = stats["topk_overlap_ci"][scope][s]["0.2"]
+            assert set(ci) == {"ci_low", "ci_high"} and ci["ci_low"] <= ci["ci_high"]
     assert set(stats["topk_overlap"]) == {"batch", "group"}
     meta = stats["meta"]
     assert meta["n_answers"] == 24 and meta["n_groups"] == 6 and meta["n_tokens"] == len(tables[0])
@@ -197,3 +199,25 @@ def test_gmts_stats_command(tmp_path, tables):
     assert st["meta"]["n_boot"] == 50 and "within_answer" in st
     assert main(["stats", str(tmp_path / "nope")]) == 2
     assert main(["stats", str(tmp_path), "--n-boot", "-1"]) == 2
+
+
+def test_topk_bootstrap_equals_explicit_resampling():
+    tokens, answers = make_tables(n_groups=3, group_size=3, min_len=5, max_len=9, seed=2, steps=2)
+    df = S.prepare_tokens(tokens, answers)
+    codes, uniq = pd.factorize(df["answer_id"])
+    counts = S.multiplicities(len(uniq), 8, np.random.default_rng(0)).astype(np.float32)
+    from gmts_analysis.selection import selection_order
+
+    for scope in ("batch", "group"):
+        tp = S._KeepPlan(*selection_order(df, "grad_norm", scope), codes)
+        order, sid = selection_order(df, "entropy", scope)
+        ep = S._KeepPlan(order, sid, codes)
+        inv = np.empty(len(df), dtype=int)
+        inv[order] = np.arange(len(df))
+        for b in range(counts.shape[0]):
+            expanded = pd.concat([df[codes == c] for c in range(len(uniq)) for _ in range(int(counts[b, c]))],
+                                 ignore_index=True)
+            true = tp.kept(counts[b : b + 1], 0.2)
+            sel = ep.kept(counts[b : b + 1], 0.2)[:, inv[tp.order]]
+            got = float(np.minimum(sel, true).sum(dtype=np.float64) / true.sum(dtype=np.float64))
+            assert got == pytest.approx(overlap(expanded, "entropy", 0.2, scope), abs=1e-9)
