@@ -128,7 +128,8 @@ def fig_within_vs_cross(
     df = prepare_tokens(tokens)
     ests = [s for s in estimators if s in df.columns]
     stats = stats or {}
-    fig = Figure(figsize=(2.6 + 2.4 * max(1, len(ests)), 4.2), layout="constrained")
+    per = 2.4 if len(ests) <= 3 else 1.45
+    fig = Figure(figsize=(min(18.0, 2.6 + per * max(1, len(ests))), 4.6), layout="constrained")
     ax = fig.add_subplot()
     if not ests:
         return _empty(fig, ax, "no estimator columns")
@@ -165,7 +166,7 @@ def fig_within_vs_cross(
     ax.set_ylim(-1.05, 1.05)
     ax.set_ylabel("Spearman ρ with gradient norm")
     ax.set_title("Inside an answer vs across answers", fontsize=10)
-    ax.legend(loc="lower right", fontsize=7, frameon=False)
+    fig.legend(loc="outside lower center", ncols=2, fontsize=7, frameon=False)
     return fig
 
 
