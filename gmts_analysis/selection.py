@@ -58,7 +58,8 @@ def scope_codes(df: pd.DataFrame, scope: str, *, group_col: str = "group_id", ba
         return np.zeros(len(df), dtype=np.int64)
     if len(keys) == 1:
         return keys[0].astype(np.int64)
-    return pd.factorize(pd.MultiIndex.from_arrays(keys), sort=True)[0].astype(np.int64)
+    combined = keys[0].astype(np.int64) * (int(keys[1].max()) + 1) + keys[1].astype(np.int64)
+    return np.unique(combined, return_inverse=True)[1].astype(np.int64).reshape(-1)
 
 
 def selection_order(

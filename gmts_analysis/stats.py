@@ -443,7 +443,12 @@ def prepare_tokens(tokens: pd.DataFrame, answers: pd.DataFrame | None = None) ->
     if answers is not None and "answer_id" in answers.columns:
         extra = [c for c in ("domain", "step", "group_id") if c in answers.columns and c not in df.columns]
         if extra:
-            df = df.merge(answers[["answer_id", *extra]], on="answer_id", how="left")
+            # by the ids' text, so int ids in one table and string ids in the other still match
+            right = answers[["answer_id", *extra]].drop_duplicates("answer_id")
+            lookup = right.assign(_key=right["answer_id"].astype(str)).drop(columns="answer_id").set_index("_key")
+            keys = df["answer_id"].astype(str)
+            for c in extra:
+                df[c] = keys.map(lookup[c]).to_numpy()
     if TARGET not in df.columns and {"omega", TARGET_WITHIN} <= set(df.columns):
         df[TARGET] = df["omega"].abs() * df[TARGET_WITHIN]
     for c in (TARGET, TARGET_WITHIN):

@@ -148,6 +148,9 @@ def test_by_step_and_domain_from_answers_table():
     assert set(st["by_step"]) == {"0", "1"} and set(st["by_domain"]) == {"a", "b"}
     assert st["meta"]["batch_scope"] == "per step"
     assert st["by_step"]["0"]["n_answers"] == 9
+    ans_str = answers.assign(answer_id=answers["answer_id"].astype(str))  # ids typed differently
+    st3 = S.compute_stats(tokens.drop(columns=["domain", "step"]), ans_str, n_boot=0)
+    assert set(st3["by_step"]) == {"0", "1"} and st3["by_domain"]["a"]["n_tokens"] == st["by_domain"]["a"]["n_tokens"]
     st2 = S.compute_stats(tokens.drop(columns=["domain", "step"]), None, n_boot=0)
     assert "by_step" not in st2 and "by_domain" not in st2
     assert st2["cross_answer"]["entropy"]["ci_low"] is not None and np.isnan(st2["cross_answer"]["entropy"]["ci_low"])
