@@ -91,3 +91,24 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
         shot = page.screenshot(tmp_path / "report.png")
         assert shot.stat().st_size > 10_000
         assert page.problems() == []
+
+
+def test_report_without_figures_manifest_or_gradients(tmp_path):
+    """A bare run (tokens only, no gradient norms, no manifest, no figures) still gets a full report."""
+    import numpy as np
+
+    from _synthetic import make_tables
+    from gmts_analysis.io import atomic_write_parquet
+    from gmts_analysis.plots import render_all
+
+    tokens, _ = make_tables(n_groups=2, group_size=3, seed=9)
+    tokens["grad_norm_logp"] = np.nan
+    tokens["grad_norm"] = np.nan
+    atomic_write_parquet(tmp_path / "tokens.parquet", tokens)
+    assert render_all(tmp_path)  # what can be drawn is drawn
+    import shutil
+
+    shutil.rmtree(tmp_path / "figures")
+    text = write_report(tmp_path).read_text(encoding="utf-8")
+    assert "No manifest.json" in text and text.count("data:image/png;base64,") >= 3
+    assert len(re.findall(r'<div class="answer" ', text)) == 6
