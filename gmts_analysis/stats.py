@@ -30,8 +30,11 @@ Bootstrap: percentile intervals from ``n_boot`` resamples (default 1000) of a nu
 on which estimators are present. The cluster bootstrap of the pooled Spearman is exact and
 vectorized: a resample is a vector of answer multiplicities, and the average ranks of the
 resampled table are cumulative sums of multiplicities along one precomputed sort order,
-so each resample costs O(n) instead of a sort (about 1 s for 1000 resamples of 15k tokens
-and nine estimators on one core).
+so each resample costs O(n) instead of a sort; the top-k CIs use the same idea (kept copies
+are cumulative multiplicities along each score's selection order). Both are exact: they equal
+the statistic recomputed on the table with every drawn answer repeated (tests check this).
+Cost: about 7 s of CPU for 1000 resamples of 15k tokens in 200 answers with nine estimators
+(4 s pooled Spearman CIs, 3 s top-k CIs), so ``n_boot`` stays at 1000 by default.
 """
 
 from __future__ import annotations
@@ -505,6 +508,7 @@ def compute_stats(
             "seed": int(seed),
             "min_tokens": MIN_TOKENS,
             "rhos": [rho_key(r) for r in RHOS],
+            "topk_overlap_ci": "95% percentile CI at rho 0.2, bootstrap over answers",
             "topk_pooling": "sum over scopes of |S_s ∩ S_true| / sum over scopes of |S_true|",
             "batch_scope": "per step" if "step" in df.columns else "all tokens",
             "update_fidelity": "rho 0.2, batch scope, computed by the probe (needs the model); "
