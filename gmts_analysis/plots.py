@@ -355,7 +355,8 @@ def fig_token_strip(
     lines = max(1, -(-n // per_line))
     rows = [("entropy", "entropy", "Blues"), ("grad_norm", "grad_norm", "Oranges"),
             ("entropy keeps", "_se", None), ("GMTS keeps", "_sg", None)]
-    fig = Figure(figsize=(min(16.0, 0.42 * min(n, per_line) + 1.8), 0.5 + 1.25 * lines), layout="constrained")
+    fig = Figure(figsize=(min(16.0, 0.42 * max(min(n, per_line), 14) + 1.8), 0.8 + 1.25 * lines),
+                 layout="constrained")
     ax = fig.add_subplot()
     if n == 0:
         return _empty(fig, ax, f"answer {answer_id!r} not found")
@@ -391,14 +392,14 @@ def fig_token_strip(
         if x == 0:
             for r, (label, _, _) in enumerate(rows):
                 ax.text(-0.3, y0 + r * row_h + 0.5, label, ha="right", va="center", fontsize=7, parse_math=False)
-    ax.set_xlim(-4.0, per_line)
+    ax.set_xlim(-4.0, max(min(n, per_line), 14))
     ax.set_ylim(lines * block, -0.2)
     ax.set_axis_off()
     adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else float("nan")
     cut = f", first {n} of {n_all} tokens" if n < n_all else ""
     ax.set_title(
-        f"answer {answer_id} (A = {adv:+.2f}{cut}): colour = value inside the answer (log scale); "
-        f"selections: top {rho:.0%} per {scope}", fontsize=8, loc="left",
+        f"answer {answer_id} (A = {adv:+.2f}{cut})\ncolour: value inside the answer (log scale, dark = high); "
+        f"selections: top {rho:.0%} per {scope}", fontsize=8, loc="left", parse_math=False,
     )
     return fig
 

@@ -1,7 +1,7 @@
 """``gmts stats RUN_DIR``: recompute stats.json from tokens.parquet (no model needed).
 
 Reads RUN_DIR/tokens.parquet (and answers.parquet when present), recomputes every
-statistic of SPEC section 6 that needs no model, keeps the ``update_fidelity`` blocks of
+statistic of SPEC section 6 that needs no model, keeps the update_fidelity blocks of
 the existing stats.json (they need the model; the probe computes them), and writes
 RUN_DIR/stats.json atomically.
 """
