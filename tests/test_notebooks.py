@@ -34,7 +34,8 @@ def test_stored_without_outputs(path):
     for cell in nb.cells:
         if cell.cell_type == "code":
             assert cell.outputs == [] and cell.execution_count is None, f"{path.name}: stored with outputs"
-    assert "GMTS_RUN_DIR" in path.read_text() or "03_" in path.name
+    if path.name[:3] in ("01_", "02_"):
+        assert "GMTS_RUN_DIR" in path.read_text()
 
 
 @pytest.mark.slow
@@ -53,4 +54,5 @@ def test_notebook_executes(path, run_dir, monkeypatch):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.output_type == "error"]
     assert not errors
     n_images = sum(1 for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {}))
-    assert n_images >= 2, f"{path.name}: expected figures, got {n_images}"
+    if path.name[:3] in ("01_", "02_", "03_"):  # the probe notebooks draw the library's figures
+        assert n_images >= 2, f"{path.name}: expected figures, got {n_images}"
