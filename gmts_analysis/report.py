@@ -30,7 +30,7 @@ import pandas as pd
 log = logging.getLogger(__name__)
 
 MAX_ANSWERS = 40  # answers in the audit view
-MAX_TOKENS = 600  # tokens shown per answer
+MAX_TOKENS = 400  # tokens shown per answer
 RHO = 0.2
 
 
@@ -53,6 +53,15 @@ def _fmt(x: Any, digits: int = 3) -> str:
     if v != 0 and (abs(v) < 1e-3 or abs(v) >= 1e5):
         return f"{v:.{digits - 1}e}"
     return f"{v:.{digits}f}"
+
+
+def _g(x: Any) -> str:
+    """Four significant digits (compact, for the token data attributes)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return "–"
+    return "–" if math.isnan(v) else f"{v:.4g}"
 
 
 def _ci(v: Any, lo: Any, hi: Any) -> str:
@@ -289,8 +298,8 @@ def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answe
                 tok += "\n"
             spans.append(
                 f'<span class="{cls}" data-pos="{int(t["position"])}" data-tok="{_e(t.get("token"))}" '
-                f'data-en="{_fmt(t.get("entropy"), 4)}" data-p="{_fmt(t.get("prob"), 4)}" '
-                f'data-gn="{_fmt(gn.iloc[i], 4)}" data-gm="{_fmt(t.get("gmts"), 4)}" '
+                f'data-en="{_g(t.get("entropy"))}" data-p="{_g(t.get("prob"))}" '
+                f'data-gn="{_g(gn.iloc[i])}" data-gm="{_g(t.get("gmts"))}" '
                 f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
                 f'style="background:rgba(31,119,180,{0.85 * level["e"][i]:.3f})">{_e(tok)}</span>'
             )

@@ -425,13 +425,27 @@ def rho_key(rho: float) -> str:
     return repr(float(rho))
 
 
+POOLED_BOOT_WORK = 3e9  # token x resample x estimator budget of the pooled bootstraps (~minutes at most)
+
+
+def pooled_n_boot(n_boot: int, n_tokens: int, n_estimators: int) -> int:
+    """Resamples for the pooled (cross-answer, top-k) bootstraps: ``n_boot``, reduced on huge
+    tables so that ``n_tokens * resamples * n_estimators`` stays under ``POOLED_BOOT_WORK``
+    (never below 200). 15k tokens x 9 estimators keep 1000; 1M tokens keep 333."""
+    if n_boot <= 0 or n_tokens == 0:
+        return max(n_boot, 0)
+    cap = int(POOLED_BOOT_WORK // (n_tokens * max(n_estimators, 1)))
+    return int(min(n_boot, max(200, cap)))
+
+
 def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, key: str, fidelity: Mapping | None) -> dict:
+    nb_pooled = pooled_n_boot(n_boot, len(df), len(estimators))
     return {
         "within_answer": within_answer(df, estimators, seed=seed, n_boot=n_boot, key=key),
-        "cross_answer": cross_answer(df, estimators, seed=seed, n_boot=n_boot, key=key),
+        "cross_answer": cross_answer(df, estimators, seed=seed, n_boot=nb_pooled, key=key),
         "within_group": within_group(df, estimators, seed=seed, n_boot=n_boot, key=key),
         "topk_overlap": topk_overlap(df, estimators),
-        "topk_overlap_ci": topk_overlap_ci(df, estimators, seed=seed, n_boot=n_boot, key=key),
+        "topk_overlap_ci": topk_overlap_ci(df, estimators, seed=seed, n_boot=nb_pooled, key=key),
         "update_fidelity": dict(fidelity or {}),
     }
 
@@ -503,6 +517,7 @@ def compute_stats(
             "target_within_answer": TARGET_WITHIN,
             "estimators": ests,
             "n_boot": int(n_boot),
+            "n_boot_pooled": pooled_n_boot(n_boot, len(df), len(ests)),
             "ci_level": CI_LEVEL,
             "ci_method": "percentile bootstrap resampling answers (groups for within_group)",
             "seed": int(seed),
