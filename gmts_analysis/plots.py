@@ -298,9 +298,11 @@ def fig_update_fidelity(stats: dict) -> Figure | None:
     axes = fig.subplots(1, 2, squeeze=False)[0]
     for ax, metric, label in zip(axes, ("cosine", "norm_ratio"), ("cosine(g_S, g_all)", "‖g_S‖ / ‖g_all‖")):
         vals = [_num(fid[n].get(metric)) for n in names]
-        err = [(_num(std.get(metric)) if n == "random" and std else 0.0) for n in names]
         cols = [_color(n, i) for i, n in enumerate(names)]
-        ax.bar(range(len(names)), vals, color=cols, yerr=err, capsize=3, edgecolor="black", lw=0.4)
+        ax.bar(range(len(names)), vals, color=cols, edgecolor="black", lw=0.4)
+        if "random" in names and std and np.isfinite(_num(std.get(metric))):  # spread of the random draws
+            j = names.index("random")
+            ax.errorbar([j], [vals[j]], yerr=[_num(std.get(metric))], color="black", capsize=3)
         for i, v in enumerate(vals):
             if np.isfinite(v):
                 ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
