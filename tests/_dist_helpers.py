@@ -62,7 +62,7 @@ def torchrun_cmd(nproc: int, *args: str) -> list[str]:
 
 
 def run(cmd: list[str], timeout: float = 240, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, cwd=REPO, env=subprocess_env(**env), capture_output=True, text=True,
+    return subprocess.run(cmd, check=False, cwd=REPO, env=subprocess_env(**env), capture_output=True, text=True,
                           timeout=timeout)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 
@@ -9,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from _dist_helpers import assert_same_rows, probe_args, tokens, write_rollouts
+
 from gmts_analysis import probe as probe_mod
 from gmts_analysis.cli import main
 from gmts_analysis.config import ProbeConfig
@@ -277,7 +278,7 @@ def test_out_of_memory_lowers_the_chunk_size_and_retries(model_dir, reference, t
     assert main(probe_args(model_dir, r, out, *FAST)) == 0
     long_ok = next(k for k, v in tried.items() if len(v) > 1 and k != "q2-0")
     sizes = tried[long_ok]
-    assert sizes[0] == "auto" and all(int(b) == int(a) // 2 for a, b in zip(sizes[1:], sizes[2:]))
+    assert sizes[0] == "auto" and all(int(b) == int(a) // 2 for a, b in itertools.pairwise(sizes[1:]))
     assert int(sizes[-1]) <= 2
     assert tried["q2-0"][-1] == "1"  # halved down to one token before giving up
     errs = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]

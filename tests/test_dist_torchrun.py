@@ -9,10 +9,18 @@ import subprocess
 import time
 
 import pytest
-
 from _dist_helpers import (
-    REPO, assert_same_rows, gmts_cmd, probe_args, run, subprocess_env, tokens, torchrun_cmd, write_rollouts,
+    REPO,
+    assert_same_rows,
+    gmts_cmd,
+    probe_args,
+    run,
+    subprocess_env,
+    tokens,
+    torchrun_cmd,
+    write_rollouts,
 )
+
 from gmts_analysis.cli import main
 
 
