@@ -88,14 +88,18 @@ def test_more_ranks_than_groups_gives_empty_shares():
 def test_chunked_run_equals_probe_rollouts(model_dir, reference, tmp_path):
     r, _ = reference
     out = tmp_path / "run"
-    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3")) == 0  # exact gradient norms
-    cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True)
+    # exact gradient norms, per layer too
+    assert main(probe_args(model_dir, r, out, "--answers-per-chunk", "3", "--grad-groups", "layer")) == 0
+    cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True, grad_groups="layer")
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
     res = probe_mod.probe_rollouts(model, tok, answers, cfg)
     res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
     res.answers.to_parquet(tmp_path / "a.parquet", index=False)
+    res.grad_groups.to_parquet(tmp_path / "g.parquet", index=False)
     assert_same_rows(tokens(out), pd.read_parquet(tmp_path / "t.parquet"))
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "grad_groups.parquet"), pd.read_parquet(tmp_path / "g.parquet"),
+                                  check_exact=False, rtol=1e-6)
     pd.testing.assert_frame_equal(pd.read_parquet(out / "answers.parquet"), pd.read_parquet(tmp_path / "a.parquet"))
     m = json.loads((out / "manifest.json").read_text())
     assert m["n_errors"] == 0 and len(m["run_hash"]) == 64
