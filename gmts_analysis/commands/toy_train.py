@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
         model, tok, info = train_policy(args.size, args.seed, args.steps, args.threads, progress=not args.quiet)
         evaluation = evaluate_pass_at_1(model, tok, n_prompts=n_eval, progress=not args.quiet)
         card = save_policy(tmp, model, tok, info, evaluation)
+        tmp.chmod(0o755)
     log = logging.getLogger("gmts")
     log.info("%s: %d parameters, trained in %.0f s", out, card["parameters"], info["train_seconds"])
     for d, v in card["pass_at_1"].items():

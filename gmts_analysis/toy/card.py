@@ -147,4 +147,8 @@ def save_policy(out_dir: str | Path, model: torch.nn.Module, tokenizer: Any, tra
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
-    return write_card(out_dir, train_info, evaluation)
+    card = write_card(out_dir, train_info, evaluation)
+    for f in Path(out_dir).iterdir():  # temp-file writes are private (0600); shipped files are not
+        if f.is_file():
+            f.chmod(0o644)
+    return card

@@ -53,8 +53,8 @@ class PolicySpec:
 SIZES: dict[str, PolicySpec] = {
     "tiny": PolicySpec("tiny", hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                        intermediate_size=288, steps=3000, lr=3e-3),
-    "small": PolicySpec("small", hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                        intermediate_size=768, steps=1500, lr=2e-3),
+    "small": PolicySpec("small", hidden_size=192, num_layers=4, num_heads=6, num_kv_heads=3,
+                        intermediate_size=704, steps=1500, lr=2.5e-3),
 }
 
 

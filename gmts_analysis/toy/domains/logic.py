@@ -2,10 +2,10 @@
 
 ``T``/``F`` are true/false, ``&`` is and, ``|`` is or, ``~`` is not; every binary
 sub-expression below the top is in parentheses. Prompt: the expression and ``=``.
-Response: each operation in evaluation order (innermost first, left to right), with
-the operand values substituted, then the answer::
+Response: the expression rewritten pass by pass, each pass replacing every innermost
+operation (all operands literal) by its value, until one value is left::
 
-    (T&~F)|~(F|T)=   ->  ~F=T,T&T=T,F|T=T,~T=F,T|F=T #T
+    (T&~F)|~(F|T)=   ->  (T&T)|~T,T|F #T
 
 Difficulty ``d`` (1-3) has ``d + 1`` binary operators; any operand is negated with
 probability 0.3.
@@ -118,31 +118,37 @@ class Logic:
 
     def solve(self, prompt: str, slip_rng: random.Random | None = None) -> tuple[str, str]:
         tree = parse(prompt)
-        steps: list[str] = []
         n_ops = _count_ops(tree)
         if n_ops == 0:
             raise ValueError("logic: no operation to evaluate")
         bad = slip_rng.randrange(n_ops) if slip_rng is not None else -1
+        done = 0  # reductions so far (each operation is reduced exactly once)
 
-        def ev(node: Node) -> bool:
+        def step(node: Node) -> Node:
+            """One pass: every operation whose operands are all literals becomes a literal."""
+            nonlocal done
             kind = node[0]
             if kind == "lit":
-                return node[1]
-            if kind == "not":
-                v = ev(node[1])
-                r = not v
-                text = f"~{_b(v)}"
-            else:
-                lv, rv = ev(node[1]), ev(node[2])
-                r = (lv and rv) if kind == "&" else (lv or rv)
-                text = f"{_b(lv)}{kind}{_b(rv)}"
-            if len(steps) == bad:
-                r = not r
-            steps.append(f"{text}={_b(r)}")
-            return r
+                return node
+            kids = node[1:]
+            if all(k[0] == "lit" for k in kids):
+                if kind == "not":
+                    r = not kids[0][1]
+                else:
+                    r = (kids[0][1] and kids[1][1]) if kind == "&" else (kids[0][1] or kids[1][1])
+                if done == bad:
+                    r = not r
+                done += 1
+                return ("lit", r)
+            return (kind, *(step(k) for k in kids))
 
-        answer = _b(ev(tree))
-        return ",".join(steps) + f" #{answer}", answer
+        passes = []
+        while tree[0] != "lit":
+            tree = step(tree)
+            passes.append(render(tree))
+        answer = passes.pop()
+        trace = ",".join(passes)
+        return (trace + " " if trace else "") + f"#{answer}", answer
 
     def verify(self, prompt: str, completion: str) -> float:
         try:
