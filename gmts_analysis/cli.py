@@ -18,7 +18,7 @@ from typing import Sequence
 from gmts_analysis.errors import GmtsError
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
-COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "figures", "rl", "toy_train"]
+COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "figures", "rl", "toy_train", "bench"]
 
 
 def build_parser() -> argparse.ArgumentParser:

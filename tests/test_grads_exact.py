@@ -14,6 +14,15 @@ from gmts_analysis.testing import build_tiny_model
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: on a shared 2-core machine, 2 OpenMP threads can be 30x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _ids(n: int = 30, vocab: int = 64, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(3, vocab, (n,), generator=g)
@@ -43,7 +52,13 @@ def test_exact_matches_loop(arch, dtype):
 def test_naive_equals_loop():
     model = build_tiny_model("qwen2", dtype=torch.float64)
     ids = _ids(16)
-    assert _rel(naive_grad_norms(model, ids, 5, 0.8, tokens=[0, 3, 10]), loop_grad_norms(model, ids, 5, 0.8)[[0, 3, 10]]) < 1e-12
+    assert (
+        _rel(
+            naive_grad_norms(model, ids, 5, 0.8, tokens=[0, 3, 10]),
+            loop_grad_norms(model, ids, 5, 0.8)[[0, 3, 10]],
+        )
+        < 1e-12
+    )
 
 
 @pytest.mark.parametrize("groups", ["layer", "module"])
@@ -63,7 +78,7 @@ def test_groups_add_up_and_match_loop(arch, groups):
         assert {f"{layers}.0", f"{layers}.1"} <= set(got.groups)
         assert ("lm_head" in got.groups) == (arch == "llama")  # gpt2's head is tied to the embedding
     else:
-        assert any(k.endswith("q_proj") or k.endswith("c_attn") for k in got.groups)
+        assert any(k.endswith(("q_proj", "c_attn")) for k in got.groups)
 
 
 class _Scale(nn.Module):
@@ -93,7 +108,9 @@ def test_fallback_for_unknown_module_and_shared_weight():
 
 def test_model_left_unchanged():
     model = build_tiny_model("qwen2")
-    model.model.layers[1].mlp.up_proj.weight.requires_grad_(False)  # a frozen tensor stays frozen, and is excluded
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(
+        False
+    )  # a frozen tensor stays frozen, and is excluded
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     impl = model.config._attn_implementation
@@ -126,3 +143,13 @@ def test_bad_arguments():
         grad_norms(model, ids, 3, chunk_size=0)
     with pytest.raises(GmtsError):
         grad_norms(model, ids.unsqueeze(0), 3)
+
+
+def test_padding_row_gets_no_gradient():
+    """nn.Embedding(padding_idx) gives the padding row no gradient; the engine must agree."""
+    model = build_tiny_model("qwen2", dtype=torch.float64)
+    model.model.embed_tokens.padding_idx = 0
+    ids = _ids(18)
+    ids[[1, 7, 12]] = 0
+    ref = loop_grad_norms(model, ids, 4)
+    assert _rel(grad_norms(model, ids, 4, chunk_size=5).norms, ref) < 1e-9

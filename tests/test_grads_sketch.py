@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from gmts_analysis.grads import grad_norms
 from gmts_analysis.grads.sketch import chi2_interval_factors
 from gmts_analysis.testing import build_tiny_model
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread: on a shared 2-core machine, 2 OpenMP threads can be 30x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def test_chi2_factors():

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import torch
 
@@ -56,7 +56,11 @@ def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    ctx = contextlib.nullcontext() if impl in (None, "sdpa", "eager") else attention_implementation(model, "eager")
+    ctx = (
+        contextlib.nullcontext()
+        if impl in (None, "sdpa", "eager")
+        else attention_implementation(model, "eager")
+    )
     with ctx, sdpa_kernel(SDPBackend.MATH):
         try:
             for p in params:
@@ -165,7 +169,9 @@ def grad_norms(
     if method == "sketch":
         from gmts_analysis.grads.sketch import sketch_grad_norms
 
-        return sketch_grad_norms(model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed)
+        return sketch_grad_norms(
+            model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed
+        )
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:
@@ -173,4 +179,4 @@ def grad_norms(
         return _loop(model, input_ids, prompt_len, temperature, groups)
 
 
-__all__ = ["GradNorms", "grad_norms", "METHODS", "GROUPINGS", "frozen_for_transforms"]
+__all__ = ["GROUPINGS", "METHODS", "GradNorms", "frozen_for_transforms", "grad_norms"]

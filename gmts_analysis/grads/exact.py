@@ -43,7 +43,7 @@ class _GhostTap(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(out: Tensor, probe: Tensor, x: Tensor, aux: Tensor, spec: "_Spec") -> Tensor:
+    def forward(out: Tensor, probe: Tensor, x: Tensor, aux: Tensor, spec: _Spec) -> Tensor:
         return out.view_as(out)
 
     @staticmethod
@@ -147,7 +147,9 @@ def _tap_hook(state: _State, tap: Tap):
             state.reentrant = True
             try:
                 with torch.no_grad():
-                    u = torch.func.functional_call(mod, one, args) - torch.func.functional_call(mod, zero, args)
+                    u = torch.func.functional_call(mod, one, args) - torch.func.functional_call(
+                        mod, zero, args
+                    )
             finally:
                 state.reentrant = False
             aux = u.reshape(-1, u.shape[-1]).to(acc)
@@ -159,10 +161,10 @@ def _tap_hook(state: _State, tap: Tap):
 def _head_hook(state: _State):
     def hook(module, args, output):
         if state.reentrant:
-            return None
+            return
         state.calls[state.plan.head_name] = state.calls.get(state.plan.head_name, 0) + 1
         state.head_input = args[0]
-        return None
+        return
 
     return hook
 
@@ -276,7 +278,9 @@ class ExactEngine:
             if tap.tied_head:
                 ids = input_ids[:L]
                 tied_uniq = torch.unique(ids)
-                probes[tap.name] = torch.zeros(tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev)
+                probes[tap.name] = torch.zeros(
+                    tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev
+                )
             else:
                 probes[tap.name] = torch.zeros((), dtype=acc, device=dev)
         direct = {n: p.detach() for n, p in plan.direct.items()}
@@ -307,7 +311,9 @@ class ExactEngine:
         with torch.no_grad():
             raw = F.linear(h.detach(), W, hb)
             if not torch.allclose(raw.float(), logits.float(), rtol=1e-4, atol=1e-5):
-                raise NotImplementedError("model logits are not lm_head(h): logit post-processing is not supported")
+                raise NotImplementedError(
+                    "model logits are not lm_head(h): logit post-processing is not supported"
+                )
             z = logits.to(acc)
             if temperature != 1.0:
                 z = z / temperature
@@ -326,7 +332,11 @@ class ExactEngine:
             hh = h.detach().to(acc)
             c2 = cvec.pow(2).sum(-1)
             head_sq = c2 * hh.pow(2).sum(-1)
-            if hb is not None and plan.head_param_names and any(n.endswith("bias") for n in plan.head_param_names):
+            if (
+                hb is not None
+                and plan.head_param_names
+                and any(n.endswith("bias") for n in plan.head_param_names)
+            ):
                 head_sq = head_sq + c2
             for tap in plan.taps:
                 val = probe_g[tap.name]
@@ -346,7 +356,9 @@ class ExactEngine:
         return out
 
 
-def exact_chunks(T: int, P: int, chunk_size: int | str, engine: ExactEngine, budget: int) -> list[tuple[int, int]]:
+def exact_chunks(
+    T: int, P: int, chunk_size: int | str, engine: ExactEngine, budget: int
+) -> list[tuple[int, int]]:
     """Chunks ``[s, e)`` covering ``T`` tokens. ``auto``: as many tokens as fit ``budget`` bytes,
     recomputed per chunk (shorter prefixes allow larger chunks)."""
     if chunk_size != "auto":
@@ -376,4 +388,4 @@ def model_acc_dtype(model: nn.Module) -> torch.dtype:
     return compute_dtype(next(model.parameters()).dtype)
 
 
-__all__ = ["ExactEngine", "exact_chunks", "default_budget", "model_acc_dtype", "math"]
+__all__ = ["ExactEngine", "default_budget", "exact_chunks", "math", "model_acc_dtype"]

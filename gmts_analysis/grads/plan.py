@@ -57,7 +57,12 @@ def _module_kind(module: nn.Module) -> str | None:
     cls = type(module).__name__
     if isinstance(module, nn.Linear):
         return "linear" if set(own) <= {"weight", "bias"} else None
-    if cls == "Conv1D" and hasattr(module, "nf") and set(own) <= {"weight", "bias"} and own["weight"].dim() == 2:
+    if (
+        cls == "Conv1D"
+        and hasattr(module, "nf")
+        and set(own) <= {"weight", "bias"}
+        and own["weight"].dim() == 2
+    ):
         return "conv1d"
     if isinstance(module, nn.Embedding):
         if module.max_norm is not None or set(own) != {"weight"}:
@@ -67,13 +72,19 @@ def _module_kind(module: nn.Module) -> str | None:
         if len(module.normalized_shape) != 1:
             return None
         return "layernorm"
-    if "norm" in cls.lower() and "weight" in own and set(own) <= {"weight", "bias"}:
-        if all(p.dim() == 1 and p.shape == own["weight"].shape for p in own.values()):
-            return "affine_norm"
+    elementwise = (
+        all(p.dim() == 1 and p.shape == own["weight"].shape for p in own.values())
+        if "weight" in own
+        else False
+    )
+    if "norm" in cls.lower() and elementwise and set(own) <= {"weight", "bias"}:
+        return "affine_norm"
     return None
 
 
-def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn.Parameter]] | None = None) -> Plan:
+def make_plan(
+    model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn.Parameter]] | None = None
+) -> Plan:
     """Sort the parameters of ``model``. ``calls``: module name -> times called in one forward;
     ``named``: the trainable parameters (default :func:`trainable_parameters`; pass them when
     ``requires_grad`` has been switched off for the call)."""
@@ -96,12 +107,18 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
     emb_name = None
     hw_holders = [h for h in holders.get(id(head_w), []) if h[0] != head_name]
     if id(head_w) in first_name and hw_holders:
-        if len(hw_holders) == 1 and _module_kind(modules[hw_holders[0][0]]) == "embedding" and calls.get(hw_holders[0][0]) == 1:
+        if (
+            len(hw_holders) == 1
+            and _module_kind(modules[hw_holders[0][0]]) == "embedding"
+            and calls.get(hw_holders[0][0]) == 1
+        ):
             head_tied = True
             emb_name = hw_holders[0][0]
         else:
             raise NotImplementedError("output head weight is shared in an unsupported way")
-    head_param_names = [first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name]
+    head_param_names = [
+        first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name
+    ]
     if calls.get(head_name, 0) != 1:
         raise NotImplementedError("the output head must be called exactly once per forward")
 
@@ -121,11 +138,15 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
             continue
         kind = _module_kind(mod)
         ncall = calls.get(mname, 0)
-        exclusive = all(len(holders[id(p)]) == 1 or (mname == emb_name and id(p) == id(head_w)) for _, p in own)
+        exclusive = all(
+            len(holders[id(p)]) == 1 or (mname == emb_name and id(p) == id(head_w)) for _, p in own
+        )
         if ncall == 0:
             unused.extend(first_name[id(p)] for _, p in own)
         elif kind is not None and ncall == 1 and exclusive:
-            taps.append(Tap(mname, mod, kind, [first_name[id(p)] for _, p in own], tied_head=(mname == emb_name)))
+            taps.append(
+                Tap(mname, mod, kind, [first_name[id(p)] for _, p in own], tied_head=(mname == emb_name))
+            )
         else:
             for _, p in own:
                 n = first_name[id(p)]
@@ -134,8 +155,15 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
         for _, p in own:
             done.add(id(p))
     return Plan(
-        head=head, head_name=head_name, head_tied=head_tied, head_param_names=head_param_names, taps=taps,
-        direct=direct, direct_module=direct_module, unused=unused, n_params=sum(p.numel() for _, p in named),
+        head=head,
+        head_name=head_name,
+        head_tied=head_tied,
+        head_param_names=head_param_names,
+        taps=taps,
+        direct=direct,
+        direct_module=direct_module,
+        unused=unused,
+        n_params=sum(p.numel() for _, p in named),
     )
 
 

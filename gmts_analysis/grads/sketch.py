@@ -144,7 +144,9 @@ def sketch_grad_norms(
                     uniq[name], inv[name] = uq, iv
                     if mod.padding_idx is not None:
                         inv[name] = torch.where(x == mod.padding_idx, torch.full_like(iv, -1), iv)
-                tied_name = next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
+                tied_name = (
+                    next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
+                )
                 if tied_name is None:
                     a2 = c2 * h2
                     cU = None
@@ -157,7 +159,10 @@ def sketch_grad_norms(
             # --- the sketch: K forward-mode passes, batched with vmap over directions ---
             gen = torch.Generator(device="cpu").manual_seed(int(seed))
             primals_rest = {n: p.detach() for n, p in rest.items()}
-            primals_emb = {n: torch.zeros(ids.shape + (m.weight.shape[1],), dtype=m.weight.dtype, device=ids.device) for n, m in emb_mods.items()}
+            primals_emb = {
+                n: torch.zeros(ids.shape + (m.weight.shape[1],), dtype=m.weight.dtype, device=ids.device)
+                for n, m in emb_mods.items()
+            }
             d_model = h.shape[-1]
             per_probe = es * (sum(p.numel() for p in rest.values()) + 12 * S * max(d_model, 1) * 4)
             kb = max(1, min(probes, budget // max(1, per_probe)))
@@ -166,7 +171,9 @@ def sketch_grad_norms(
                 deltas.clear()
                 deltas.update(pe)
                 try:
-                    out = torch.func.functional_call(base, pr, args=(), kwargs={"input_ids": ids, "use_cache": False})
+                    out = torch.func.functional_call(
+                        base, pr, args=(), kwargs={"input_ids": ids, "use_cache": False}
+                    )
                 finally:
                     deltas.clear()
                 return out.last_hidden_state[0, -T:]
@@ -183,7 +190,9 @@ def sketch_grad_norms(
             while done < probes:
                 k = min(kb, probes - done)
                 tr = {
-                    n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(device=p.device, dtype=p.dtype)
+                    n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(
+                        device=p.device, dtype=p.dtype
+                    )
                     for n, p in primals_rest.items()
                 }
                 te = {
@@ -212,4 +221,4 @@ def sketch_grad_norms(
     return GradNorms(norms=norms, lo=lo, hi=hi, groups=None, method="sketch")
 
 
-__all__ = ["sketch_grad_norms", "chi2_interval_factors", "math"]
+__all__ = ["chi2_interval_factors", "math", "sketch_grad_norms"]

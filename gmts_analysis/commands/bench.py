@@ -1,0 +1,122 @@
+"""``gmts bench``: tokens/s and peak memory of the per-token gradient-norm methods.
+
+In one run (ratios are what to read on a shared machine): the naive loop (forward and
+backward per token), the shared-forward loop, the exact engine and the forward-mode sketch
+at several K, on the `small` shipped policy (or a random model of its shape until it
+exists) and on a random model of Qwen2.5-0.5B's shape with fewer layers. Answers are
+sampled from each model. Prints a markdown table and writes JSON (and the table) to
+--out. Naive and loop are timed on a subset of tokens at large T (they cost the same per
+token); the table says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+def _ints(s: str) -> list[int]:
+    from gmts_analysis.errors import GmtsError
+
+    try:
+        vals = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise GmtsError(f"expected comma-separated integers, got '{s}'") from None
+    if not vals or any(v < 1 for v in vals):
+        raise GmtsError(f"expected positive integers, got '{s}'")
+    return vals
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark the gradient-norm engines", description=__doc__.split("\n\n", 1)[1]
+    )
+    p.add_argument(
+        "--models", default="small,qwen0.5b", help="comma-separated: small, qwen0.5b (default both)"
+    )
+    p.add_argument(
+        "--lengths", default=None, help="response lengths T (default 64,256,1024; --quick: 64,256)"
+    )
+    p.add_argument("--probes", default="16,32,64", help="sketch K values (default 16,32,64)")
+    p.add_argument(
+        "--quick", action="store_true", help="short run: T=64,256, 0.5B shape with 1 layer, 4 naive tokens"
+    )
+    p.add_argument(
+        "--layers",
+        type=int,
+        default=None,
+        help="decoder layers of the 0.5B-shaped model (default 2; --quick 1)",
+    )
+    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens before each answer (default 32)")
+    p.add_argument(
+        "--naive-tokens",
+        type=int,
+        default=None,
+        help="tokens timed for naive/loop when T > 64 (default 8; --quick 4)",
+    )
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", help="float32, float64, bfloat16, float16")
+    p.add_argument(
+        "--max-memory", type=int, default=None, help="transient memory budget in bytes for the engines"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and markdown results")
+    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+    import time
+    from pathlib import Path
+
+    import torch
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.grads.bench import format_table, run_bench
+    from gmts_analysis.io import atomic_write_json, atomic_write_text
+    from gmts_analysis.models import resolve_device, resolve_dtype
+
+    log = logging.getLogger("gmts_analysis.bench")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lengths = _ints(args.lengths) if args.lengths else ([64, 256] if args.quick else [64, 256, 1024])
+    probes = _ints(args.probes)
+    if any(k < 2 for k in probes):
+        raise GmtsError("--probes: each K must be >= 2")
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    layers = args.layers if args.layers is not None else (1 if args.quick else 2)
+    naive_tokens = args.naive_tokens if args.naive_tokens is not None else (4 if args.quick else 8)
+    if args.prompt_len < 1 or layers < 1 or naive_tokens < 2:
+        raise GmtsError("--prompt-len and --layers must be >= 1, --naive-tokens >= 2")
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype)
+    t0 = time.perf_counter()
+    result = run_bench(
+        models,
+        lengths,
+        probes,
+        prompt_len=args.prompt_len,
+        layers=layers,
+        naive_tokens=naive_tokens,
+        device=device,
+        dtype=dtype,
+        seed=args.seed,
+        max_memory=args.max_memory,
+        progress=(lambda s: None) if args.quiet else (lambda s: log.info("bench: %s", s)),
+    )
+    result["wall_seconds"] = time.perf_counter() - t0
+    result["command"] = "gmts bench " + " ".join(
+        f"--{k.replace('_', '-')} {v}"
+        for k, v in sorted(vars(args).items())
+        if k not in ("func", "command") and v not in (None, False)
+    )
+    table = format_table(result)
+    print(table)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    atomic_write_json(out / f"bench-{stamp}.json", result)
+    atomic_write_text(out / f"bench-{stamp}.md", table + "\n")
+    log.info("bench: wrote %s", out / f"bench-{stamp}.json")
+    return 0
