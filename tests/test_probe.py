@@ -8,8 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-
 from conftest import make_rollouts, plain_loop_grad_norms
+
 from gmts_analysis.cli import main
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.models import load_model

@@ -8,7 +8,6 @@ the report, and prints within-answer vs cross-answer Spearman for entropy and gm
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 DEFAULT_DOMAINS = "arithmetic,program,logic"
