@@ -363,7 +363,7 @@ def fig_token_strip(
     if n == 0:
         return _empty(fig, ax, f"answer {answer_id!r} not found")
     cmaps = {}
-    for label, col, cmap in rows:
+    for _label, col, cmap in rows:
         if cmap is None:
             continue
         v = a[col].to_numpy(dtype=float)
@@ -376,7 +376,7 @@ def fig_token_strip(
     for j in range(n):
         line, x = divmod(j, per_line)
         y0 = line * block
-        for r, (label, col, cmap) in enumerate(rows):
+        for r, (_label, col, cmap) in enumerate(rows):
             y = y0 + r * row_h
             val = a[col].iloc[j]
             if cmap is None:

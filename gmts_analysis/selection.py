@@ -203,7 +203,7 @@ def selections(
 
 
 # Tensor API (TRL/verl shapes: (B, T) scores with a completion mask), kept in its own module.
-from gmts_analysis.selection_tensor import (  # noqa: F401
+from gmts_analysis.selection_tensor import (  # noqa: F401, E402
     NORMALIZERS,
     SELECTIONS,
     aggregate_loss,

@@ -96,8 +96,8 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
 def test_report_without_figures_manifest_or_gradients(tmp_path):
     """A bare run (tokens only, no gradient norms, no manifest, no figures) still gets a full report."""
     import numpy as np
-
     from _synthetic import make_tables
+
     from gmts_analysis.io import atomic_write_parquet
     from gmts_analysis.plots import render_all
 
