@@ -85,6 +85,9 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
         "architecture": "Qwen2ForCausalLM (tied embeddings)",
         "parameters": train_info["parameters"],
         "pass_at_1": {d: v["pass_at_1"] for d, v in evaluation["domains"].items()},
+        # the generation budget and temperature the card's numbers were measured with
+        "max_new_tokens": evaluation["settings"]["max_new_tokens"],
+        "temperature": evaluation["settings"]["temperature"],
         "evaluation": evaluation,
         "training": {k: v for k, v in train_info.items() if k != "loss_curve"},
         "loss_curve": train_info.get("loss_curve", []),

@@ -46,6 +46,8 @@ class PolicySpec:
     # answer about half the time, a program slip about 70%, an arithmetic slip always)
     slip_rate: dict[str, float] = field(default_factory=lambda: {"arithmetic": 0.2, "program": 0.28, "logic": 0.4})
     max_position_embeddings: int = 256
+    # steps at which AdamW restarts (fresh moments, warm-up again): a warm restart
+    restart_steps: tuple[int, ...] = ()
     # per-domain sampling weights of the training mixture (uniform by default)
     domain_weights: dict[str, float] = field(default_factory=lambda: {"arithmetic": 1.0, "program": 1.0, "logic": 1.0})
 
@@ -54,7 +56,7 @@ SIZES: dict[str, PolicySpec] = {
     "tiny": PolicySpec("tiny", hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                        intermediate_size=288, steps=3000, lr=3e-3),
     "small": PolicySpec("small", hidden_size=192, num_layers=4, num_heads=6, num_kv_heads=3,
-                        intermediate_size=704, steps=1500, lr=2.5e-3),
+                        intermediate_size=704, steps=3000, lr=2.5e-3, restart_steps=(1050,)),
 }
 
 
@@ -134,15 +136,25 @@ def encode_batch(tokenizer: Any, pairs: list[tuple[str, str]]) -> dict[str, torc
 
 
 def lr_at(step: int, spec: PolicySpec) -> float:
-    """Linear warm-up, then constant.
+    """Linear warm-up (after the start and after each warm restart), then constant.
 
     No decay on purpose: the schedule does not depend on the total number of steps, so a
     run stopped early at step ``k`` is exactly the run with ``steps=k`` (early stopping is
     how competence is set, and snapshots of one run calibrate it).
     """
-    if step < spec.warmup_steps:
-        return spec.lr * (step + 1) / spec.warmup_steps
+    since = step - max([0, *(r for r in spec.restart_steps if r <= step)])
+    if since < spec.warmup_steps:
+        return spec.lr * (since + 1) / spec.warmup_steps
     return spec.lr
+
+
+def _optimizer(model: torch.nn.Module, spec: PolicySpec) -> torch.optim.Optimizer:
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr, betas=(0.9, 0.98), eps=1e-8,
+    )
 
 
 def train_policy(
@@ -154,13 +166,17 @@ def train_policy(
     log_every: int = 50,
     callback: Callable[[int, torch.nn.Module, float], None] | None = None,
     callback_every: int = 0,
+    init_model: torch.nn.Module | None = None,
+    start_step: int = 0,
 ) -> tuple[torch.nn.Module, Any, dict]:
     """Train the ``size`` policy from scratch; returns ``(model, tokenizer, info)``.
 
     ``info`` holds the spec, parameter count, loss curve (mean per ``log_every`` steps)
     and training wall time in seconds. ``callback(step, model, train_seconds)``, e.g. an
     evaluation or a snapshot, runs in eval mode every ``callback_every`` steps; its time is
-    not counted, and it does not change the training trajectory. Deterministic for a seed on a given machine and thread count.
+    not counted, and it does not change the training trajectory. ``init_model`` with
+    ``start_step`` continues a run from its weights at ``start_step``, which must be a warm
+    restart of the spec (no optimizer state to carry): the result equals the uninterrupted run. Deterministic for a seed on a given machine and thread count.
     """
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
@@ -173,23 +189,29 @@ def train_policy(
     if threads:
         torch.set_num_threads(threads)
     tokenizer = build_char_tokenizer()
-    model = build_policy(spec, len(tokenizer), seed)
+    if init_model is None:
+        if start_step:
+            raise ValueError("start_step needs init_model")
+        model = build_policy(spec, len(tokenizer), seed)
+    else:
+        if start_step not in spec.restart_steps:
+            raise ValueError(f"can only continue at a warm restart {spec.restart_steps}, not {start_step}")
+        model = init_model
     model.train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": spec.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=spec.lr, betas=(0.9, 0.98), eps=1e-8,
-    )
+    opt = _optimizer(model, spec)
     stream = training_examples(seed, spec.slip_rate, spec.domain_weights)
+    for _ in range(start_step * spec.batch_size):  # the data of the steps already taken
+        next(stream)
     curve: list[dict] = []
     running, t0, t_callback = 0.0, time.perf_counter(), 0.0
-    it = range(total)
+    it = range(start_step, total)
     if progress:
         from tqdm import tqdm
 
         it = tqdm(it, desc=f"toy-train {size}", unit="step")
     for step in it:
+        if step in spec.restart_steps and step > start_step:
+            opt = _optimizer(model, spec)
         batch = [next(stream) for _ in range(spec.batch_size)]
         enc = encode_batch(tokenizer, [(p, r) for _, p, r in batch])
         for g in opt.param_groups:
@@ -201,7 +223,7 @@ def train_policy(
         opt.step()
         running += loss.detach().item()
         if (step + 1) % log_every == 0 or step + 1 == total:
-            n = (step % log_every) + 1
+            n = min(step - start_step, step % log_every) + 1
             elapsed = time.perf_counter() - t0 - t_callback
             curve.append({"step": step + 1, "loss": running / n, "seconds": elapsed})
             log.info("step %d loss %.4f (%.0f s)", step + 1, running / n, elapsed)
@@ -222,5 +244,6 @@ def train_policy(
         "loss_curve": curve,
         "train_seconds": time.perf_counter() - t0 - t_callback,
         "examples_seen": total * spec.batch_size,
+        "start_step": start_step,
     }
     return model, tokenizer, info
