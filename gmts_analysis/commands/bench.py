@@ -30,16 +30,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmark the gradient-norm engines", description=__doc__.split("\n\n", 1)[1]
     )
-    p.add_argument(
-        "--models", default="small,qwen0.5b", help="comma-separated: small, qwen0.5b (default both)"
-    )
-    p.add_argument(
-        "--lengths", default=None, help="response lengths T (default 64,256,1024; --quick: 64,256)"
-    )
+    p.add_argument("--models", default="small,qwen0.5b", help="comma-separated: small, qwen0.5b (default both)")
+    p.add_argument("--lengths", default=None, help="response lengths T (default 64,256,1024; --quick: 64,256)")
     p.add_argument("--probes", default="16,32,64", help="sketch K values (default 16,32,64)")
-    p.add_argument(
-        "--quick", action="store_true", help="short run: T=64,256, 0.5B shape with 1 layer, 4 naive tokens"
-    )
+    p.add_argument("--quick", action="store_true", help="short run: T=64,256, 0.5B shape with 1 layer, 4 naive tokens")
     p.add_argument(
         "--layers",
         type=int,
@@ -53,11 +47,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="tokens timed for naive/loop when T > 64 (default 8; --quick 4)",
     )
+    p.add_argument(
+        "--naive-full-max",
+        type=int,
+        default=64,
+        help="time naive/loop on every token up to this T, above it on --naive-tokens tokens (default 64)",
+    )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", help="float32, float64, bfloat16, float16")
-    p.add_argument(
-        "--max-memory", type=int, default=None, help="transient memory budget in bytes for the engines"
-    )
+    p.add_argument("--max-memory", type=int, default=None, help="transient memory budget in bytes for the engines")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and markdown results")
@@ -99,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         prompt_len=args.prompt_len,
         layers=layers,
         naive_tokens=naive_tokens,
+        full_reference_max_t=args.naive_full_max,
         device=device,
         dtype=dtype,
         seed=args.seed,

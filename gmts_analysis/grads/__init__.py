@@ -56,11 +56,7 @@ def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
-    ctx = (
-        contextlib.nullcontext()
-        if impl in (None, "sdpa", "eager")
-        else attention_implementation(model, "eager")
-    )
+    ctx = contextlib.nullcontext() if impl in (None, "sdpa", "eager") else attention_implementation(model, "eager")
     with ctx, sdpa_kernel(SDPBackend.MATH):
         try:
             for p in params:
@@ -113,15 +109,15 @@ def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, gr
     acc = model_acc_dtype(model)
     S = input_ids.shape[0]
     T = S - prompt_len
-    budget = int(max_memory) if max_memory else default_budget(model, acc)
     engine = ExactEngine(model, acc)
     with frozen_for_transforms(model):
         try:
             engine.install(input_ids[: min(S, 8)])
+            budget = int(max_memory) if max_memory else default_budget(engine, S)
             chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget)
             per_module: dict[str, torch.Tensor] = {}
-            for s, e in chunks:
-                res = engine.chunk(input_ids, prompt_len, s, e, temperature)
+            for s, e, sub in chunks:
+                res = engine.chunk(input_ids, prompt_len, s, e, temperature, sub)
                 for name, v in res.items():
                     buf = per_module.setdefault(name, torch.zeros(T, dtype=torch.float64))
                     buf[s:e] += v.detach().double().cpu()
@@ -157,8 +153,8 @@ def grad_norms(
     ``log softmax(z_{P+t-1} / tau)[input_ids[P+t]]`` (:func:`gmts_analysis.tokens.sequence_logprobs`).
     Norms are over all trainable parameters, tied tensors once.
 
-    chunk_size: tokens per batched VJP (``auto``: from ``max_memory`` bytes, default the size of
-    one parameter gradient). probes/seed: sketch only. groups: ``layer`` | ``module`` also returns
+    chunk_size: tokens per batched VJP (``auto``: as many as fit ``max_memory`` bytes, by default
+    an estimate of one forward-and-backward of the answer). probes/seed: sketch only. groups: ``layer`` | ``module`` also returns
     per-group squared norms that add up to ``norms**2``.
     """
     _check_args(model, input_ids, prompt_len, temperature, method, groups, probes)
@@ -169,9 +165,7 @@ def grad_norms(
     if method == "sketch":
         from gmts_analysis.grads.sketch import sketch_grad_norms
 
-        return sketch_grad_norms(
-            model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed
-        )
+        return sketch_grad_norms(model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed)
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:

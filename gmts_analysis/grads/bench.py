@@ -125,9 +125,7 @@ class BenchModel:
     context: int | None
 
 
-def _from_config(
-    kw: dict, max_len: int, seed: int, dtype: torch.dtype, device: torch.device
-) -> torch.nn.Module:
+def _from_config(kw: dict, max_len: int, seed: int, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     cfg = Qwen2Config(max_position_embeddings=max_len, **kw)
@@ -260,9 +258,7 @@ def run_bench(
             note_ctx = f"beyond context {bm.context}" if bm.context and prompt_len + T > bm.context else ""
             progress(f"{mname} T={T}: fwd+bwd")
             _, secs, peak = _timed(mem, partial(_fwd_bwd, model, ids, prompt_len), device)
-            rows.append(
-                Row(mname, T, "fwd+bwd (1x, reference)", float("nan"), secs, peak / 2**20, 0, note_ctx)
-            )
+            rows.append(Row(mname, T, "fwd+bwd (1x, reference)", float("nan"), secs, peak / 2**20, 0, note_ctx))
             fb_peak = peak
             if T <= full_reference_max_t:
                 subset = list(range(T))
@@ -272,9 +268,7 @@ def run_bench(
                 subset = sorted({round(i * (T - 1) / max(1, k - 1)) for i in range(k)})
                 note = f"extrapolated from {len(subset)} tokens"
             progress(f"{mname} T={T}: naive ({len(subset)} tokens)")
-            naive, secs, peak = _timed(
-                mem, partial(naive_grad_norms, model, ids, prompt_len, tokens=subset), device
-            )
+            naive, secs, peak = _timed(mem, partial(naive_grad_norms, model, ids, prompt_len, tokens=subset), device)
             rows.append(
                 Row(
                     mname,
@@ -288,9 +282,7 @@ def run_bench(
                 )
             )
             progress(f"{mname} T={T}: shared-forward loop ({len(subset)} tokens)")
-            loop, secs, peak = _timed(
-                mem, partial(loop_grad_norms, model, ids, prompt_len, tokens=subset), device
-            )
+            loop, secs, peak = _timed(mem, partial(loop_grad_norms, model, ids, prompt_len, tokens=subset), device)
             rows.append(
                 Row(
                     mname,
@@ -304,9 +296,7 @@ def run_bench(
                 )
             )
             progress(f"{mname} T={T}: exact engine")
-            ex, secs, peak = _timed(
-                mem, partial(grad_norms, model, ids, prompt_len, max_memory=max_memory), device
-            )
+            ex, secs, peak = _timed(mem, partial(grad_norms, model, ids, prompt_len, max_memory=max_memory), device)
             exact = ex.norms
             rel = float(((exact[subset] - loop) / loop).abs().max())
             rel_naive = float(((exact[subset] - naive) / naive).abs().max())
@@ -412,9 +402,7 @@ def format_table(result: dict) -> str:
         "| model | T | method | tokens/s | x naive | time (s, all T) | peak MB | notes |",
         "|---|---:|---|---:|---:|---:|---:|---|",
     ]
-    naive = {
-        (r["model"], r["T"]): r["tokens_per_s"] for r in result["rows"] if r["method"].startswith("naive")
-    }
+    naive = {(r["model"], r["T"]): r["tokens_per_s"] for r in result["rows"] if r["method"].startswith("naive")}
     for r in result["rows"]:
         tps = r["tokens_per_s"]
         base = naive.get((r["model"], r["T"]))

@@ -147,9 +147,7 @@ def _tap_hook(state: _State, tap: Tap):
             state.reentrant = True
             try:
                 with torch.no_grad():
-                    u = torch.func.functional_call(mod, one, args) - torch.func.functional_call(
-                        mod, zero, args
-                    )
+                    u = torch.func.functional_call(mod, one, args) - torch.func.functional_call(mod, zero, args)
             finally:
                 state.reentrant = False
             aux = u.reshape(-1, u.shape[-1]).to(acc)
@@ -259,11 +257,14 @@ class ExactEngine:
             if tap.tied_head:
                 ghost = max(ghost, min(L, 1 << 30) * dout * 2)
         direct = sum(p.numel() for p in self.plan.direct.values())
-        return es * (L * per_pos + ghost + direct)
+        # x2: calibrated against the measured RSS high-water on CPU (vmap keeps more alive)
+        return 2 * es * (L * per_pos + ghost + direct)
 
     # ---- one chunk -------------------------------------------------------------------
-    def chunk(self, input_ids: Tensor, P: int, s: int, e: int, temperature: float):
-        """Squared norms for response tokens ``[s, e)``: dict module name -> ``(e-s,)`` tensor (acc dtype)."""
+    def chunk(self, input_ids: Tensor, P: int, s: int, e: int, temperature: float, sub: int | None = None):
+        """Squared norms for response tokens ``[s, e)``: dict module name -> ``(e-s,)`` tensor (acc dtype).
+
+        One forward over the prefix, then batched VJPs of ``sub`` tokens at a time (default all)."""
         plan, state, acc = self.plan, self.state, self.acc
         model = self.model
         c = e - s
@@ -278,9 +279,7 @@ class ExactEngine:
             if tap.tied_head:
                 ids = input_ids[:L]
                 tied_uniq = torch.unique(ids)
-                probes[tap.name] = torch.zeros(
-                    tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev
-                )
+                probes[tap.name] = torch.zeros(tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev)
             else:
                 probes[tap.name] = torch.zeros((), dtype=acc, device=dev)
         direct = {n: p.detach() for n, p in plan.direct.items()}
@@ -311,9 +310,7 @@ class ExactEngine:
         with torch.no_grad():
             raw = F.linear(h.detach(), W, hb)
             if not torch.allclose(raw.float(), logits.float(), rtol=1e-4, atol=1e-5):
-                raise NotImplementedError(
-                    "model logits are not lm_head(h): logit post-processing is not supported"
-                )
+                raise NotImplementedError("model logits are not lm_head(h): logit post-processing is not supported")
             z = logits.to(acc)
             if temperature != 1.0:
                 z = z / temperature
@@ -325,63 +322,75 @@ class ExactEngine:
             ct = torch.zeros((c,) + tuple(h.shape), dtype=h.dtype, device=dev)
             ar = torch.arange(c, device=dev)
             ct[ar, ar] = ct_h
-        probe_g, direct_g = torch.vmap(vjp_fn)(ct)
-
-        out: dict[str, Tensor] = {}
         with torch.no_grad():
             hh = h.detach().to(acc)
             c2 = cvec.pow(2).sum(-1)
             head_sq = c2 * hh.pow(2).sum(-1)
-            if (
-                hb is not None
-                and plan.head_param_names
-                and any(n.endswith("bias") for n in plan.head_param_names)
-            ):
+            if hb is not None and any(n.endswith("bias") for n in plan.head_param_names):
                 head_sq = head_sq + c2
-            for tap in plan.taps:
-                val = probe_g[tap.name]
-                if tap.tied_head:
-                    E = val  # (c, U, d)
-                    proj = torch.einsum("cud,cd->cu", E, hh)  # <E_t[u], h_t>
-                    cross = (proj * cvec[:, tied_uniq]).sum(-1)
-                    out[tap.name] = E.pow(2).sum((1, 2)) + head_sq + 2.0 * cross
-                else:
-                    out[tap.name] = val.reshape(c)
-            if not plan.head_tied:
-                out[plan.head_name] = head_sq
-            for n, g in direct_g.items():
-                m = plan.direct_module[n]
-                sq = g.to(acc).reshape(c, -1).pow(2).sum(-1)
-                out[m] = out.get(m, 0) + sq
+        out: dict[str, Tensor] = {}
+        sub = c if sub is None else max(1, int(sub))
+        batched = torch.vmap(vjp_fn)
+        for i in range(0, c, sub):
+            j = min(c, i + sub)
+            probe_g, direct_g = batched(ct[i:j])
+            with torch.no_grad():
+                part: dict[str, Tensor] = {}
+                for tap in plan.taps:
+                    val = probe_g[tap.name]
+                    if tap.tied_head:
+                        E = val  # (j-i, U, d)
+                        proj = torch.einsum("cud,cd->cu", E, hh[i:j])  # <E_t[u], h_t>
+                        cross = (proj * cvec[i:j][:, tied_uniq]).sum(-1)
+                        part[tap.name] = E.pow(2).sum((1, 2)) + head_sq[i:j] + 2.0 * cross
+                    else:
+                        part[tap.name] = val.reshape(j - i)
+                if not plan.head_tied:
+                    part[plan.head_name] = head_sq[i:j]
+                for n, g in direct_g.items():
+                    m = plan.direct_module[n]
+                    part[m] = part.get(m, 0) + g.to(acc).reshape(j - i, -1).pow(2).sum(-1)
+                for name, v in part.items():
+                    out.setdefault(name, torch.zeros(c, dtype=acc, device=dev))[i:j] = v
+            del probe_g, direct_g
         return out
 
 
 def exact_chunks(
-    T: int, P: int, chunk_size: int | str, engine: ExactEngine, budget: int
-) -> list[tuple[int, int]]:
-    """Chunks ``[s, e)`` covering ``T`` tokens. ``auto``: as many tokens as fit ``budget`` bytes,
-    recomputed per chunk (shorter prefixes allow larger chunks)."""
+    T: int, P: int, chunk_size: int | str, engine: ExactEngine, budget: int, block: int = 64
+) -> list[tuple[int, int, int]]:
+    """Blocks ``(s, e, sub)`` covering ``T`` tokens: one forward over the prefix of block
+    ``[s, e)``, then batched VJPs of ``sub`` tokens at a time. An integer ``chunk_size`` is
+    both. ``auto``: ``sub`` = as many tokens as fit ``budget`` bytes at this prefix length
+    (shorter prefixes allow more), and the block spans at least ``block`` tokens so the
+    forward is amortized (its truncation waste is under ``block`` positions per token)."""
     if chunk_size != "auto":
         c = int(chunk_size)
-        return [(s, min(T, s + c)) for s in range(0, T, c)]
+        return [(s, min(T, s + c), c) for s in range(0, T, c)]
     chunks = []
     s = 0
-    c = 1
+    sub = 1
     while s < T:
         for _ in range(3):
-            L = P + s + c
-            c = max(1, min(T - s, 256, budget // max(1, engine.bytes_per_token(L))))
-        chunks.append((s, s + c))
-        s += c
+            L = P + s + max(sub, block)
+            sub = max(1, min(T - s, 256, budget // max(1, engine.bytes_per_token(L))))
+        e = min(T, s + max(sub, block))
+        chunks.append((s, e, sub))
+        s = e
     return chunks
 
 
-def default_budget(model: nn.Module, acc: torch.dtype) -> int:
-    """Default transient-memory budget (bytes): the size of one full parameter gradient
-    in the accumulation dtype (what a single backward would allocate), at least 64 MiB."""
-    es = torch.finfo(acc).bits // 8
-    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return max(64 << 20, n * es)
+def default_budget(engine: ExactEngine, seq_len: int) -> int:
+    """Default transient-memory budget (bytes): an estimate of what one forward and backward of
+    the whole answer allocates (a full parameter gradient plus the activations it saves,
+    about two floats per tapped output per position, and the attention probabilities), at
+    least 16 MiB. The engine's peak then stays near 2x one forward-and-backward."""
+    es = torch.finfo(engine.acc).bits // 8
+    n = sum(p.numel() for _, p in engine.named)
+    outs = sum(w[1] for w in engine.state.widths.values()) if engine.state else 0
+    n_layers = max(1, sum(1 for t in engine.plan.taps if t.kind in ("layernorm", "affine_norm")) // 2)
+    acts = seq_len * (2 * outs + n_layers * engine.n_heads * 4)
+    return max(16 << 20, es * (n + acts))
 
 
 def model_acc_dtype(model: nn.Module) -> torch.dtype:

@@ -57,12 +57,7 @@ def _module_kind(module: nn.Module) -> str | None:
     cls = type(module).__name__
     if isinstance(module, nn.Linear):
         return "linear" if set(own) <= {"weight", "bias"} else None
-    if (
-        cls == "Conv1D"
-        and hasattr(module, "nf")
-        and set(own) <= {"weight", "bias"}
-        and own["weight"].dim() == 2
-    ):
+    if cls == "Conv1D" and hasattr(module, "nf") and set(own) <= {"weight", "bias"} and own["weight"].dim() == 2:
         return "conv1d"
     if isinstance(module, nn.Embedding):
         if module.max_norm is not None or set(own) != {"weight"}:
@@ -73,18 +68,14 @@ def _module_kind(module: nn.Module) -> str | None:
             return None
         return "layernorm"
     elementwise = (
-        all(p.dim() == 1 and p.shape == own["weight"].shape for p in own.values())
-        if "weight" in own
-        else False
+        all(p.dim() == 1 and p.shape == own["weight"].shape for p in own.values()) if "weight" in own else False
     )
     if "norm" in cls.lower() and elementwise and set(own) <= {"weight", "bias"}:
         return "affine_norm"
     return None
 
 
-def make_plan(
-    model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn.Parameter]] | None = None
-) -> Plan:
+def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn.Parameter]] | None = None) -> Plan:
     """Sort the parameters of ``model``. ``calls``: module name -> times called in one forward;
     ``named``: the trainable parameters (default :func:`trainable_parameters`; pass them when
     ``requires_grad`` has been switched off for the call)."""
@@ -116,9 +107,7 @@ def make_plan(
             emb_name = hw_holders[0][0]
         else:
             raise NotImplementedError("output head weight is shared in an unsupported way")
-    head_param_names = [
-        first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name
-    ]
+    head_param_names = [first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name]
     if calls.get(head_name, 0) != 1:
         raise NotImplementedError("the output head must be called exactly once per forward")
 
@@ -138,15 +127,11 @@ def make_plan(
             continue
         kind = _module_kind(mod)
         ncall = calls.get(mname, 0)
-        exclusive = all(
-            len(holders[id(p)]) == 1 or (mname == emb_name and id(p) == id(head_w)) for _, p in own
-        )
+        exclusive = all(len(holders[id(p)]) == 1 or (mname == emb_name and id(p) == id(head_w)) for _, p in own)
         if ncall == 0:
             unused.extend(first_name[id(p)] for _, p in own)
         elif kind is not None and ncall == 1 and exclusive:
-            taps.append(
-                Tap(mname, mod, kind, [first_name[id(p)] for _, p in own], tied_head=(mname == emb_name))
-            )
+            taps.append(Tap(mname, mod, kind, [first_name[id(p)] for _, p in own], tied_head=(mname == emb_name)))
         else:
             for _, p in own:
                 n = first_name[id(p)]

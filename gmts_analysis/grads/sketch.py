@@ -144,9 +144,7 @@ def sketch_grad_norms(
                     uniq[name], inv[name] = uq, iv
                     if mod.padding_idx is not None:
                         inv[name] = torch.where(x == mod.padding_idx, torch.full_like(iv, -1), iv)
-                tied_name = (
-                    next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
-                )
+                tied_name = next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
                 if tied_name is None:
                     a2 = c2 * h2
                     cU = None
@@ -171,9 +169,7 @@ def sketch_grad_norms(
                 deltas.clear()
                 deltas.update(pe)
                 try:
-                    out = torch.func.functional_call(
-                        base, pr, args=(), kwargs={"input_ids": ids, "use_cache": False}
-                    )
+                    out = torch.func.functional_call(base, pr, args=(), kwargs={"input_ids": ids, "use_cache": False})
                 finally:
                     deltas.clear()
                 return out.last_hidden_state[0, -T:]
@@ -190,9 +186,7 @@ def sketch_grad_norms(
             while done < probes:
                 k = min(kb, probes - done)
                 tr = {
-                    n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(
-                        device=p.device, dtype=p.dtype
-                    )
+                    n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(device=p.device, dtype=p.dtype)
                     for n, p in primals_rest.items()
                 }
                 te = {
