@@ -8,6 +8,7 @@ sampled groups have mixed rewards.
 from __future__ import annotations
 
 import json
+
 import pytest
 import torch
 

@@ -158,7 +158,7 @@ def _optimizer(model: torch.nn.Module, spec: PolicySpec) -> torch.optim.Optimize
 
 
 def train_policy(
-    size: str,
+    size: str | PolicySpec,
     seed: int = 0,
     steps: int | None = None,
     threads: int | None = 2,
@@ -169,7 +169,8 @@ def train_policy(
     init_model: torch.nn.Module | None = None,
     start_step: int = 0,
 ) -> tuple[torch.nn.Module, Any, dict]:
-    """Train the ``size`` policy from scratch; returns ``(model, tokenizer, info)``.
+    """Train the ``size`` policy (a name in :data:`SIZES` or a spec) from scratch; returns
+    ``(model, tokenizer, info)``.
 
     ``info`` holds the spec, parameter count, loss curve (mean per ``log_every`` steps)
     and training wall time in seconds. ``callback(step, model, train_seconds)``, e.g. an
@@ -180,11 +181,14 @@ def train_policy(
     """
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
-    if size not in SIZES:
+    if isinstance(size, PolicySpec):
+        spec = size
+    elif size in SIZES:
+        spec = SIZES[size]
+    else:
         from gmts_analysis.errors import GmtsError
 
         raise GmtsError(f"--size: unknown size '{size}' (choose from {', '.join(SIZES)})")
-    spec = SIZES[size]
     total = spec.steps if steps is None else int(steps)
     if threads:
         torch.set_num_threads(threads)
@@ -208,7 +212,7 @@ def train_policy(
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(it, desc=f"toy-train {size}", unit="step")
+        it = tqdm(it, desc=f"toy-train {spec.name}", unit="step")
     for step in it:
         if step in spec.restart_steps and step > start_step:
             opt = _optimizer(model, spec)
