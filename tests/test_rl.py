@@ -15,6 +15,15 @@ from gmts_analysis.rl.trainer import RLConfig, collate, policy_forward, train, u
 from gmts_analysis.tokens import response_logits, response_targets, sequence_logprobs, token_quantities
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and do not oversubscribe a shared CI machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def _model():
     from gmts_analysis.testing import build_tiny_model
 
@@ -111,7 +120,9 @@ def test_same_seed_same_run():
                    group_size=4, max_new_tokens=16, eval_every=5, eval_prompts=2, diag_every=0, lr=1e-2)
     a = train(_model(), _tok(), cfg, reward_fn=parity_reward, initial_eval={"arithmetic": 0.0})
     b = train(_model(), _tok(), cfg, reward_fn=parity_reward, initial_eval={"arithmetic": 0.0})
-    strip = lambda r: [{k: v for k, v in s.items() if not k.endswith("_s")} for s in r["steps"]]
+    def strip(r):
+        return [{k: v for k, v in s.items() if not k.endswith("_s")} for s in r["steps"]]
+
     assert strip(a) == strip(b)
 
 
@@ -164,3 +175,20 @@ def test_cli_bad_input_is_one_line_error(argv, tmp_path, capsys):
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmts: error:")
+
+
+def test_one_step_on_the_shipped_tiny_policy():
+    """Real verifier rewards: the shipped policy has mixed groups, so the update is not empty."""
+    from gmts_analysis.models import data_dir, load_model
+
+    if not (data_dir() / "policies" / "tiny" / "model.safetensors").exists():
+        pytest.skip("shipped tiny policy not present")
+    model, tok = load_model("tiny", "cpu")
+    cfg = RLConfig(policy="tiny", selection="gmts", steps=1, domains=("logic",), prompts_per_domain=3,
+                   group_size=6, eval_every=1, eval_prompts=10, diag_every=1, diag_answers=2)
+    rec = train(model, tok, cfg)
+    s = rec["steps"][0]
+    assert 0.0 < s["reward_mean"] < 1.0 and s["grad_norm"] > 0
+    assert s["frac_selected_zero_adv"] == 0.0  # GMTS never spends its budget on A = 0 answers here
+    assert 0.0 <= rec["final_pass1"]["logic"] <= 1.0
+    assert -1.0 <= s["fidelity"]["gmts"]["cosine"] <= 1.0
