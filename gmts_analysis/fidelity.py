@@ -77,8 +77,13 @@ def selection_gradients(
     temperature: float = 1.0,
     memory_budget_bytes: int = DEFAULT_BUDGET,
     progress: bool = False,
+    max_batch_tokens: int = 512,
 ) -> dict[str, torch.Tensor]:
     """``{name: g_S}``: flat float32 gradients of ``sum_{t in S} omega_t * logprob_t``.
+
+    Answers are packed into right-padded micro-batches of at most ``max_batch_tokens``
+    tokens (fewer for large vocabularies); each micro-batch takes one forward and one
+    backward per distinct selection of its tokens.
 
     batches: ``(answer_id, input_ids (S,), prompt_len)`` per answer, on the model's device;
     every answer of ``tokens`` must appear once, with ``S - prompt_len`` equal to its number
@@ -100,12 +105,19 @@ def selection_gradients(
     names = list(masks)
     acc = {k: torch.zeros(n_params, dtype=torch.float32, device=device) for k in names}
     rows_of = tokens.groupby("answer_id", sort=False).indices
+    positions = tokens["position"].to_numpy()
+    omegas = tokens["omega"].to_numpy(dtype=np.float64)
+    mask_matrix = np.stack([np.asarray(masks[k], dtype=bool) for k in names], axis=1)  # (rows, K)
+    vocab = int(model.get_input_embeddings().weight.shape[0]) if hasattr(model, "get_input_embeddings") else 50_000
+    token_budget = max(1, min(max_batch_tokens, int(2e8 // (4 * max(vocab, 1)))))
     seen: set = set()
     it = batches
     if progress:
         from tqdm.auto import tqdm
 
         it = tqdm(batches, desc="update fidelity", unit="answer", leave=False)
+    pending: list[tuple[torch.Tensor, int, np.ndarray]] = []
+    pending_tokens = 0
     for answer_id, input_ids, prompt_len in it:
         if answer_id not in rows_of:
             raise GmtsError(f"update fidelity: answer {answer_id!r} is not in the tokens table")
@@ -113,7 +125,7 @@ def selection_gradients(
             raise GmtsError(f"update fidelity: answer {answer_id!r} given twice")
         seen.add(answer_id)
         rows = rows_of[answer_id]
-        pos = tokens["position"].to_numpy()[rows]
+        pos = positions[rows]
         order = np.argsort(pos, kind="stable")
         rows = rows[order]
         T = int(input_ids.shape[-1]) - int(prompt_len)
@@ -122,34 +134,68 @@ def selection_gradients(
                 f"update fidelity: answer {answer_id!r} has {T} response tokens but {len(rows)} rows "
                 "(positions 0..T-1 expected)"
             )
-        omega_np = tokens["omega"].to_numpy(dtype=np.float64)[rows]
-        omega = torch.as_tensor(omega_np, device=device)
-        # selections that keep the same tokens of this answer share one backward pass
-        same: dict[bytes, list[str]] = {}
-        for k in names:
-            m = masks[k][rows]
-            if bool((omega_np[m] != 0).any()):
-                same.setdefault(np.asarray(m, dtype=bool).tobytes(), []).append(k)
-        if not same:
-            continue
-        with torch.enable_grad():
-            logits = model(input_ids=input_ids.unsqueeze(0), use_cache=False).logits[0]
-            logp = sequence_logprobs(logits, input_ids, int(prompt_len), temperature)  # (T,)
-            todo = list(same.items())
-            for j, (mbytes, keys) in enumerate(todo):
-                m = torch.as_tensor(np.frombuffer(mbytes, dtype=bool).copy(), device=device)
-                c = torch.where(m, omega, torch.zeros_like(omega)).to(logp.dtype)
-                obj = (c * logp).sum()
-                grads = torch.autograd.grad(obj, params, retain_graph=j < len(todo) - 1, allow_unused=True)
-                flat = torch.cat(
-                    [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
-                )
-                for k in keys:
-                    acc[k] += flat
+        if not (omegas[rows] != 0).any():
+            continue  # no selection of this answer contributes
+        if pending and pending_tokens + int(input_ids.shape[-1]) > token_budget:
+            _accumulate(model, params, pending, omegas, mask_matrix, names, acc, temperature)
+            pending, pending_tokens = [], 0
+        pending.append((input_ids, int(prompt_len), rows))
+        pending_tokens += int(input_ids.shape[-1])
+    if pending:
+        _accumulate(model, params, pending, omegas, mask_matrix, names, acc, temperature)
     missing = set(rows_of) - seen
     if missing:
         raise GmtsError(f"update fidelity: {len(missing)} answer(s) of the tokens table were not given, e.g. {next(iter(missing))!r}")
     return acc
+
+
+def _accumulate(
+    model: torch.nn.Module,
+    params: list[torch.Tensor],
+    pending: list[tuple[torch.Tensor, int, np.ndarray]],
+    omegas: np.ndarray,
+    mask_matrix: np.ndarray,
+    names: list[str],
+    acc: dict[str, torch.Tensor],
+    temperature: float,
+) -> None:
+    """One right-padded forward of the answers in ``pending``, then one backward per distinct
+    selection restricted to them; adds each g_S into ``acc``. Right padding leaves every real
+    position's logits as they are (causal attention, positions counted from 0)."""
+    device = params[0].device
+    lengths = [int(ids.shape[-1]) for ids, _, _ in pending]
+    S = max(lengths)
+    batch = torch.zeros((len(pending), S), dtype=torch.long, device=device)
+    attn = torch.zeros((len(pending), S), dtype=torch.long, device=device)
+    for b, (ids, _, _) in enumerate(pending):
+        batch[b, : lengths[b]] = ids
+        attn[b, : lengths[b]] = 1
+    rows = np.concatenate([r for _, _, r in pending])
+    omega = torch.as_tensor(omegas[rows], device=device)
+    sub = mask_matrix[rows] & (omegas[rows] != 0)[:, None]  # (n_rows, K)
+    same: dict[bytes, list[str]] = {}
+    for j, k in enumerate(names):
+        col = sub[:, j]
+        if col.any():
+            same.setdefault(col.tobytes(), []).append(k)
+    if not same:
+        return
+    with torch.enable_grad():
+        logits = model(input_ids=batch, attention_mask=attn, use_cache=False).logits
+        logp = torch.cat([
+            sequence_logprobs(logits[b, : lengths[b]], batch[b, : lengths[b]], P, temperature)
+            for b, (_, P, _) in enumerate(pending)
+        ])  # (n_rows,), rows in the order of ``rows``
+        todo = list(same.items())
+        for j, (mbytes, keys) in enumerate(todo):
+            m = torch.as_tensor(np.frombuffer(mbytes, dtype=bool).copy(), device=device)
+            c = torch.where(m, omega, torch.zeros_like(omega)).to(logp.dtype)
+            grads = torch.autograd.grad((c * logp).sum(), params, retain_graph=j < len(todo) - 1, allow_unused=True)
+            flat = torch.cat(
+                [(g if g is not None else torch.zeros_like(p)).reshape(-1).float() for g, p in zip(grads, params)]
+            )
+            for k in keys:
+                acc[k] += flat
 
 
 def _nanmean(v: list[float]) -> float:
