@@ -241,7 +241,10 @@ def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entrop
         rho = spearman(x, y)
         ax.set_xlabel(f"{s} (log scale)")
         ax.set_ylabel("grad_norm (log scale)")
-        ax.set_title(f"{s} vs grad_norm, pooled: Spearman ρ = {rho:.2f}\n({int(ok.sum())} tokens > 0)", fontsize=9)
+        n_zero = int((np.isfinite(x) & np.isfinite(y) & (y == 0)).sum())
+        hidden = f"; {n_zero} with zero gradient (A = 0) not drawn" if n_zero else ""
+        ax.set_title(f"{s} vs grad_norm, all tokens pooled: Spearman ρ = {rho:.2f}\n"
+                     f"({int(ok.sum())} tokens drawn{hidden})", fontsize=9)
     return fig
 
 
