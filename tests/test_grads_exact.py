@@ -108,9 +108,7 @@ def test_fallback_for_unknown_module_and_shared_weight():
 
 def test_model_left_unchanged():
     model = build_tiny_model("qwen2")
-    model.model.layers[1].mlp.up_proj.weight.requires_grad_(
-        False
-    )  # a frozen tensor stays frozen, and is excluded
+    model.model.layers[1].mlp.up_proj.weight.requires_grad_(False)  # a frozen tensor stays frozen, and is excluded
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     impl = model.config._attn_implementation

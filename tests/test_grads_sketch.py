@@ -68,3 +68,11 @@ def test_untied_head_only_exact_part():
     sk = grad_norms(model, ids, 5, method="sketch", probes=4)
     head = exact.groups["lm_head"].sqrt()
     assert bool((sk.lo >= head * (1 - 1e-5)).all())
+
+
+def test_sketch_refuses_groups():
+    from gmts_analysis.errors import GmtsError
+
+    model = build_tiny_model("gpt2")
+    with pytest.raises(GmtsError):
+        grad_norms(model, torch.arange(3, 13), 4, method="sketch", groups="layer")

@@ -88,6 +88,8 @@ def _check_args(model, input_ids, prompt_len, temperature, method, groups, probe
         raise GmtsError(f"temperature must be > 0 (got {temperature})")
     if method == "sketch" and int(probes) < 2:
         raise GmtsError(f"--probes must be >= 2 (got {probes})")
+    if method == "sketch" and groups is not None:
+        raise GmtsError("grad groups need exact norms (--grad-norm exact), not the sketch")
 
 
 def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
@@ -165,7 +167,18 @@ def grad_norms(
     if method == "sketch":
         from gmts_analysis.grads.sketch import sketch_grad_norms
 
-        return sketch_grad_norms(model, input_ids, prompt_len, temperature=temperature, probes=int(probes), seed=seed)
+        try:
+            return sketch_grad_norms(
+                model,
+                input_ids,
+                prompt_len,
+                temperature=temperature,
+                probes=int(probes),
+                seed=seed,
+                max_memory=max_memory,
+            )
+        except NotImplementedError as e:
+            raise GmtsError(f"the sketch does not support this model ({e}); use --grad-norm exact") from None
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:

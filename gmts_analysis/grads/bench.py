@@ -405,6 +405,7 @@ def format_table(result: dict) -> str:
     naive = {(r["model"], r["T"]): r["tokens_per_s"] for r in result["rows"] if r["method"].startswith("naive")}
     for r in result["rows"]:
         tps = r["tokens_per_s"]
+        tps = float("nan") if tps is None else tps  # JSON stores NaN as null
         base = naive.get((r["model"], r["T"]))
         speed = f"{tps / base:.1f}" if base and not math.isnan(tps) else ""
         notes = [r["note"]] if r["note"] else []
