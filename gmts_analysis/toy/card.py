@@ -116,6 +116,7 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
         (f"{train_info['steps']} AdamW steps of {spec['batch_size']} examples (lr {spec['lr']}, "
          f"{spec['warmup_steps']} warm-up steps, then constant), seed {train_info['seed']}, "
          f"{train_info['threads']} CPU threads, {train_info['train_seconds']:.0f} s."),
+        *_restart_lines(spec, train_info["steps"]),
         "A share of the training traces (" + ", ".join(f"{d} {r}" for d, r in spec["slip_rate"].items())
         + ") has one slipped step",
         "(off by one, or a flipped truth value, propagated to the final answer), so the policy makes such",
@@ -140,6 +141,20 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
     lines += ["", f"Versions: torch {card['versions']['torch']}, transformers {card['versions']['transformers']}.", ""]
     atomic_write_text(out_dir / "README.md", "\n".join(lines))
     return card
+
+
+def _restart_lines(spec: dict, steps: int) -> list[str]:
+    """One line per warm restart that the run reached (fresh AdamW, new peak lr, new mixture)."""
+    lines = []
+    lrs, ws = spec.get("restart_lrs", ()), spec.get("restart_weights", ())
+    for i, r in enumerate(spec.get("restart_steps", ())):
+        if r >= steps:
+            continue
+        lr = lrs[i] if i < len(lrs) else spec["lr"]
+        w = ws[i] if i < len(ws) and ws[i] else None
+        mix = f", domain mixture {', '.join(f'{d} {x}' for d, x in w.items())}" if w else ""
+        lines.append(f"Warm restart at step {r}: fresh AdamW moments, warm-up to lr {lr}{mix}.")
+    return lines
 
 
 def save_policy(out_dir: str | Path, model: torch.nn.Module, tokenizer: Any, train_info: dict,

@@ -46,8 +46,12 @@ class PolicySpec:
     # answer about half the time, a program slip about 70%, an arithmetic slip always)
     slip_rate: dict[str, float] = field(default_factory=lambda: {"arithmetic": 0.2, "program": 0.28, "logic": 0.4})
     max_position_embeddings: int = 256
-    # steps at which AdamW restarts (fresh moments, warm-up again): a warm restart
+    # steps at which AdamW restarts (fresh moments, warm-up again): a warm restart, with
+    # the peak learning rate from then on (``restart_lrs``, aligned; default ``lr``)
     restart_steps: tuple[int, ...] = ()
+    restart_lrs: tuple[float, ...] = ()
+    # domain mixture from each restart on (aligned with restart_steps; None keeps the previous one)
+    restart_weights: tuple[dict[str, float] | None, ...] = ()
     # per-domain sampling weights of the training mixture (uniform by default)
     domain_weights: dict[str, float] = field(default_factory=lambda: {"arithmetic": 1.0, "program": 1.0, "logic": 1.0})
 
@@ -56,7 +60,8 @@ SIZES: dict[str, PolicySpec] = {
     "tiny": PolicySpec("tiny", hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                        intermediate_size=288, steps=3000, lr=3e-3),
     "small": PolicySpec("small", hidden_size=192, num_layers=4, num_heads=6, num_kv_heads=3,
-                        intermediate_size=704, steps=3000, lr=2.5e-3, restart_steps=(1050,)),
+                        intermediate_size=704, steps=2100, lr=2.5e-3, restart_steps=(1050, 1650),
+                        restart_lrs=(2.5e-3, 6e-4)),
 }
 
 
@@ -93,15 +98,26 @@ def count_parameters(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # parameters() skips duplicates
 
 
-def training_examples(seed: int, slip_rate: dict[str, float], weights: dict[str, float]) -> Iterator[tuple[str, str, str]]:
-    """Endless ``(domain, prompt, response)`` stream from the ``train`` split; seeded."""
+def training_examples(
+    seed: int,
+    slip_rate: dict[str, float],
+    weights: dict[str, float],
+    switches: tuple[tuple[int, dict[str, float]], ...] = (),
+) -> Iterator[tuple[str, str, str]]:
+    """Endless ``(domain, prompt, response)`` stream from the ``train`` split; seeded.
+
+    ``switches`` are ``(example index, weights)``: the mixture used from that example on.
+    """
     from gmts_analysis.toy.domains import DOMAINS, split_of
 
     rng = random.Random(f"gmts-toy-train/{seed}")
-    names = list(weights)
-    w = [weights[n] for n in names]
+    pending = sorted(switches, key=lambda x: x[0])
+    index = 0
     while True:
-        name = rng.choices(names, w)[0]
+        while pending and pending[0][0] <= index:
+            weights = pending.pop(0)[1]
+        names = list(weights)
+        name = rng.choices(names, [weights[n] for n in names])[0]
         dom = DOMAINS[name]
         p = dom.generate(rng, rng.choice(dom.difficulties))
         if split_of(name, p.prompt) != "train":
@@ -112,6 +128,7 @@ def training_examples(seed: int, slip_rate: dict[str, float], weights: dict[str,
                 response, _ = dom.solve(p.prompt, slip_rng=rng)
             except ValueError:  # a slip pushed a later value out of range: keep the clean trace
                 pass
+        index += 1
         yield name, p.prompt, response
 
 
@@ -142,10 +159,15 @@ def lr_at(step: int, spec: PolicySpec) -> float:
     run stopped early at step ``k`` is exactly the run with ``steps=k`` (early stopping is
     how competence is set, and snapshots of one run calibrate it).
     """
-    since = step - max([0, *(r for r in spec.restart_steps if r <= step)])
+    peak, start = spec.lr, 0
+    for i, r in enumerate(spec.restart_steps):
+        if r <= step and r >= start:
+            start = r
+            peak = spec.restart_lrs[i] if i < len(spec.restart_lrs) else spec.lr
+    since = step - start
     if since < spec.warmup_steps:
-        return spec.lr * (since + 1) / spec.warmup_steps
-    return spec.lr
+        return peak * (since + 1) / spec.warmup_steps
+    return peak
 
 
 def _optimizer(model: torch.nn.Module, spec: PolicySpec) -> torch.optim.Optimizer:
@@ -203,7 +225,8 @@ def train_policy(
         model = init_model
     model.train()
     opt = _optimizer(model, spec)
-    stream = training_examples(seed, spec.slip_rate, spec.domain_weights)
+    switches = tuple((r * spec.batch_size, w) for r, w in zip(spec.restart_steps, spec.restart_weights) if w)
+    stream = training_examples(seed, spec.slip_rate, spec.domain_weights, switches)
     for _ in range(start_step * spec.batch_size):  # the data of the steps already taken
         next(stream)
     curve: list[dict] = []
