@@ -60,8 +60,9 @@ SIZES: dict[str, PolicySpec] = {
     "tiny": PolicySpec("tiny", hidden_size=96, num_layers=4, num_heads=4, num_kv_heads=2,
                        intermediate_size=288, steps=3000, lr=3e-3),
     "small": PolicySpec("small", hidden_size=192, num_layers=4, num_heads=6, num_kv_heads=3,
-                        intermediate_size=704, steps=2100, lr=2.5e-3, restart_steps=(1050, 1650),
-                        restart_lrs=(2.5e-3, 6e-4)),
+                        intermediate_size=704, steps=2800, lr=2.5e-3, restart_steps=(1050, 1650, 2100),
+                        restart_lrs=(2.5e-3, 6e-4, 1.2e-3),
+                        restart_weights=(None, None, {"arithmetic": 1.0, "program": 2.5, "logic": 0.5})),
 }
 
 
