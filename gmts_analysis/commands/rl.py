@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--diag-answers", type=int, default=d.diag_answers,
                    help=f"answers per grad-norm diagnostic (default: {d.diag_answers})")
     p.add_argument("--device", default=d.device, help="cpu | cuda | auto (default: cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads; the toy policies run fastest on one, "
+                   "and two processes with disjoint --seed lists use two cores (default: 1)")
     p.add_argument("--out", default="data/rl/rl.json", help="results JSON (default: data/rl/rl.json); runs are "
                    "kept beside it in <stem>.runs/ and reused when the configuration matches")
     p.add_argument("--figures", default="figures", help="directory for rl_<stem>_curves.png and "
@@ -63,10 +64,9 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.rl.config import RLConfig
     from gmts_analysis.rl.experiment import run_experiment
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise GmtsError("--threads must be >= 1")
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise GmtsError("--threads must be >= 1")
+    torch.set_num_threads(args.threads)
     cfg = RLConfig(
         policy=args.policy, steps=args.steps, domains=tuple(args.domain), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,

@@ -18,7 +18,7 @@ class RLConfig:
     policy: str = "small"
     selection: str = "gmts"  # all | entropy | gmts | random
     seed: int = 0
-    steps: int = 60
+    steps: int = 100
     domains: tuple[str, ...] = ALL_DOMAINS
     rho: float = 0.2
     scope: str = "batch"  # batch | group
@@ -27,16 +27,16 @@ class RLConfig:
     advantage: str = "group"
     prompts_per_domain: int = 4
     group_size: int = 8
-    lr: float = 1e-4
+    lr: float = 3e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     temperature: float = 1.0
     max_new_tokens: int = 96
-    eval_every: int = 20
+    eval_every: int = 10
     eval_prompts: int = 200
     eval_seed: int = 12345
-    diag_every: int = 20
-    diag_answers: int = 6
+    diag_every: int = 10
+    diag_answers: int = 4
     device: str = "cpu"
     batch_size: int = 64  # generation batch size
     extra: dict = field(default_factory=dict)
