@@ -12,6 +12,17 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread per test: tiny models run fastest so, and a shared 2-core machine
+    (or CI next to a browser or torchrun subprocesses) is not oversubscribed (2 threads were
+    measured 5-30x slower there)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def plain_loop_grad_norms(model, input_ids, prompt_len, temperature=1.0):
     """The independent reference: one forward, then autograd.grad per response token over all
     trainable parameters (tied tensors once)."""

@@ -4,18 +4,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-import torch
-
 from gmts_analysis.cli import main
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def test_bench_writes_table_and_json(tmp_path, capsys):

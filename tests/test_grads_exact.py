@@ -14,14 +14,6 @@ from gmts_analysis.testing import build_tiny_model
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, 2 OpenMP threads can be 30x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _ids(n: int = 30, vocab: int = 64, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)

@@ -12,15 +12,6 @@ from gmts_analysis.grads.sketch import chi2_interval_factors
 from gmts_analysis.testing import build_tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, 2 OpenMP threads can be 30x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_chi2_factors():
     lo, hi = chi2_interval_factors(64)
     # 95% interval on the norm at K = 64 is about [0.85, 1.21] x estimate (issue text)

@@ -15,15 +15,6 @@ from gmts_analysis.rl.trainer import RLConfig, collate, policy_forward, train, u
 from gmts_analysis.tokens import response_logits, response_targets, sequence_logprobs, token_quantities
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not oversubscribe a shared CI machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _model():
     from gmts_analysis.testing import build_tiny_model
 
