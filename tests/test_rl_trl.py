@@ -14,15 +14,6 @@ trl = pytest.importorskip("trl")
 from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer  # noqa: E402
 from gmts_analysis.selection import select_tokens  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and do not oversubscribe a shared CI machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 G = 4
 
 

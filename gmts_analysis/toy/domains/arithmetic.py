@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from gmts_analysis.toy.domains.base import Problem, final_answer, same_integer, slip
+from gmts_analysis.toy.domains.base import Problem, same_integer, slip, verify_by_solving
 
 _PROMPT = re.compile(r"([0-9]{1,7})([+\-*])([0-9]{1,7})=")
 
@@ -91,11 +91,7 @@ class Arithmetic:
         return ",".join(steps) + f" #{answer}", answer
 
     def verify(self, prompt: str, completion: str) -> float:
-        try:
-            _, answer = self.solve(prompt)
-        except (ValueError, TypeError):
-            return 0.0
-        return 1.0 if same_integer(final_answer(completion), answer) else 0.0
+        return verify_by_solving(self, prompt, completion, same_integer)
 
 
 ARITHMETIC = Arithmetic()

@@ -89,3 +89,13 @@ def slip(value: int, rng: random.Random, low: int = 0, high: int | None = None) 
     if out < low or (high is not None and out > high):
         out = value - step
     return out
+
+
+def verify_by_solving(domain: Domain, prompt: str, completion: object, same=lambda got, want: got == want) -> float:
+    """1.0 when ``completion``'s final answer matches the domain's own solution of ``prompt``
+    (compared with ``same(got, want)``), else 0.0; a malformed prompt or completion gives 0.0."""
+    try:
+        _, answer = domain.solve(prompt)
+    except (ValueError, TypeError, RecursionError):
+        return 0.0
+    return 1.0 if same(final_answer(completion), answer) else 0.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 
-from gmts_analysis.toy.domains.base import Problem, final_answer
+from gmts_analysis.toy.domains.base import Problem, verify_by_solving
 
 _NOT_P = 0.3
 _MAX_LEN = 200
@@ -151,11 +151,7 @@ class Logic:
         return (trace + " " if trace else "") + f"#{answer}", answer
 
     def verify(self, prompt: str, completion: str) -> float:
-        try:
-            _, answer = self.solve(prompt)
-        except (ValueError, TypeError, RecursionError):
-            return 0.0
-        return 1.0 if final_answer(completion) == answer else 0.0
+        return verify_by_solving(self, prompt, completion)
 
 
 def _count_ops(node: Node) -> int:

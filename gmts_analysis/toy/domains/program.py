@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 
-from gmts_analysis.toy.domains.base import Problem, final_answer, same_integer, slip
+from gmts_analysis.toy.domains.base import Problem, same_integer, slip, verify_by_solving
 
 _CONST = re.compile(r"([a-z])=([0-9]{1,2})")
 _OP = re.compile(r"([a-z])=([a-z]|[0-9]{1,2})([+\-*])([a-z]|[0-9]{1,2})")
@@ -103,11 +103,7 @@ class Program:
         return ";".join(steps) + f" #{answer}", answer
 
     def verify(self, prompt: str, completion: str) -> float:
-        try:
-            _, answer = self.solve(prompt)
-        except (ValueError, TypeError):
-            return 0.0
-        return 1.0 if same_integer(final_answer(completion), answer) else 0.0
+        return verify_by_solving(self, prompt, completion, same_integer)
 
 
 PROGRAM = Program()
