@@ -20,15 +20,6 @@ from gmts_analysis.fidelity import (
 from gmts_analysis.testing import build_tiny_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: on a shared 2-core machine, 2 OpenMP threads can be much slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def _setup(arch="gpt2", n_answers=4, seed=0):
     torch.manual_seed(seed)
     model = build_tiny_model(arch, dtype=torch.float64, seed=seed)
