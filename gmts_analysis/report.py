@@ -390,7 +390,8 @@ def render_report(run_dir: str | os.PathLike, max_answers: int = MAX_ANSWERS) ->
     run = load_run(run_dir)
     # the probe writes the report inside a staging directory: name the run after its final place
     out = run.manifest.get("config", {}).get("out") if isinstance(run.manifest.get("config"), Mapping) else None
-    title = f"gmts report: {Path(str(out)).name if out else run.path.name}"
+    staging = run.path.name.endswith(".partial") or run.path.name.endswith(".gmts-work")
+    title = f"gmts report: {Path(str(out)).name if (out and staging) else run.path.name}"
     model = run.manifest.get("model") or run.manifest.get("model_path") or ""
     parts = [
         "<!DOCTYPE html>",
