@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 from typing import Sequence
 
@@ -44,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet = getattr(args, "quiet", False)
+    if quiet:  # also silences transformers' "Loading weights" bar (read when it first draws one)
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(
         level=logging.WARNING if quiet else logging.INFO,
         format="gmts: %(message)s",
