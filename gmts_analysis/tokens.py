@@ -60,6 +60,12 @@ def sequence_logprobs(logits: Tensor, input_ids: Tensor, prompt_len: int, temper
     return gather_logprobs(response_logits(logits, prompt_len), response_targets(input_ids, prompt_len), temperature)
 
 
+def entropy_from_logprobs(logp: Tensor) -> Tensor:
+    """Entropy in nats ``-sum_v p log p`` over the last axis of log-probs ``(..., V)``, with 0 log 0 = 0."""
+    p = logp.exp()
+    return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
+
+
 @dataclass
 class TokenQuantities:
     """Per-token closed forms for ``T`` response tokens (all shape ``(T,)``)."""
@@ -82,9 +88,7 @@ def token_quantities(resp_logits: Tensor, targets: Tensor, temperature: float = 
     p = logp.exp()
     lp_t = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     p_t = lp_t.exp()
-    # p log p with 0 log 0 = 0
-    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))
-    entropy = -plogp.sum(-1)
+    entropy = entropy_from_logprobs(logp)
     sum_p2 = (p * p).sum(-1)
     lgn = torch.clamp(1.0 - 2.0 * p_t + sum_p2, min=0.0).sqrt() / temperature
     return TokenQuantities(logprob=lp_t, prob=p_t, entropy=entropy, logit_grad_norm=lgn, sum_p2=sum_p2)

@@ -86,7 +86,7 @@ def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -
 def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0):
     """``(logprobs, entropy)``, both ``(B, T)`` float32: log p(o_t) (differentiable) and the
     entropy in nats (detached) of ``softmax(z / tau)`` at every response position."""
-    from gmts_analysis.tokens import scaled_log_softmax
+    from gmts_analysis.tokens import entropy_from_logprobs, scaled_log_softmax
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     V = logits.shape[-1]
@@ -95,8 +95,7 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
     logp = scaled_log_softmax(resp, temperature)
     lp = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
-        p = logp.exp()
-        ent = -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1)
+        ent = entropy_from_logprobs(logp)
     m = batch["mask"].to(lp.dtype)
     return lp * m, ent * m
 
