@@ -32,11 +32,6 @@ ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
     "gmts_head": (("head_grad_norm", "omega"), lambda df: df["head_grad_norm"] * _abs_omega(df)),
 }
 
-# Columns that are estimators only when present in the table as computed columns
-# (not derived here): sketch estimates of grad_norm_logp.
-DERIVED = ("surprisal", "one_minus_prob", "rsi", "gmts_lgn", "gmts_head")
-
-
 def add_estimator_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Add every derivable estimator column that is missing; returns ``df`` (modified in place)."""
     for name, (needs, fn) in ESTIMATORS.items():

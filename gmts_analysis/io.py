@@ -7,6 +7,7 @@ a run directory is assembled in a temporary sibling and renamed when complete.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -15,6 +16,15 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gmts_analysis.errors import GmtsError
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def _tmp_sibling(path: Path) -> Path:

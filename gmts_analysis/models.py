@@ -79,9 +79,10 @@ def load_model(
 
     path = resolve_model_path(name_or_path)
     local = Path(path).exists()
-    if not local and not allow_network:
-        if path.startswith((".", "/", "~")) or os.sep in path.strip("/").split("/", 1)[-1]:
-            raise GmtsError(f"--model {name_or_path}: no such directory")
+    # a hub id is "name" or "org/name"; anything else that does not exist is a missing directory
+    looks_like_path = path.startswith((".", "/", "~")) or path.strip("/").count("/") > 1
+    if not local and not allow_network and looks_like_path:
+        raise GmtsError(f"--model {name_or_path}: no such directory")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
     kw = {} if allow_network else {"local_files_only": True}

@@ -12,7 +12,6 @@ Library use::
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import platform
 import time
@@ -38,7 +37,6 @@ TOKEN_COLUMNS = (
     "answer_id", "group_id", "position", "token_id", "token", "logprob", "prob", "entropy",
     "logit_grad_norm", "advantage", "loss_weight", "omega", "grad_norm_logp", "grad_norm", "gmts",
 )
-ANSWER_COLUMNS = ("answer_id", "group_id", "reward", "advantage", "length")
 
 
 @dataclass
@@ -293,14 +291,6 @@ def _concat_columns(parts: list[dict]) -> pd.DataFrame:
 
 
 # ---------------------------------------------------------------- the whole job
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def package_versions() -> dict[str, str]:
     import importlib.metadata as md

@@ -162,6 +162,19 @@ def _ids(v: Any, where: str, name: str) -> list[int]:
     return list(v)
 
 
+def _resolve_ids(r: dict, field: str, tokenizer: Any, where: str, add_special_tokens: bool) -> list[int]:
+    """``<field>_ids`` as given, else the text ``<field>`` tokenized (prompts with the special
+    tokens, responses without: SPEC section 7)."""
+    if r.get(f"{field}_ids") is not None:
+        return _ids(r[f"{field}_ids"], where, f"{field}_ids")
+    text = r.get(field)
+    if not isinstance(text, str):
+        raise GmtsError(f"{where}: missing field '{field}' (or '{field}_ids')")
+    if tokenizer is None:
+        raise GmtsError(f"{where}: text '{field}' needs a tokenizer, and the model ships none (give {field}_ids)")
+    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+
+
 def _floats(v: Any, where: str, name: str, n: int) -> list[float]:
     if not isinstance(v, (list, tuple)) or not all(isinstance(x, (int, float)) for x in v):
         raise GmtsError(f"{where}: field '{name}' must be a list of numbers")
@@ -226,22 +239,8 @@ def _answers_from_rows(
     for idx, (n, r) in enumerate(rows):
         where = f"{unit} {n}"
         prompt, response = r.get("prompt"), r.get("response")
-        if r.get("prompt_ids") is not None:
-            prompt_ids = _ids(r["prompt_ids"], where, "prompt_ids")
-        elif isinstance(prompt, str):
-            if tokenizer is None:
-                raise GmtsError(f"{where}: text 'prompt' needs a tokenizer, and the model ships none (give prompt_ids)")
-            prompt_ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
-        else:
-            raise GmtsError(f"{where}: missing field 'prompt' (or 'prompt_ids')")
-        if r.get("response_ids") is not None:
-            response_ids = _ids(r["response_ids"], where, "response_ids")
-        elif isinstance(response, str):
-            if tokenizer is None:
-                raise GmtsError(f"{where}: text 'response' needs a tokenizer, and the model ships none (give response_ids)")
-            response_ids = list(tokenizer(response, add_special_tokens=False)["input_ids"])
-        else:
-            raise GmtsError(f"{where}: missing field 'response' (or 'response_ids')")
+        prompt_ids = _resolve_ids(r, "prompt", tokenizer, where, add_special_tokens=True)
+        response_ids = _resolve_ids(r, "response", tokenizer, where, add_special_tokens=False)
         if not prompt_ids:
             raise GmtsError(f"{where}: empty prompt (a response needs at least one preceding token)")
         reward = r.get("reward")

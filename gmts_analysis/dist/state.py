@@ -38,6 +38,7 @@ from typing import Any
 
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.io import file_sha256
 
 log = logging.getLogger("gmts_analysis.dist")
 
@@ -56,14 +57,6 @@ _BLOCKS = 16
 
 
 # ---------------------------------------------------------------- fingerprint
-
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _sampled_sha256(path: Path) -> str:
     """sha256 of the size and of ``_BLOCKS`` blocks at evenly spaced offsets (first and last included)."""
@@ -97,7 +90,7 @@ def model_fingerprint(name_or_path: str) -> dict[str, Any]:
         if not f.is_file() or f.name.startswith("."):
             continue
         small_text = f.suffix in _TEXT_SUFFIXES and f.stat().st_size <= 64 * 2**20
-        files[f.name] = _sha256_file(f) if small_text else "sampled:" + _sampled_sha256(f)
+        files[f.name] = file_sha256(f) if small_text else "sampled:" + _sampled_sha256(f)
     return {"files": files}
 
 
@@ -142,7 +135,7 @@ class Fingerprint:
 
 
 def run_fingerprint(cfg: ProbeConfig) -> Fingerprint:
-    return Fingerprint(model=model_fingerprint(cfg.model), rollouts_sha256=_sha256_file(Path(cfg.rollouts)),
+    return Fingerprint(model=model_fingerprint(cfg.model), rollouts_sha256=file_sha256(Path(cfg.rollouts)),
                        config=result_config(cfg))
 
 
