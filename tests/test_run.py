@@ -5,7 +5,7 @@ import json
 import pandas as pd
 
 from gmts_analysis.cli import main
-from gmts_analysis.probe import TOKEN_COLUMNS
+from gmts_analysis.tables import TOKEN_COLUMNS
 
 
 def test_gmts_run_tiny_end_to_end(tmp_path, capsys):

@@ -30,7 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts_analysis.dist import merge_run
+    from gmts_analysis.sharding import merge_run
 
     out = merge_run(args.run_dir, device=args.device, figures=args.figures, fidelity=args.fidelity,
                     quiet=args.quiet)

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from gmts_analysis.config import ProbeConfig, from_args
-    from gmts_analysis.probe import run_probe
+    from gmts_analysis.job import run_probe
 
     cfg = from_args(ProbeConfig, args)
     out = run_probe(cfg)

@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.models import load_model, resolve_model_path
-    from gmts_analysis.probe import probe_rollouts, write_run
+    from gmts_analysis.finalize import write_run
+    from gmts_analysis.kernel import probe_answers
     from gmts_analysis.rollouts import read_rollouts_rows
     from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.toy.sample import sample_rollouts
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProbeConfig(model=args.policy, rollouts="rollouts.jsonl", out=str(out), device=args.device,
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
                       figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet)
-    result = probe_rollouts(model, tok, answers, cfg)
+    result = probe_answers(model, tok, answers, cfg)
     result.timings["sample_s"] = t_sample
     write_run(cfg, model, model_path, answers, result,
               extra={"job": "gmts run", "domains": domains, "num_prompts": args.num_prompts,

@@ -40,7 +40,7 @@ from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.io import file_sha256
 
-log = logging.getLogger("gmts_analysis.dist")
+log = logging.getLogger("gmts_analysis.sharding")
 
 STATE_FILE = "run.json"
 CHUNKS = "chunks"

@@ -9,7 +9,7 @@ import subprocess
 import time
 
 import pytest
-from _dist_helpers import (
+from _sharding_helpers import (
     REPO,
     assert_same_rows,
     gmts_cmd,

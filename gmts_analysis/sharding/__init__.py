@@ -5,14 +5,14 @@
 - :func:`merge_run` finishes a run whose answers are all probed (``gmts merge RUN_DIR``).
 - :func:`shard_answers` gives each rank a length-balanced share of whole groups.
 
-See ``docs/scaling.md`` for the user's view and :mod:`gmts_analysis.dist.state` for the
+See ``docs/scaling.md`` for the user's view and :mod:`gmts_analysis.sharding.state` for the
 files of an unfinished run.
 """
 
-from gmts_analysis.dist.context import DistContext, context_from_env
-from gmts_analysis.dist.run import merge_run, run_sharded
-from gmts_analysis.dist.shard import shard_answers
-from gmts_analysis.dist.state import Fingerprint, run_fingerprint
+from gmts_analysis.sharding.context import DistContext, context_from_env
+from gmts_analysis.sharding.run import merge_run, run_sharded
+from gmts_analysis.sharding.shard import shard_answers
+from gmts_analysis.sharding.state import Fingerprint, run_fingerprint
 
 __all__ = ["DistContext", "Fingerprint", "context_from_env", "merge_run", "run_fingerprint", "run_sharded",
            "shard_answers"]

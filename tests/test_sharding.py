@@ -10,15 +10,16 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from _dist_helpers import assert_same_rows, probe_args, tokens, write_rollouts
+from _sharding_helpers import assert_same_rows, probe_args, tokens, write_rollouts
 
-from gmts_analysis import probe as probe_mod
+from gmts_analysis import finalize as finalize_mod
+from gmts_analysis import kernel as probe_mod
 from gmts_analysis.cli import main
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.dist import merge as merge_mod
-from gmts_analysis.dist import shard_answers
-from gmts_analysis.dist.shard import answer_cost
-from gmts_analysis.dist.worker import InjectedFailure
+from gmts_analysis.sharding import merge as merge_mod
+from gmts_analysis.sharding import shard_answers
+from gmts_analysis.sharding.shard import answer_cost
+from gmts_analysis.sharding.worker import InjectedFailure
 from gmts_analysis.models import load_model
 from gmts_analysis.rollouts import Answer, read_rollouts
 
@@ -34,7 +35,7 @@ def model_dir(tiny_model_dirs):
 def reference(model_dir, tmp_path_factory):
     """An uninterrupted single-process run (chunks of 3 answers) of the 7-group rollouts
     (``--grad-norm none`` to keep these tests fast; the exact engine is covered below and in
-    test_dist_torchrun.py)."""
+    test_sharding_torchrun.py)."""
     d = tmp_path_factory.mktemp("ref")
     r = write_rollouts(d / "r.jsonl")
     out = d / "run"
@@ -93,7 +94,7 @@ def test_chunked_run_equals_probe_rollouts(model_dir, reference, tmp_path):
     cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True, grad_groups="layer")
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
-    res = probe_mod.probe_rollouts(model, tok, answers, cfg)
+    res = probe_mod.probe_answers(model, tok, answers, cfg)
     res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
     res.answers.to_parquet(tmp_path / "a.parquet", index=False)
     res.grad_groups.to_parquet(tmp_path / "g.parquet", index=False)
@@ -151,7 +152,7 @@ def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tm
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(probe_mod, "write_run", boom)
+    monkeypatch.setattr(finalize_mod, "write_run", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         main(probe_args(model_dir, r, out, *FAST))
     assert (out / "run.json").exists() and not (out / "tokens.parquet").exists()
@@ -244,7 +245,7 @@ def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
     answers = read_rollouts(r, tok)
     coefs = probe_mod.answer_coefficients(answers, cfg)
     keep = [i for i, x in enumerate(answers) if x.answer_id != "bad"]
-    res = probe_mod.probe_rollouts(model, tok, [answers[i] for i in keep], cfg, [coefs[i] for i in keep])
+    res = probe_mod.probe_answers(model, tok, [answers[i] for i in keep], cfg, [coefs[i] for i in keep])
     res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
     assert_same_rows(t, pd.read_parquet(tmp_path / "t.parquet"))
     # the batch-wide token-mean weight counts the failed answer's tokens too

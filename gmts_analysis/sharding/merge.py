@@ -19,12 +19,13 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis import io
-from gmts_analysis import probe as probe_mod
+from gmts_analysis import finalize as finalize_mod
+from gmts_analysis import kernel, tables
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.dist import state
+from gmts_analysis.sharding import state
 from gmts_analysis.errors import GmtsError
 
-log = logging.getLogger("gmts_analysis.dist")
+log = logging.getLogger("gmts_analysis.sharding")
 
 ERRORS_FILE = "errors.jsonl"
 
@@ -39,7 +40,7 @@ def _concat(frames: list[pd.DataFrame], order: Sequence[str] = ()) -> pd.DataFra
     df = df.iloc[perm].reset_index(drop=True)
     for k in ("answer_id", "group_id"):
         if k in df.columns:
-            df[k] = probe_mod._id_column(list(df[k]))
+            df[k] = tables.id_column(list(df[k]))
     first = [c for c in order if c in df.columns]
     return df[first + [c for c in df.columns if c not in first]]
 
@@ -58,7 +59,7 @@ def gather_chunks(out: Path, records: Sequence[state.ChunkRecord], wanted: set[i
             if fname:
                 df = io.read_parquet(out / state.CHUNKS / fname)
                 frames.append(df[df[state.INDEX_COLUMN].isin(mine)])
-    return (_concat(tok_frames, probe_mod.TOKEN_COLUMNS), _concat(grp_frames),
+    return (_concat(tok_frames, tables.TOKEN_COLUMNS), _concat(grp_frames),
             sorted(errors, key=lambda e: e["index"]))
 
 
@@ -127,7 +128,7 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
                 if m.get("groups"):
                     grp.append(io.read_parquet(out / state.PARTS / m["groups"]))
             errors = sorted((e for m in parts for e in m["errors"]), key=lambda e: e["index"])
-            return _concat(tok, probe_mod.TOKEN_COLUMNS), _concat(grp), errors
+            return _concat(tok, tables.TOKEN_COLUMNS), _concat(grp), errors
         log.warning("%s: the parts do not cover every answer once; merging from the chunk records", out)
     records = state.read_chunks(out, run_hash)
     missing = sorted(everything - set(state.owners(records)))
@@ -142,7 +143,7 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     """Merge the rows and write the final run directory (statistics, manifest, figures, report).
 
     The work area (run.json, chunks/, parts/) is replaced by the finished directory in one
-    rename (:func:`gmts_analysis.probe.write_run`); ``errors.jsonl`` follows.
+    rename (:func:`gmts_analysis.finalize.write_run`); ``errors.jsonl`` follows.
     """
     from gmts_analysis.estimators import add_estimator_columns
 
@@ -151,7 +152,7 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     failed = {e["index"] for e in errors}
     keep = [i for i in range(len(answers)) if i not in failed]
     if tokens is None:
-        tokens = probe_mod._concat_columns([])
+        tokens = tables.concat_columns([])
     tokens = tokens.drop(columns=[state.INDEX_COLUMN], errors="ignore")
     add_estimator_columns(tokens)
     if groups is not None:
@@ -159,7 +160,7 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     ok_answers = [answers[i] for i in keep]
     ok_coefs = [coefs[i] for i in keep]
     timings = {**timings, "merge_s": time.perf_counter() - t0}
-    result = probe_mod.ProbeResult(tokens=tokens, answers=probe_mod.answers_table(ok_answers, ok_coefs),
+    result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
                                    grad_groups=groups, timings=timings)
     extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
              "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
@@ -168,7 +169,7 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     work = state.work_area_sibling(out)
     os.replace(out, work)
     try:
-        probe_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra)
+        finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra)
     except BaseException:
         if not out.exists():
             os.replace(work, out)

@@ -20,21 +20,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gmts_analysis import probe as probe_mod
+from gmts_analysis import kernel
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.dist import merge, state
-from gmts_analysis.dist.context import (
+from gmts_analysis.sharding import merge, state
+from gmts_analysis.sharding.context import (
     DistContext,
     broadcast_from_main,
     context_from_env,
     process_group,
     rank_device,
 )
-from gmts_analysis.dist.shard import shard_answers
-from gmts_analysis.dist.worker import probe_share
+from gmts_analysis.sharding.shard import shard_answers
+from gmts_analysis.sharding.worker import probe_share
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.verifiers import resolve_verifier
 
-log = logging.getLogger("gmts_analysis.dist")
+log = logging.getLogger("gmts_analysis.sharding")
 
 
 def check_inputs(cfg: ProbeConfig) -> None:
@@ -60,7 +61,7 @@ def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int
     model_path = resolve_model_path(cfg.model)
     model, tokenizer = load_model(cfg.model, device, cfg.dtype)
     t_load = time.perf_counter() - t0
-    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, probe_mod._verifier(cfg.verifier))
+    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, resolve_verifier(cfg.verifier))
     vocab = model.get_input_embeddings().weight.shape[0]
     n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
     if n_cut:
@@ -95,7 +96,7 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
     out = Path(cfg.out)
     if not ctx.is_main:  # progress and info lines on rank 0 only
         logging.getLogger("gmts_analysis.probe").setLevel(logging.ERROR)
-        logging.getLogger("gmts_analysis.dist").setLevel(logging.WARNING)
+        logging.getLogger("gmts_analysis.sharding").setLevel(logging.WARNING)
     with process_group(ctx):
         t_start = time.perf_counter()
 
@@ -110,7 +111,7 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
             return out
         device = rank_device(ctx, cfg.device)
         model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
-        coefs = probe_mod.answer_coefficients(answers, cfg)
+        coefs = kernel.answer_coefficients(answers, cfg)
         attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size))
 
         share = shard_answers(answers, ctx.world_size)[ctx.rank]
@@ -184,7 +185,7 @@ def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = 
         raise GmtsError(f"{out}: the model or rollouts changed since the run started ({why})")
     t0 = time.perf_counter()
     model, _, model_path, answers, n_cut, t_load = load_inputs(cfg, rank_device(DistContext(), device))
-    coefs = probe_mod.answer_coefficients(answers, cfg)
+    coefs = kernel.answer_coefficients(answers, cfg)
     attempts = st.get("attempts") or [{}]
     world = int(attempts[-1].get("world_size", 1))
     parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))

@@ -26,14 +26,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gmts_analysis import probe as probe_mod
+from gmts_analysis import kernel, tables
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.dist import state
-from gmts_analysis.dist.context import DistContext
+from gmts_analysis.sharding import state
+from gmts_analysis.sharding.context import DistContext
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rollouts import Answer
 
-log = logging.getLogger("gmts_analysis.dist")
+log = logging.getLogger("gmts_analysis.sharding")
 
 FAIL_AFTER_ENV = "GMTS_TEST_FAIL_AFTER_CHUNKS"
 SLOW_ENV = "GMTS_TEST_SLOW_S"
@@ -67,7 +67,7 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
     while True:
         oom = None
         try:
-            return probe_mod.probe_answer(model, answer, coef, cur, token_text)
+            return kernel.probe_answer(model, answer, coef, cur, token_text)
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
@@ -92,11 +92,11 @@ def _reason(e: BaseException) -> str:
 
 
 def _tables(parts: list[dict], gparts: list[pd.DataFrame]) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    tokens = probe_mod._concat_columns(parts) if parts else None
+    tokens = tables.concat_columns(parts) if parts else None
     groups = None
     if gparts:
         groups = pd.concat(gparts, ignore_index=True)
-        groups["answer_id"] = probe_mod._id_column(list(groups["answer_id"]))
+        groups["answer_id"] = tables.id_column(list(groups["answer_id"]))
     return tokens, groups
 
 
@@ -120,7 +120,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
     per_chunk = int(cfg.answers_per_chunk)
     fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)
     slow = float(os.environ.get(SLOW_ENV) or 0)
-    token_text = probe_mod._TokenText(tokenizer)
+    token_text = kernel.TokenText(tokenizer)
     summary = ShareSummary()
     meta = {"rank": ctx.rank, "world_size": ctx.world_size, "attempt": attempt}
     t_start = time.perf_counter()
