@@ -189,7 +189,7 @@ def probe_answers(
     answers: Sequence[Answer],
     cfg: ProbeConfig,
     coefs: Sequence[AnswerCoefficients] | None = None,
-    progress: bool | None = None,
+    progress: bool = True,
 ) -> ProbeResult:
     """Probe every answer; returns the tables (nothing is written).
 
@@ -200,8 +200,6 @@ def probe_answers(
 
     if coefs is None:
         coefs = answer_coefficients(answers, cfg)
-    if progress is None:
-        progress = not cfg.quiet
     token_text = TokenText(tokenizer)
     parts: list[dict] = []
     gparts: list[pd.DataFrame] = []
