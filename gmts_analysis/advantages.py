@@ -1,17 +1,23 @@
-"""Advantages, aggregation weights and omega (SPEC sections 3 and 4).
+"""Advantages, aggregation weights and omega on tables (docs/definitions.md sections 3 and 4).
 
-The one place that turns rewards into advantages and token counts into loss
-weights. All functions are pure numpy; arrays are per answer unless noted.
+The one place that turns rewards into advantages. Loss weights and omega are computed by
+:mod:`gmts_analysis.objective` (one implementation for tables and tensors); the functions
+here take and return numpy arrays, per answer unless noted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
+import torch
 
-ADVANTAGE_MODES = ("group", "batch", "none")
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.objective import LossSettings, answer_weights, omega_tensor
+
+ADVANTAGE_MODES = ("group", "batch", "none", "logged")
 LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 STD_EPS = 1e-4
 
@@ -32,8 +38,12 @@ def compute_advantages(
     group_ids: Sequence,
     mode: str = "group",
     steps: Sequence | None = None,
+    logged: Sequence[float | None] | None = None,
 ) -> np.ndarray:
     """Answer-level advantages ``A_i`` (float64, shape ``(N,)``).
+
+    - ``logged``: the advantages the trainer logged (TRL's ``advantage`` column), one per
+      answer in ``logged``, used as they are; a missing or non-finite one is refused.
 
     - ``group`` (GRPO): ``(r - mean_g) / (std_g + 1e-4)``, Bessel-corrected std (as TRL).
     - ``batch``: group mean, std of all rewards of the batch (answers sharing a step).
@@ -42,6 +52,17 @@ def compute_advantages(
     """
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage mode {mode!r}; choose from {ADVANTAGE_MODES}")
+    if mode == "logged":
+        if logged is None:
+            raise GmtsError("--advantage logged: the rollouts have no logged advantage (TRL's 'advantage' column)")
+        vals = np.asarray([np.nan if v is None else float(v) for v in logged], dtype=np.float64)
+        if len(vals) != len(group_ids):
+            raise ValueError(f"{len(vals)} logged advantages for {len(group_ids)} answers")
+        bad = np.flatnonzero(~np.isfinite(vals))
+        if len(bad):
+            raise GmtsError(f"--advantage logged: {len(bad)} answer(s) have no finite logged advantage "
+                            f"(first: row {int(bad[0])})")
+        return vals
     r = np.asarray(rewards, dtype=np.float64)
     n = len(r)
     batch = _batch_keys(steps, n)
@@ -88,7 +109,8 @@ def loss_weights(
     With ``N`` answers and ``sum_j L_j`` tokens in the batch (answers sharing a step):
     ``token-mean``: ``1 / sum_j L_j``; ``seq-mean-token-mean``: ``1 / (N L_i)``;
     ``seq-mean-token-sum-norm``: ``1 / (N L_max)``, ``L_max`` = ``max_len`` (the
-    generation budget) or the longest answer of the batch.
+    generation budget) or the longest answer of the batch. One batch at a time through
+    :func:`gmts_analysis.objective.answer_weights` (the one formula).
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss aggregation {mode!r}; choose from {LOSS_AGG_MODES}")
@@ -97,15 +119,7 @@ def loss_weights(
     w = np.zeros(len(L), dtype=np.float64)
     for b in np.unique(batch):
         idx = np.flatnonzero(batch == b)
-        Lb = L[idx]
-        nb = len(idx)
-        if mode == "token-mean":
-            w[idx] = 1.0 / max(Lb.sum(), 1.0)
-        elif mode == "seq-mean-token-mean":
-            w[idx] = 1.0 / (nb * np.maximum(Lb, 1.0))
-        else:
-            lmax = float(max_len) if max_len else float(Lb.max())
-            w[idx] = 1.0 / (nb * max(lmax, 1.0))
+        w[idx] = answer_weights(torch.from_numpy(L[idx]), mode, max_len).numpy()
     return w
 
 
@@ -115,28 +129,28 @@ def omega(
     logprob: np.ndarray,
     old_logprob: np.ndarray | None = None,
     ref_logprob: np.ndarray | None = None,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    kl_beta: float = 0.0,
+    settings: LossSettings | None = None,
+    sampling_logprob: np.ndarray | None = None,
+    **fields: Any,
 ) -> np.ndarray:
-    """Per-token coefficient with ``grad(term_t) = omega_t * grad(logprob_t)``; ``(T,)``.
+    """One answer's per-token omega, ``(T,)`` float64: the coefficient of ``grad logprob_t`` in the
+    gradient of the training objective (docs/definitions.md section 4).
 
-    ``omega = w * (rho * A * I + beta * (pi_ref / pi_theta - 1))`` with ``rho = exp(logprob -
-    old_logprob)`` (1 on-policy) and ``I = 0`` where the clipped surrogate is flat
-    (``A > 0`` and ``rho > 1 + clip_high``, or ``A < 0`` and ``rho < 1 - clip_low``).
-    The KL term is the k3 estimator's gradient; it needs ``ref_logprob`` and ``kl_beta > 0``.
+    ``weight``: the answer's ``w_i``; ``advantage``: ``A_i``; ``logprob`` (and the optional old,
+    reference and sampling log-probs): ``(T,)``. ``settings`` (or :class:`LossSettings` fields as
+    keywords, e.g. ``clip_high=0.28, kl_beta=0.04``) say which loss was trained. On-policy under
+    the default settings this is ``weight * advantage`` for every token. Computed by
+    :func:`gmts_analysis.objective.omega_tensor` (the one formula) on a batch of one answer.
     """
-    lp = np.asarray(logprob, dtype=np.float64)
-    if old_logprob is None:
-        rho = np.ones_like(lp)
-    else:
-        rho = np.exp(lp - np.asarray(old_logprob, dtype=np.float64))
-    trust = np.ones_like(lp)
-    if advantage > 0:
-        trust[rho > 1.0 + clip_high] = 0.0
-    elif advantage < 0:
-        trust[rho < 1.0 - clip_low] = 0.0
-    coef = rho * advantage * trust
-    if ref_logprob is not None and kl_beta:
-        coef = coef + kl_beta * (np.exp(np.asarray(ref_logprob, dtype=np.float64) - lp) - 1.0)
-    return weight * coef
+    if settings is None:
+        settings = LossSettings(**fields)
+    elif fields:
+        settings = dataclasses.replace(settings, **fields)
+    lp = torch.as_tensor(np.asarray(logprob, dtype=np.float64))[None]
+    opt = lambda x: None if x is None else torch.as_tensor(np.asarray(x, dtype=np.float64))[None]  # noqa: E731
+    om = omega_tensor(
+        lp, torch.ones_like(lp), torch.tensor([float(advantage)], dtype=torch.float64),
+        torch.tensor([float(weight)], dtype=torch.float64), settings,
+        old_logprobs=opt(old_logprob), ref_logprobs=opt(ref_logprob), sampling_logprobs=opt(sampling_logprob),
+    )
+    return om[0].numpy()

@@ -31,13 +31,24 @@ class ProbeOptions:
                      choices=("float32", "float64", "bfloat16", "float16"))
     temperature: float = opt(1.0, "sampling temperature tau: p = softmax(z / tau)")
     advantage: str = opt("group", "advantage estimator (docs/definitions.md section 3)",
-                         choices=("group", "batch", "none"))
+                         choices=("group", "batch", "none", "logged"))
     loss_agg: str = opt("token-mean", "loss aggregation weights (docs/definitions.md section 3)",
                         choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
     max_len: int = opt(None, "generation budget L_max for seq-mean-token-sum-norm (default: longest answer)")
-    clip_low: float = opt(0.2, "PPO clip epsilon below 1 (off-policy omega)")
-    clip_high: float = opt(0.28, "PPO clip epsilon above 1 (off-policy omega)")
+    loss_type: str = opt(None, "TRL loss_type that was trained: grpo | bnpo | dapo | dr_grpo (sets --loss-agg; "
+                         "TRL's bias-corrected KL); cispo, sapo, vespo, luspo are refused")
+    clip_low: float = opt(0.2, "PPO clip epsilon below 1 (off-policy omega; TRL epsilon, verl clip_ratio_low)")
+    clip_high: float = opt(0.2, "PPO clip epsilon above 1 (TRL epsilon_high, default epsilon; DAPO uses 0.28)")
+    clip_ratio_c: float = opt(None, "verl's dual clip c > 1: no gradient where A < 0 and ratio > c (default off)")
     kl_beta: float = opt(0.0, "k3 KL penalty weight against ref_logprobs")
+    kl_bias_correction: str = opt("auto", "TRL's use_bias_correction_kl (KL term times the ratio): auto = on "
+                                  "with --loss-type", choices=("auto", "on", "off"))
+    importance_sampling_level: str = opt("token", "importance ratio per token, or one per answer (GSPO)",
+                                         choices=("token", "sequence"))
+    vllm_is_mode: str = opt(None, "TRL's vLLM importance-sampling correction (needs sampling_logprobs)",
+                            choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+    vllm_is_min: float = opt(None, "vLLM importance-sampling lower bound C_min (default none)")
+    vllm_is_max: float = opt(3.0, "vLLM importance-sampling upper bound C_max")
     grad_norm: str = opt("exact", "per-token gradient norm: exact | sketch (Gaussian JVP) | none",
                          choices=("exact", "sketch", "none"))
     probes: int = opt(32, "number of random sketch directions for --grad-norm sketch")

@@ -23,6 +23,7 @@ from gmts_analysis import advantages as adv_mod
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.estimators import add_estimator_columns
+from gmts_analysis.objective import settings_of
 from gmts_analysis.rollouts import Answer
 from gmts_analysis.tables import answers_table, concat_columns, id_column
 
@@ -57,11 +58,13 @@ def answer_coefficients(answers: Sequence[Answer], cfg: ProbeConfig) -> list[Ans
         adv = adv_mod.compute_advantages(
             [a.reward for a in answers], [a.group_id for a in answers], cfg.advantage,
             steps if has_steps else None,
+            logged=[getattr(a, "logged_advantage", None) for a in answers] if cfg.advantage == "logged" else None,
         )
     for w in caught:
         log.warning("%s", w.message)
+    loss = settings_of(cfg)  # refuses a loss it does not model before any work
     weights = adv_mod.loss_weights(
-        [a.length for a in answers], cfg.loss_agg, steps if has_steps else None, cfg.max_len
+        [a.length for a in answers], loss.loss_agg, steps if has_steps else None, loss.max_len
     )
     return [AnswerCoefficients(float(a), float(w)) for a, w in zip(adv, weights)]
 
@@ -129,7 +132,7 @@ def probe_answer(
         coef.loss_weight, coef.advantage, logprob,
         old_logprob=None if answer.old_logprobs is None else np.asarray(answer.old_logprobs),
         ref_logprob=None if answer.ref_logprobs is None else np.asarray(answer.ref_logprobs),
-        clip_low=cfg.clip_low, clip_high=cfg.clip_high, kl_beta=cfg.kl_beta,
+        settings=settings_of(cfg), sampling_logprob=getattr(answer, "sampling_logprobs", None),
     )
     entropy = q.entropy.double().cpu().numpy()
     cols: dict[str, Any] = {

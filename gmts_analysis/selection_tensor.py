@@ -1,4 +1,4 @@
-"""Token selection on training tensors (SPEC sections 4-5), in the shapes TRL and verl use.
+"""Token selection on training tensors (docs/definitions.md sections 4-5), in the shapes TRL and verl use.
 
 Re-exported by :mod:`gmts_analysis.selection` (the DataFrame-level selection lives there).
 Everything here is a pure function of tensors shaped like a trainer's micro-batch:
@@ -14,14 +14,16 @@ Selection (:func:`select_tokens`): keep the ``k = ceil(rho * n)`` highest scores
 scope, ``n`` the number of real tokens in the scope (``batch``: every real token of the
 tensors; ``group``: the rows of one group). Padding is never selected. Ties are broken
 by (row index, position) ascending, i.e. among equal scores the earlier token in
-row-major order wins; this is SPEC section 5's ``(answer_id, position)`` rule with rows
+row-major order wins; this is docs/definitions.md section 5's ``(answer_id, position)`` rule with rows
 standing for answers (order the rows by answer id to reproduce a table's selection
 exactly). NaN scores rank below every real score. ``ceil`` uses the same 1e-9 tolerance
 as :func:`gmts_analysis.selection.n_keep`.
 
 Scores (:func:`token_scores`): ``entropy``; ``gmts`` = entropy * |omega| with the full
-omega of SPEC section 4 (:func:`token_omega`); ``random`` (uniform, seeded);
-``all`` / ``none`` (every real token).
+omega of docs/definitions.md section 4 (:func:`token_omega`); ``gmts_lgn`` = logit_grad_norm * |omega|
+(``logit_grad_norm`` = ||d logprob / d z||_2, the closed form of
+:func:`gmts_analysis.tokens.token_quantities`, passed in by the caller); ``random``
+(uniform, seeded); ``all`` / ``none`` (every real token).
 
 Loss normalizer after selection (:func:`aggregate_loss`): ``all`` divides by the
 real-token count as if nothing were dropped (TRL's ``top_entropy_quantile`` and the GMTS
@@ -32,16 +34,18 @@ response tokens).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
-SELECTIONS = ("all", "entropy", "gmts", "random")
+from gmts_analysis.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
+
+SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random")
 TENSOR_SCOPES = ("batch", "group")
 NORMALIZERS = ("all", "selected")
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def _keep_count(rho: float, n: Tensor) -> Tensor:
@@ -124,24 +128,14 @@ def _as_token_tensor(x: Tensor, like: Tensor) -> Tensor:
 
 
 def loss_weight_tensor(mask: Tensor, loss_agg: str = "token-mean", max_len: int | None = None) -> Tensor:
-    """``(B, T)`` aggregation weight ``w`` of each real token (SPEC section 3), 0 on padding.
+    """``(B, T)`` aggregation weight ``w`` of each real token (docs/definitions.md section 3), 0 on padding.
 
     token-mean: ``1 / sum mask``; seq-mean-token-mean: ``1 / (B * L_i)``;
     seq-mean-token-sum-norm: ``1 / (B * L_max)``, ``L_max`` = ``max_len`` or the longest row.
-    float64 (these are exact counts).
+    float64 (these are exact counts). The formula is :func:`gmts_analysis.objective.answer_weights`.
     """
-    if loss_agg not in LOSS_AGGS:
-        raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
     m = mask.to(torch.float64)
-    B = m.shape[0]
-    if loss_agg == "token-mean":
-        w = m / m.sum().clamp(min=1.0)
-    elif loss_agg == "seq-mean-token-mean":
-        w = m / (B * m.sum(-1, keepdim=True).clamp(min=1.0))
-    else:
-        lmax = float(max_len) if max_len else float(m.sum(-1).max().clamp(min=1.0))
-        w = m / (B * lmax)
-    return w
+    return answer_weights(m.sum(-1), loss_agg, max_len).unsqueeze(1) * m
 
 
 def token_omega(
@@ -153,31 +147,33 @@ def token_omega(
     logprobs: Tensor | None = None,
     old_logprobs: Tensor | None = None,
     ref_logprobs: Tensor | None = None,
-    clip_low: float = 0.2,
-    clip_high: float = 0.28,
-    kl_beta: float = 0.0,
+    sampling_logprobs: Tensor | None = None,
+    settings: LossSettings | None = None,
+    **fields,
 ) -> Tensor:
-    """``(B, T)`` omega of SPEC section 4: ``w * (rho * A * I + beta * (pi_ref / pi_theta - 1))``.
+    """``(B, T)`` omega of docs/definitions.md section 4 for a batch, float64, detached, 0 on padding.
 
-    ``rho = exp(logprobs - old_logprobs)`` (1 when either is missing: on-policy),
-    ``I = 0`` where the clipped surrogate is flat (A > 0 and rho > 1 + clip_high, or A < 0 and
-    rho < 1 - clip_low); the k3 KL term needs ``ref_logprobs``, ``logprobs`` and ``kl_beta``.
-    Padding gets 0. Computed in float64, detached.
+    The weights come from ``mask`` (:func:`loss_weight_tensor`); the loss that was trained from
+    ``settings`` (a :class:`gmts_analysis.objective.LossSettings`) or its fields as keywords
+    (``clip_low``, ``clip_high``, ``kl_beta``, ``kl_bias_correction``, ``importance_sampling_level``,
+    ...; ``loss_agg`` and ``max_len`` given here win). Without ``old_logprobs`` the ratio is 1
+    (on-policy); the KL term needs ``ref_logprobs`` and ``logprobs``. Computed by
+    :func:`gmts_analysis.objective.omega_tensor` (the one formula).
     """
-    A = _as_token_tensor(advantages.detach().to(torch.float64), mask)
-    w = loss_weight_tensor(mask, loss_agg, max_len)
-    if logprobs is not None and old_logprobs is not None:
-        ratio = torch.exp(logprobs.detach().to(torch.float64) - old_logprobs.detach().to(torch.float64))
+    if settings is None:
+        settings = LossSettings(loss_agg=loss_agg, max_len=max_len, **fields)
     else:
-        ratio = torch.ones_like(A)
-    flat = ((A > 0) & (ratio > 1.0 + clip_high)) | ((A < 0) & (ratio < 1.0 - clip_low))
-    coef = ratio * A * (~flat).to(torch.float64)
-    if kl_beta and ref_logprobs is not None:
-        if logprobs is None:
-            raise ValueError("the KL term of omega needs logprobs as well as ref_logprobs")
-        lp = logprobs.detach().to(torch.float64)
-        coef = coef + kl_beta * (torch.exp(ref_logprobs.detach().to(torch.float64) - lp) - 1.0)
-    return torch.where(mask.bool(), w * coef, torch.zeros_like(coef))
+        settings = dataclasses.replace(settings, **fields)
+    if logprobs is None or old_logprobs is None:
+        old_logprobs = None
+    if ref_logprobs is None or not settings.kl_beta:
+        settings = dataclasses.replace(settings, kl_beta=0.0) if settings.kl_beta else settings
+        ref_logprobs = None
+    if logprobs is None and ref_logprobs is not None:
+        raise ValueError("the KL term of omega needs logprobs as well as ref_logprobs")
+    w = loss_weight_tensor(mask, settings.loss_agg, settings.max_len)
+    return omega_tensor(logprobs, mask, advantages, w, settings, old_logprobs=old_logprobs,
+                        ref_logprobs=ref_logprobs, sampling_logprobs=sampling_logprobs)
 
 
 def gmts_scores(entropy: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
@@ -188,6 +184,17 @@ def gmts_scores(entropy: Tensor, advantages: Tensor, mask: Tensor, **omega_kwarg
     """
     om = token_omega(advantages, mask, **omega_kwargs)
     return torch.where(mask.bool(), entropy.detach().to(torch.float64) * om.abs(), torch.zeros_like(om))
+
+
+def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
+    """``(B, T)`` score ``logit_grad_norm * |omega|`` (float64; 0 on padding).
+
+    logit_grad_norm: ``(B, T)``, ``||d logprob / d z||_2 = sqrt(1 - 2 p + sum_v p_v^2) / tau``
+    (:func:`gmts_analysis.tokens.token_quantities`). ``omega_kwargs`` as in :func:`gmts_scores`.
+    """
+    om = token_omega(advantages, mask, **omega_kwargs)
+    lgn = logit_grad_norm.detach().to(device=om.device, dtype=torch.float64)
+    return torch.where(mask.bool(), lgn * om.abs(), torch.zeros_like(om))
 
 
 def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -201,15 +208,21 @@ def token_scores(
     advantages: Tensor,
     mask: Tensor,
     generator: torch.Generator | None = None,
+    logit_grad_norm: Tensor | None = None,
     **omega_kwargs,
 ) -> Tensor | None:
-    """The score a selection ranks by: ``entropy``, ``gmts``, ``random``; ``None`` for ``all``/``none``."""
+    """The score a selection ranks by: ``entropy``, ``gmts``, ``gmts_lgn``, ``random``; ``None`` for
+    ``all``/``none``. ``gmts_lgn`` needs ``logit_grad_norm`` ``(B, T)``."""
     if selection in ("all", "none"):
         return None
     if selection == "entropy":
         return entropy.detach()
     if selection == "gmts":
         return gmts_scores(entropy, advantages, mask, **omega_kwargs)
+    if selection == "gmts_lgn":
+        if logit_grad_norm is None:
+            raise ValueError("selection 'gmts_lgn' needs the per-token logit_grad_norm (B, T)")
+        return gmts_lgn_scores(logit_grad_norm, advantages, mask, **omega_kwargs)
     if selection == "random":
         return random_scores(mask, generator)
     raise ValueError(f"unknown token selection {selection!r}; choose from {SELECTIONS}")
@@ -224,10 +237,11 @@ def selection_mask(
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     generator: torch.Generator | None = None,
+    logit_grad_norm: Tensor | None = None,
     **omega_kwargs,
 ) -> Tensor:
     """Boolean ``(B, T)`` tokens kept by ``selection`` (``all``/``none``: every real token)."""
-    s = token_scores(selection, entropy, advantages, mask, generator, **omega_kwargs)
+    s = token_scores(selection, entropy, advantages, mask, generator, logit_grad_norm, **omega_kwargs)
     if s is None:
         return mask.bool().clone()
     return select_tokens(s, mask, rho, scope, group_ids)

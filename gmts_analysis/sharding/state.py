@@ -50,7 +50,8 @@ STATE_FORMAT = "gmts-run-state/1"
 
 # configuration fields that change the rows of tokens.parquet or the statistics
 RESULT_FIELDS = ("format", "dtype", "temperature", "advantage", "loss_agg", "max_len", "clip_low", "clip_high",
-                 "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed")
+                 "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed", "loss_type", "clip_ratio_c",
+                 "kl_bias_correction", "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max")
 _TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".py", ".tiktoken", ".vocab", ".merges")
 _BLOCK = 64 * 1024
 _BLOCKS = 16
