@@ -1,23 +1,50 @@
-"""Read and validate rollouts (SPEC section 7): gmts JSONL/parquet, verl dumps, TRL completions.
+"""Read and validate rollouts (docs/definitions.md section 7): ours, verl dumps, TRL completions.
 
-Every reader returns a list of :class:`Answer` with token ids resolved. Bad input raises
-:class:`GmtsError` naming the file and line (JSONL line number, or parquet row + 1)
-and the field at fault.
+A rollouts path is a JSONL or parquet file, or a directory of per-step files as TRL
+(``completions/completions_{step:05d}.parquet``) and verl (``rollout_data_dir/{step}.jsonl``)
+write them. Every reader returns :class:`Answer` objects with token ids resolved: ids as
+given, or text tokenized the way the policy saw it (chat template, stop token restored:
+see :mod:`gmts_analysis.readers.context`); what was restored is reported on stderr and in
+``Rollouts.report`` (recorded in manifest.json). Bad input raises :class:`GmtsError` naming
+the file and line (JSONL line number, or parquet row + 1) and the field at fault.
+
+The pieces live in :mod:`gmts_analysis.readers` (files and rows, formats, context).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.context import Contextualizer
+from gmts_analysis.readers.formats import (
+    FORMATS,
+    GMTS_FIELDS,
+    RewardSpec,
+    detect_format as _detect_keys,
+    normalize_row,
+    resolve_trl_rewards,
+)
+from gmts_analysis.readers.sources import (
+    check_logprobs,
+    check_reward,
+    check_step,
+    check_text,
+    input_sha256,
+    iter_rows,
+    parse_steps,
+    rollout_files,
+)
 
-FORMATS = ("auto", "gmts", "verl", "trl")
-# TRL completions columns that are not reward functions
-_TRL_NON_REWARD = {"step", "prompt", "completion", "advantage", "reward", "prompt_ids", "completion_ids", "images"}
+__all__ = ["Answer", "FORMATS", "ReaderOptions", "Rollouts", "detect_format", "input_sha256", "read_rollouts",
+           "read_rollouts_rows", "validate_against_model"]
+
+log = logging.getLogger("gmts_analysis.readers")
 
 
 @dataclass
@@ -36,226 +63,277 @@ class Answer:
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
     extra: dict = field(default_factory=dict)  # other scalar fields, carried to answers.parquet
-    where: str = ""  # "file:line N", for error messages
+    where: str = ""  # "file: line N", for error messages
+    logged_advantage: float | None = None  # the trainer's own advantage (TRL's `advantage` column)
 
     @property
     def length(self) -> int:
         return len(self.response_ids)
 
 
-# ---------------------------------------------------------------- raw rows
+class Rollouts(list):
+    """A list of :class:`Answer` with ``report``: how they were read (format, files, reward
+    columns, groups, and what the context restoration did; a JSON-able dict)."""
 
-def _read_rows(path: Path) -> list[tuple[int, dict]]:
-    """``(line_number, row)`` pairs from JSONL (or a JSON list) or parquet."""
-    if not path.exists():
-        raise GmtsError(f"{path}: rollouts file not found")
-    if path.is_dir():
-        raise GmtsError(f"{path}: is a directory, expected a .jsonl or .parquet rollouts file")
-    if path.suffix == ".parquet":
-        import pandas as pd
+    report: dict
 
-        try:
-            df = pd.read_parquet(path)
-        except Exception as e:
-            raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__})") from None
-        rows = []
-        for i, rec in enumerate(df.to_dict(orient="records")):
-            rows.append((i + 1, {k: _py(v) for k, v in rec.items()}))
-        return rows
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if text.lstrip().startswith("["):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise GmtsError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
-        if not isinstance(data, list):
-            raise GmtsError(f"{path}: expected JSON lines or a JSON list of objects")
-        for i, r in enumerate(data):
-            if not isinstance(r, dict):
-                raise GmtsError(f"{path}: item {i + 1}: expected a JSON object, got {type(r).__name__}")
-        return [(i + 1, r) for i, r in enumerate(data)]
-    for n, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise GmtsError(f"{path}: line {n}: invalid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise GmtsError(f"{path}: line {n}: expected a JSON object, got {type(rec).__name__}")
-        rows.append((n, rec))
-    return rows
+    def __init__(self, answers: Iterable[Answer] = (), report: dict | None = None) -> None:
+        super().__init__(answers)
+        self.report = report or {}
 
 
-def _py(v: Any) -> Any:
-    """numpy/pandas scalars and arrays -> plain Python."""
-    if v is None:
-        return None
-    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
-        return v.tolist()
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    return v
+@dataclass
+class ReaderOptions:
+    """How to read rollouts; every field is the ``gmts probe`` flag of the same name.
+
+    ``max_tokens`` is the model's context length (text beyond what it can hold is refused
+    before tokenization); ``truncate`` lets a too-long response be cut instead.
+    """
+
+    format: str = "auto"
+    steps: Any = None  # "10,20", "10-30", or a list of ints
+    reward_columns: Any = None  # "a,b" or a list
+    reward_weights: Any = None  # "1,0.5" or a list
+    num_generations: int | None = None
+    chat_template: str = "auto"
+    max_completion_length: int | None = None
+    max_tokens: int | None = None
+    truncate: bool = False
+
+    @classmethod
+    def from_config(cls, cfg: Any = None, **overrides: Any) -> "ReaderOptions":
+        """From any object with (some of) these attributes, e.g. a ProbeConfig or ProbeOptions."""
+        kw = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if cfg is not None and hasattr(cfg, f.name)}
+        kw.update(overrides)
+        return cls(**kw)
 
 
-def detect_format(rows: Sequence[tuple[int, dict]]) -> str:
-    """``verl`` for ``input``/``output``/``score``, ``trl`` for ``completion``, else ``gmts``."""
-    keys = set(rows[0][1]) if rows else set()
-    if {"input", "output"} <= keys and ("score" in keys or "reward" in keys) and "response" not in keys:
-        return "verl"
-    if "completion" in keys and "response" not in keys and "response_ids" not in keys:
-        return "trl"
-    return "gmts"
+def detect_format(rows: Sequence) -> str:
+    """``verl`` for ``input``/``output``, ``trl`` for ``completion``, else ``gmts`` (from the first
+    row: a dict, or a ``(line, dict)`` pair)."""
+    if not rows:
+        return "gmts"
+    first = rows[0]
+    if isinstance(first, tuple):
+        first = first[1]
+    return _detect_keys(list(first))
 
 
-def _to_text(v: Any) -> str:
-    """TRL may log conversational prompts as lists of messages: join their contents."""
-    if isinstance(v, str):
-        return v
-    if isinstance(v, list):
-        return "".join(m.get("content", "") if isinstance(m, dict) else str(m) for m in v)
-    if isinstance(v, dict):
-        return str(v.get("content", ""))
-    return str(v)
-
-
-def _normalize(rows: list[tuple[int, dict]], fmt: str) -> list[tuple[int, dict]]:
-    """Map verl / TRL rows onto the gmts field names."""
-    if fmt == "gmts":
-        return rows
-    out = []
-    for n, r in rows:
-        if fmt == "verl":
-            m = {"prompt": r.get("input"), "response": r.get("output"), "reward": r.get("score", r.get("reward"))}
-            if "step" in r:
-                m["step"] = r["step"]
-            for k, v in r.items():
-                if k not in ("input", "output", "score", "reward", "step"):
-                    m.setdefault(k, v)
-        else:  # trl
-            m = {"prompt": _to_text(r.get("prompt")), "response": _to_text(r.get("completion"))}
-            if "step" in r:
-                m["step"] = r["step"]
-            if r.get("reward") is not None:
-                m["reward"] = r["reward"]
-            else:
-                parts = [(k, v) for k, v in r.items() if k not in _TRL_NON_REWARD and isinstance(v, (int, float))
-                         and not isinstance(v, bool)]
-                if parts:
-                    # TRL's default reward_weights are all 1: the reward is the sum of the functions
-                    m["reward"] = None if any(v is None for _, v in parts) else float(sum(v for _, v in parts))
-                    for k, v in parts:
-                        m[f"reward_{k}"] = v
-            if r.get("advantage") is not None:
-                m["advantage_logged"] = r["advantage"]
-        out.append((n, m))
-    return out
-
-
-# ---------------------------------------------------------------- validation
-
-def _ids(v: Any, where: str, name: str) -> list[int]:
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
-        raise GmtsError(f"{where}: field '{name}' must be a list of integers")
-    return list(v)
-
-
-def _resolve_ids(r: dict, field: str, tokenizer: Any, where: str, add_special_tokens: bool) -> list[int]:
-    """``<field>_ids`` as given, else the text ``<field>`` tokenized (prompts with the special
-    tokens, responses without: SPEC section 7)."""
-    if r.get(f"{field}_ids") is not None:
-        return _ids(r[f"{field}_ids"], where, f"{field}_ids")
-    text = r.get(field)
-    if not isinstance(text, str):
-        raise GmtsError(f"{where}: missing field '{field}' (or '{field}_ids')")
-    if tokenizer is None:
-        raise GmtsError(f"{where}: text '{field}' needs a tokenizer, and the model ships none (give {field}_ids)")
-    return list(tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
-
-
-def _floats(v: Any, where: str, name: str, n: int) -> list[float]:
-    if not isinstance(v, (list, tuple)) or not all(isinstance(x, (int, float)) for x in v):
-        raise GmtsError(f"{where}: field '{name}' must be a list of numbers")
-    if len(v) != n:
-        raise GmtsError(f"{where}: field '{name}' has {len(v)} values for {n} response tokens")
-    if not all(math.isfinite(x) for x in v):
-        raise GmtsError(f"{where}: field '{name}' has a non-finite value")
-    return [float(x) for x in v]
-
-
-_KNOWN = {"prompt", "prompt_ids", "response", "response_ids", "reward", "group_id", "answer_id", "step",
-          "old_logprobs", "ref_logprobs", "domain"}
-
+# ---------------------------------------------------------------- public entry points
 
 def read_rollouts(
     path: str | Path,
     tokenizer: Any = None,
     fmt: str = "auto",
-    verifier: Callable[[list[str], list[str]], list[float]] | None = None,
-) -> list[Answer]:
-    """Read a rollouts file into answers with token ids.
+    verifier: Callable[..., list] | None = None,
+    options: Any = None,
+) -> Rollouts:
+    """Read a rollouts file or directory into answers with token ids.
 
-    Text prompts are tokenized with the tokenizer's special tokens, text responses without
-    them, and concatenated (SPEC section 7). Ids are used as given. ``verifier`` (a TRL-shaped
-    reward function ``(prompts, completions, **kwargs) -> list[float]``) scores answers whose
-    ``reward`` is missing. Groups default to answers with the same prompt (and step).
+    ``options``: a :class:`ReaderOptions` or any object with its fields (a ProbeConfig);
+    ``fmt`` is used when the options do not name a format. ``verifier`` (a TRL-shaped reward
+    function called with ``prompts=``, ``completions=``, ``completion_ids=`` and the rows'
+    other columns) scores answers without a reward. Groups: ``group_id`` (verl: ``uid``),
+    else consecutive blocks of ``num_generations`` rows, else the same prompt and step.
     """
-    path = Path(path)
-    if fmt not in FORMATS:
-        raise GmtsError(f"--format: unknown format '{fmt}' (choose from {', '.join(FORMATS)})")
-    rows = _read_rows(path)
-    if not rows:
-        raise GmtsError(f"{path}: no rollouts in the file (empty input)")
-    if fmt == "auto":
-        fmt = detect_format(rows)
-    rows = _normalize(rows, fmt)
-    unit = "row" if path.suffix == ".parquet" else "line"
-    return _answers_from_rows(rows, tokenizer, verifier, f"{path}: {unit}", str(path))
+    opts = _options(options, fmt)
+    files = rollout_files(path, opts.steps)
+    spec = RewardSpec.from_options(opts.reward_columns, opts.reward_weights)
+    state = _ReadState(opts, spec)
+    rows = _file_rows(files, opts, state)
+    answers = _build(rows, tokenizer, verifier, opts, state, str(path))
+    state.report["files"] = [f.path.name for f in files][:50]
+    state.report["n_files"] = len(files)
+    return answers
 
 
 def read_rollouts_rows(
     rows: Sequence[dict],
     tokenizer: Any = None,
-    verifier: Callable[[list[str], list[str]], list[float]] | None = None,
+    verifier: Callable[..., list] | None = None,
     where: str = "rollouts",
-) -> list[Answer]:
-    """Like :func:`read_rollouts` for rows already in memory (gmts fields); ``where`` names them in errors."""
+    fmt: str = "gmts",
+    options: Any = None,
+) -> Rollouts:
+    """Like :func:`read_rollouts` for rows already in memory (dicts, e.g. a DataFrame's records);
+    ``fmt`` as ``--format`` (default: gmts field names); ``where`` names them in errors."""
+    opts = _options(options, fmt)
     if not rows:
         raise GmtsError(f"{where}: no rollouts (empty input)")
-    return _answers_from_rows([(i + 1, r) for i, r in enumerate(rows)], tokenizer, verifier, f"{where}: row", where)
+    spec = RewardSpec.from_options(opts.reward_columns, opts.reward_weights)
+    state = _ReadState(opts, spec)
+    numbered = []
+    for i, r in enumerate(rows):
+        if not isinstance(r, dict):
+            raise GmtsError(f"{where}: row {i + 1}: expected a dict of fields, got {type(r).__name__}")
+        numbered.append((i + 1, {str(k): _py(v) for k, v in r.items()}))
+    from gmts_analysis.readers.sources import RolloutFile
+
+    keys: list[str] = []
+    for _, r in numbered:
+        keys.extend(k for k in r if k not in keys)
+    rf = RolloutFile(Path(where), "rows", None, keys,
+                     {k for k in keys if all(_number_or_none(r.get(k)) for _, r in numbered)})
+    it = _one_file(rf, iter(numbered), opts, state, unit=f"{where}: row")
+    return _build(it, tokenizer, verifier, opts, state, where)
 
 
-def _answers_from_rows(
-    rows: list[tuple[int, dict]],
-    tokenizer: Any,
-    verifier: Callable | None,
-    unit: str,
-    source: str,
-) -> list[Answer]:
+def _options(options: Any, fmt: str) -> ReaderOptions:
+    opts = options if isinstance(options, ReaderOptions) else ReaderOptions.from_config(options)
+    if opts.format in (None, "auto") and fmt not in (None, "auto"):
+        opts = dataclasses.replace(opts, format=fmt)
+    if opts.format not in FORMATS:
+        raise GmtsError(f"--format: unknown format '{opts.format}' (choose from {', '.join(FORMATS)})")
+    if opts.num_generations is not None:
+        g = opts.num_generations
+        if isinstance(g, bool) or not isinstance(g, int) or g < 1:
+            raise GmtsError(f"--num-generations: must be a positive integer, got {g!r}")
+    return opts
+
+
+def _number_or_none(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _py(v: Any) -> Any:
+    """numpy/pandas scalars and arrays -> plain Python; a NaN field (pandas' missing value) -> None."""
+    if v is None:
+        return None
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()
+        if isinstance(v, list):
+            return [_py(x) for x in v]
+        return v
+    if isinstance(v, dict):
+        return {k: _py(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_py(x) for x in v]
+    return v.item() if hasattr(v, "item") and not isinstance(v, (str, bytes)) else v
+
+
+# ---------------------------------------------------------------- rows of all files
+
+class _ReadState:
+    def __init__(self, opts: ReaderOptions, spec: RewardSpec) -> None:
+        self.opts = opts
+        self.spec = spec
+        self.fmt: str | None = None
+        self.trl_spec: RewardSpec | None = None
+        self.step_type: type | None = None
+        self.wanted = parse_steps(opts.steps)
+        self.group_source = "group_id"
+        self.report: dict = {}
+
+
+def _file_rows(files: list, opts: ReaderOptions, state: _ReadState) -> Iterator[tuple[str, dict]]:
+    for rf in files:
+        yield from _one_file(rf, iter_rows(rf), opts, state, unit=f"{rf.path}: {rf.unit}")
+
+
+def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, state: _ReadState,
+              unit: str) -> Iterator[tuple[str, dict]]:
+    first = next(rows, None)
+    if first is None:
+        raise GmtsError(f"{rf.path}: no rollouts in the file (empty input)")
+    if not rf.columns:
+        rf.columns = list(first[1])
+    fmt = opts.format if opts.format != "auto" else _detect_keys(rf.columns)
+    if state.fmt is None:
+        state.fmt = fmt
+    elif fmt != state.fmt:
+        raise GmtsError(f"{rf.path}: a {fmt} file among {state.fmt} files (one format per rollouts directory)")
+    spec: RewardSpec | None = state.spec
+    if fmt == "trl":  # the first file decides the columns when none are named; later files must hold them
+        spec = resolve_trl_rewards(state.trl_spec or state.spec, rf)
+        state.trl_spec = spec
+    elif spec.columns is not None:
+        missing = [c for c in spec.columns if c not in rf.columns]
+        if missing:
+            raise GmtsError(f"{rf.path}: --reward-columns: no column '{missing[0]}' (columns: {', '.join(rf.columns)})")
+    G = opts.num_generations
+    count = 0
+    for n, row in _chain(first, rows):
+        where = f"{unit} {n}"
+        m = normalize_row(row, fmt, spec, where)
+        step = check_step(m.get("step"), where)
+        if step is None:
+            step = rf.name_step
+        if step is not None:
+            t = int if isinstance(step, int) else str
+            if state.step_type is None:
+                state.step_type = t
+            elif t is not state.step_type:
+                raise GmtsError(f"{where}: field 'step' is {step!r}, but earlier steps are "
+                                f"{'integers' if state.step_type is int else 'text'} (one type for all steps)")
+        m["step"] = step
+        index_in_file = count
+        count += 1
+        if G is not None and m.get("group_id") is None:
+            m["group_id"] = f"{step}:{index_in_file // G}" if step is not None else index_in_file // G
+            m["_group_from"] = "num_generations"
+        elif m.get("group_id") is not None:
+            m["_group_from"] = "uid" if fmt == "verl" and row.get("uid") is not None else "group_id"
+        if state.wanted is not None:
+            s = step if isinstance(step, int) else int(step) if isinstance(step, str) and step.isdigit() else None
+            if s not in state.wanted:
+                continue
+        yield where, m
+    if G is not None and count % G:
+        raise GmtsError(f"{rf.path}: {count} rows are not whole groups of --num-generations {G} "
+                        f"({count % G} left over)")
+
+
+def _chain(first: Any, rest: Iterator) -> Iterator:
+    yield first
+    yield from rest
+
+
+# ---------------------------------------------------------------- answers
+
+def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable | None, opts: ReaderOptions,
+           state: _ReadState, source: str) -> Rollouts:
+    ctx = Contextualizer(tokenizer, opts.chat_template, opts.max_completion_length, opts.max_tokens, opts.truncate)
     answers: list[Answer] = []
     need_verify: list[int] = []
-    for idx, (n, r) in enumerate(rows):
-        where = f"{unit} {n}"
-        prompt, response = r.get("prompt"), r.get("response")
-        prompt_ids = _resolve_ids(r, "prompt", tokenizer, where, add_special_tokens=True)
-        response_ids = _resolve_ids(r, "response", tokenizer, where, add_special_tokens=False)
+    raw_for_verifier: list[dict] = []
+    group_from: set[str] = set()
+    for idx, (where, r) in enumerate(rows):
+        prompt_ids = ctx.prompt_ids(r, where)
+        response_ids = ctx.response_ids(r, where)
         if not prompt_ids:
             raise GmtsError(f"{where}: empty prompt (a response needs at least one preceding token)")
         reward = r.get("reward")
         if reward is None:
             if verifier is None:
-                raise GmtsError(f"{where}: missing field 'reward' (or name a verifier with --verifier)")
+                if r.get("_source") == "trl":
+                    raise GmtsError(f"{where}: no reward: the TRL table has no numeric reward column (name them with "
+                                    "--reward-columns, or score answers with --verifier)")
+                name = (r.get("_missing") or {}).get("reward", "reward")
+                raise GmtsError(f"{where}: missing field '{name}' (or name a verifier with --verifier)")
             need_verify.append(idx)
             reward = float("nan")
-        elif isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise GmtsError(f"{where}: field 'reward' must be a number, got {reward!r}")
-        elif not math.isfinite(reward):
-            raise GmtsError(f"{where}: field 'reward' is {reward} (must be finite)")
-        old = r.get("old_logprobs")
-        ref = r.get("ref_logprobs")
-        ans = Answer(
+        else:
+            reward = check_reward(reward, where, (r.get("_missing") or {}).get("reward", "reward"))
+        old, ref = r.get("old_logprobs"), r.get("ref_logprobs")
+        prompt, response = r.get("prompt"), r.get("response")
+        extra = {}
+        for k, v in r.items():
+            if k in GMTS_FIELDS or k.startswith("_") or not isinstance(v, (int, float, str, bool)):
+                continue
+            extra[k] = check_text(v, where, k) if isinstance(v, str) else v
+        if r.get("_source") in ("trl", "verl") and r.get("response_ids") is None:
+            extra["eos_restored"] = bool(response_ids) and response_ids[-1] == ctx.report.eos_token_id \
+                and ctx.report.eos_token_id is not None
+        logged = r.get("logged_advantage")
+        if logged is not None:
+            logged = check_reward(logged, where, "advantage")
+            extra["logged_advantage"] = logged
+        domain = r.get("domain")
+        if domain is not None and not isinstance(domain, str):
+            raise GmtsError(f"{where}: field 'domain' must be text, got {type(domain).__name__}")
+        a = Answer(
             answer_id=r["answer_id"] if r.get("answer_id") is not None else idx,
             group_id=r.get("group_id"),
             prompt_ids=prompt_ids,
@@ -264,35 +342,86 @@ def _answers_from_rows(
             prompt=prompt if isinstance(prompt, str) else None,
             response=response if isinstance(response, str) else None,
             step=r.get("step"),
-            domain=r.get("domain"),
-            old_logprobs=None if old is None else _floats(old, where, "old_logprobs", len(response_ids)),
-            ref_logprobs=None if ref is None else _floats(ref, where, "ref_logprobs", len(response_ids)),
-            extra={k: v for k, v in r.items() if k not in _KNOWN and isinstance(v, (int, float, str, bool))},
+            domain=domain,
+            old_logprobs=None if old is None else check_logprobs(old, where, "old_logprobs", len(response_ids)),
+            ref_logprobs=None if ref is None else check_logprobs(ref, where, "ref_logprobs", len(response_ids)),
+            extra=extra,
             where=where,
+            logged_advantage=logged,
         )
-        answers.append(ans)
-
+        if isinstance(a.answer_id, (list, dict, float)) or isinstance(a.group_id, (list, dict)):
+            raise GmtsError(f"{where}: fields 'answer_id' and 'group_id' must be integers or text")
+        if r.get("_group_from"):
+            group_from.add(r["_group_from"])
+        answers.append(a)
+        if need_verify and need_verify[-1] == idx:
+            raw_for_verifier.append(r)
+    if not answers:
+        raise GmtsError(f"{source}: no rollouts" + (" at the chosen --steps" if state.wanted is not None else
+                                                    " (empty input)"))
     if need_verify:
-        sel = [answers[i] for i in need_verify]
-        prompts = [a.prompt if a.prompt is not None else _decode(tokenizer, a.prompt_ids) for a in sel]
-        comps = [a.response if a.response is not None else _decode(tokenizer, a.response_ids) for a in sel]
-        kwargs = {"domain": [a.domain for a in sel]}
-        scores = verifier(prompts, comps, **kwargs)
-        for a, s in zip(sel, scores):
-            a.reward = float(s)
-
+        _verify([answers[i] for i in need_verify], raw_for_verifier, verifier)
+    if any(a.group_id is None for a in answers):
+        group_from.add("prompt")
     _fill_groups(answers)
     ids = [str(a.answer_id) for a in answers]
     if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
         raise GmtsError(f"{source}: field 'answer_id' is not unique ('{dup}' appears more than once)")
-    return answers
+    report = {
+        "format": state.fmt,
+        "n_answers": len(answers),
+        "steps": sorted({a.step for a in answers if a.step is not None}, key=str)[:100],
+        "reward": _reward_note(state),
+        "groups": sorted(group_from),
+        "num_generations": opts.num_generations,
+        "chat_template": opts.chat_template,
+        "context": ctx.report.to_dict(),
+        "restored": ctx.report.lines(),
+    }
+    for line in ctx.report.lines():
+        (log.warning if line.startswith(("could not", "no --max")) else log.info)(line)
+    if "prompt" in group_from and state.fmt == "trl":
+        log.info("TRL rows grouped by identical (step, prompt); pass --num-generations G to use TRL's "
+                 "consecutive blocks of G rows")
+    state.report.update(report)
+    out = Rollouts(answers, state.report)
+    return out
 
 
-def _decode(tokenizer: Any, ids: list[int]) -> str:
-    if tokenizer is None:
-        return ""
-    return tokenizer.decode(ids, skip_special_tokens=True)
+def _reward_note(state: _ReadState) -> dict:
+    spec = state.trl_spec if state.fmt == "trl" else state.spec
+    if spec is None or spec.columns is None:
+        return {"columns": None, "field": {"verl": "score", "trl": None}.get(state.fmt or "", "reward")}
+    return {"columns": spec.columns, "weights": spec.weights or [1.0] * len(spec.columns), "chosen": spec.chosen}
+
+
+def _verify(sel: list[Answer], rows: list[dict], verifier: Callable) -> None:
+    """Score answers with a TRL-shaped reward function, called with keywords as TRL calls it."""
+    prompts = [r.get("prompt") for r in rows]
+    comps = [r.get("response") for r in rows]
+    kwargs: dict[str, list] = {}
+    for r in rows:
+        for k in r:
+            if k not in ("prompt", "response", "prompt_ids", "response_ids", "reward") and not k.startswith("_"):
+                kwargs.setdefault(k, [])
+    for k in kwargs:
+        kwargs[k] = [r.get(k) for r in rows]
+    try:
+        scores = verifier(prompts=prompts, completions=comps, completion_ids=[a.response_ids for a in sel], **kwargs)
+    except GmtsError:
+        raise
+    except Exception as e:
+        raise GmtsError(f"--verifier: the reward function failed ({type(e).__name__}: {str(e)[:160]})") from None
+    scores = list(scores)
+    if len(scores) != len(sel):
+        raise GmtsError(f"--verifier: returned {len(scores)} rewards for {len(sel)} answers")
+    for a, s in zip(sel, scores):
+        if s is None:
+            raise GmtsError(f"{a.where}: the verifier skipped this answer (returned None); an unscorable answer "
+                            "(TRL trains it with advantage 0) is not modelled")
+        a.reward = check_reward(s, a.where, "reward (from --verifier)")
 
 
 def _fill_groups(answers: list[Answer]) -> None:

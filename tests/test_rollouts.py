@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rollouts import read_rollouts, validate_against_model
+from gmts_analysis.rollouts import ReaderOptions, read_rollouts, validate_against_model
 from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
 
@@ -61,9 +61,12 @@ def test_parquet_and_verl_and_trl(tmp_path, tok):
     trl = pd.DataFrame({"step": [1, 1], "prompt": ["p", "p"], "completion": ["c1", "c2"],
                         "accuracy_reward": [1.0, 0.0], "format_reward": [0.5, 0.5], "advantage": [0.7, -0.7]})
     trl.to_parquet(tmp_path / "trl.parquet")
-    ans = read_rollouts(tmp_path / "trl.parquet", tok, fmt="trl")
+    with pytest.raises(GmtsError, match="several numeric columns could be rewards .accuracy_reward, format_reward"):
+        read_rollouts(tmp_path / "trl.parquet", tok, fmt="trl")
+    ans = read_rollouts(tmp_path / "trl.parquet", tok, fmt="trl",
+                        options=ReaderOptions(reward_columns="accuracy_reward,format_reward"))
     assert [a.reward for a in ans] == [1.5, 0.5]
-    assert ans[0].extra["advantage_logged"] == 0.7
+    assert ans[0].logged_advantage == 0.7 and ans[0].extra["logged_advantage"] == 0.7
 
 
 def test_verifier_scores_missing_rewards(tmp_path, tok):
