@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gmts_analysis.errors import GmtsError
+
 
 def opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
@@ -32,9 +34,13 @@ class ProbeOptions:
     temperature: float = opt(1.0, "sampling temperature tau: p = softmax(z / tau)")
     advantage: str = opt("group", "advantage estimator (docs/definitions.md section 3)",
                          choices=("group", "batch", "none", "logged"))
-    loss_agg: str = opt("token-mean", "loss aggregation weights (docs/definitions.md section 3)",
-                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"))
-    max_len: int = opt(None, "generation budget L_max for seq-mean-token-sum-norm (default: longest answer)")
+    loss_agg: str = opt("token-mean", "per-token loss weight w (docs/definitions.md section 3): token-mean "
+                        "1/sum_j L_j, seq-mean-token-mean 1/(N L_i), seq-mean-token-sum-norm 1/(N L_max), and "
+                        "verl's seq-mean-token-sum 1/N, token-sum 1",
+                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                                 "seq-mean-token-sum", "token-sum"))
+    max_len: int = opt(None, "generation budget L_max in tokens for seq-mean-token-sum-norm (default: "
+                       "--max-completion-length, else the longest answer)")
     loss_type: str = opt(None, "TRL loss_type that was trained: grpo | bnpo | dapo | dr_grpo (sets --loss-agg; "
                          "TRL's bias-corrected KL); cispo, sapo, vespo, luspo are refused")
     clip_low: float = opt(0.2, "PPO clip epsilon below 1 (off-policy omega; TRL epsilon, verl clip_ratio_low)")
@@ -59,6 +65,23 @@ class ProbeOptions:
                         choices=("auto", "on", "off"))
     verifier: str = opt(None, "score answers without a reward: a toy domain name, or 'domain' to use each row's domain")
     truncate: bool = opt(False, "cut responses that do not fit the model's context instead of failing")
+    steps: str = opt(None, "read only these training steps of a rollouts directory: '10,20' or ranges '10-30'")
+    reward_columns: str = opt(None, "TRL tables: the reward-function columns NAME[,NAME...] whose weighted sum "
+                              "(NaN skipped, as TRL) is the reward; required when several columns are numeric")
+    reward_weights: str = opt(None, "TRL reward_weights for --reward-columns, W[,W...] (default: 1 each)")
+    num_generations: int = opt(None, "answers per prompt G: consecutive blocks of G rows are one group when the "
+                               "rows have no group id (as TRL logs them)")
+    chat_template: str = opt("auto", "message-list prompts through the tokenizer's chat template with the "
+                             "generation prompt; auto: message lists (and verl prompts it matches), on: also text "
+                             "prompts, off: never", choices=("auto", "on", "off"))
+    max_completion_length: int = opt(None, "the trainer's completion length limit: TRL/verl text responses "
+                                     "shorter than it get their stop token (EOS) back, those reaching it do not")
+    mask_truncated_completions: bool = opt(False, "TRL's mask_truncated_completions: answers that do not end "
+                                           "with a stop token (EOS or pad) get loss weight 0 and leave the "
+                                           "token-mean denominator; their rewards still enter the baselines")
+    rho: float = opt(0.2, "keep fraction of the token selections (TRL's top_entropy_quantile) used by the report, "
+                     "update fidelity and the headline top-k overlap; the statistics also report their grid "
+                     "0.05, 0.1, 0.2, 0.3, 0.5")
     seed: int = opt(0, "seed for sketches, bootstrap and random selections")
 
     def options(self) -> "ProbeOptions":
@@ -73,13 +96,18 @@ class JobSettings:
     model: str = opt("small", "model directory, hub id, or a shipped policy: tiny | small", required=True)
     rollouts: str = opt(None, "rollouts file (.jsonl or .parquet; docs/definitions.md section 7)", required=True)
     out: str = opt(None, "output run directory", required=True)
-    figures: bool = opt(True, "render figures/ and report.html", flag_off="--no-figures")
+    figures: bool = opt(True, "render figures/ and report.html", flag_off="--no-figures",
+                        help_off="skip figures/ and report.html (default: both are written)")
     overwrite: bool = opt(False, "replace an existing output directory (default: resume a run of the same "
                           "model, rollouts and configuration; refuse anything else)")
     strict: bool = opt(False, "stop at the first answer that fails (default: record it in errors.jsonl and go on)")
     answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
                                  "at most one record per rank")
-    quiet: bool = opt(False, "no progress bars")
+    quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr")
+    offline: bool = opt(False, "never download: a hub --model must already be in the local Hugging Face cache "
+                        "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
+    config_file: str = opt(None, "the --config YAML file the options were read from", cli=False)
+    aliases: dict = opt(None, "TRL/verl option names used, mapped to ours ({name: our option})", cli=False)
 
 
 @dataclass
@@ -106,19 +134,64 @@ def option_names() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(ProbeOptions))
 
 
+def check_options(opts: ProbeOptions) -> None:
+    """Refuse a value of the wrong type or outside its choices (what argparse checks for the CLI)."""
+    for f in dataclasses.fields(ProbeOptions):
+        v = getattr(opts, f.name)
+        if v is None:
+            continue
+        choices = f.metadata.get("choices")
+        if choices and v not in choices:
+            raise GmtsError(f"option {f.name}={v!r}: choose from {', '.join(map(str, choices))}")
+        ok = {"int": lambda x: isinstance(x, int) and not isinstance(x, bool),
+              "float": lambda x: isinstance(x, (int, float)) and not isinstance(x, bool),
+              "bool": lambda x: isinstance(x, bool)}.get(str(f.type), lambda x: True)
+        if not ok(v):
+            raise GmtsError(f"option {f.name}={v!r}: expected {f.type}, got {type(v).__name__}")
+
+
+def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> ProbeOptions:
+    """:class:`ProbeOptions` from keyword arguments named like the probe flags in snake_case.
+
+    An unknown name is refused with a :class:`GmtsError` naming it (and the closest option);
+    so is a job setting (``out``, ``overwrite``, ...), which has no meaning for an in-memory probe.
+    """
+    import difflib
+
+    names = option_names()
+    jobs = {f.name for f in dataclasses.fields(JobSettings)}
+    for k in kwargs:
+        if k in names:
+            continue
+        if k in jobs:
+            raise GmtsError(f"{where}: '{k}' is a job setting of `gmts probe`, not a probe option "
+                            "(save with run.save(path); options: " + ", ".join(names) + ")")
+        close = difflib.get_close_matches(k, names, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise GmtsError(f"{where}: unknown option '{k}'{hint}; options: " + ", ".join(names))
+    opts = ProbeOptions(**kwargs)
+    check_options(opts)
+    return opts
+
+
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
-    """Add one ``--flag`` per dataclass field (bools become switches)."""
+    """Add one ``--flag`` per dataclass field (bools become switches), each in its ``--help``
+    group (:func:`gmts_analysis.options.help_group`) with its default stated."""
+    from gmts_analysis.options import help_group
+
     for f in dataclasses.fields(cls):
-        if f.name in skip:
+        if f.name in skip or f.metadata.get("cli") is False:
             continue
         flag = "--" + f.name.replace("_", "-")
         md = f.metadata
+        where = help_group(parser, f.name)
         kw: dict[str, Any] = {"help": md.get("help", ""), "dest": f.name}
         if f.type in (bool, "bool"):
             if md.get("flag_off"):
-                parser.add_argument(md["flag_off"], action="store_false", dest=f.name, help=f"do not: {kw['help']}")
+                where.add_argument(md["flag_off"], action="store_false", dest=f.name,
+                                   help=md.get("help_off") or f"skip: {kw['help']} (default: done)")
                 continue
-            parser.add_argument(flag, action="store_true", **kw)
+            where.add_argument(flag, action="store_true", help=f"{kw['help']} (default: off)", dest=f.name)
             continue
         typ = {"int": int, "float": float, int: int, float: float}.get(f.type, str)
         kw["type"] = typ
@@ -128,9 +201,9 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
             kw["required"] = True
         else:
             kw["default"] = f.default
-            if f.default is not None:
-                kw["help"] += f" (default: {f.default})"
-        parser.add_argument(flag, **kw)
+            if "default" not in kw["help"]:
+                kw["help"] += f" (default: {'none' if f.default is None else f.default})"
+        where.add_argument(flag, **kw)
 
 
 def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:

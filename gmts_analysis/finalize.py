@@ -1,5 +1,10 @@
-"""Finish a run directory: statistics, update fidelity, manifest, figures and report
-(SPEC section 8), written atomically: the directory appears complete or not at all."""
+"""Finish a probe: statistics, update fidelity and manifest (:func:`analyse`), then a run
+directory with figures and report (:func:`write_run_dir`, docs/definitions.md section 8),
+written atomically: the directory appears complete or not at all.
+
+The job (:func:`write_run`) and the Python API (:func:`gmts_analysis.api.probe`,
+``Run.save``) both go through these functions.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,10 @@ from typing import Sequence
 
 import torch
 
-from gmts_analysis.config import ProbeConfig
+from gmts_analysis.config import ProbeConfig, ProbeOptions
 from gmts_analysis.kernel import ProbeResult
 from gmts_analysis.rollouts import Answer
+from gmts_analysis.runs import RunTables, json_normalise, write_tables
 
 
 def package_versions() -> dict[str, str]:
@@ -31,9 +37,10 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, result: ProbeResult,
+def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, result: ProbeResult,
                    extra: dict | None = None) -> dict:
-    """The run's metadata (SPEC section 8)."""
+    """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``cfg``
+    (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`)."""
     from gmts_analysis.models import trainable_parameters
 
     dev = next(model.parameters()).device
@@ -65,7 +72,7 @@ def build_manifest(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, re
     return m
 
 
-def fidelity_enabled(cfg: ProbeConfig, n_tokens: int) -> bool:
+def fidelity_enabled(cfg: ProbeOptions, n_tokens: int) -> bool:
     if cfg.fidelity == "on":
         return True
     if cfg.fidelity == "off" or cfg.grad_norm == "none":
@@ -73,14 +80,9 @@ def fidelity_enabled(cfg: ProbeConfig, n_tokens: int) -> bool:
     return n_tokens < 100_000
 
 
-def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
-              result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
-    """Statistics, fidelity, manifest, figures and report; the directory appears complete or not at all.
-
-    ``extra_files`` maps file names to text written into the run directory too (e.g. the
-    sampled ``rollouts.jsonl`` of ``gmts run``).
-    """
-    from gmts_analysis import io
+def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult) -> dict:
+    """The stats.json dict of a probe result: statistics, and update fidelity when enabled
+    (:func:`fidelity_enabled`; needs the model). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
     from gmts_analysis.stats import compute_stats
 
     t0 = time.perf_counter()
@@ -92,24 +94,49 @@ def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers
         t0 = time.perf_counter()
         stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats))
         result.timings["fidelity_s"] = time.perf_counter() - t0
+    return stats
+
+
+def finish_result(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+                  result: ProbeResult, extra: dict | None = None) -> RunTables:
+    """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written)."""
+    stats = analyse(cfg, model, answers, result)
     manifest = build_manifest(cfg, model, model_path, result, extra)
-    with io.staged_directory(cfg.out, overwrite=cfg.overwrite) as tmp:
-        io.atomic_write_parquet(tmp / "tokens.parquet", result.tokens)
-        io.atomic_write_parquet(tmp / "answers.parquet", result.answers)
-        if result.grad_groups is not None:
-            io.atomic_write_parquet(tmp / "grad_groups.parquet", result.grad_groups)
-        io.atomic_write_json(tmp / "stats.json", stats)
-        io.atomic_write_json(tmp / "manifest.json", manifest)
+    return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),
+                     manifest=json_normalise(manifest), grad_groups=result.grad_groups)
+
+
+def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwrite: bool = False,
+                  extra_files: dict[str, str] | None = None) -> Path:
+    """Write ``run`` as a complete run directory ``out``: contract files, ``extra_files``
+    (name -> text), and with ``figures`` the figures/ and report.html. The directory appears
+    complete or not at all; an existing non-empty ``out`` is refused unless ``overwrite``.
+    ``run.manifest["timings"]["figures_s"]`` is set when figures are drawn."""
+    from gmts_analysis import io
+
+    with io.staged_directory(out, overwrite=overwrite) as tmp:
+        write_tables(tmp, run)
         for name, text in (extra_files or {}).items():
             io.atomic_write_text(tmp / name, text)
-        if cfg.figures:
+        if figures:
             from gmts_analysis.plots import render_all
             from gmts_analysis.report import write_report
 
             t0 = time.perf_counter()
             render_all(tmp)
             write_report(tmp)
-            manifest["timings"]["figures_s"] = time.perf_counter() - t0
-            io.atomic_write_json(tmp / "manifest.json", manifest)
-    return Path(cfg.out)
+            run.manifest.setdefault("timings", {})["figures_s"] = time.perf_counter() - t0
+            io.atomic_write_json(tmp / "manifest.json", run.manifest)
+    return Path(out)
 
+
+def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+              result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Statistics, fidelity, manifest, figures and report into ``cfg.out``; the directory
+    appears complete or not at all.
+
+    ``extra_files`` maps file names to text written into the run directory too (e.g. the
+    sampled ``rollouts.jsonl`` of ``gmts run``).
+    """
+    run = finish_result(cfg, model, model_path, answers, result, extra)
+    return write_run_dir(run, cfg.out, figures=cfg.figures, overwrite=cfg.overwrite, extra_files=extra_files)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.runs import RunTables
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,7 @@ DEFAULT_RUN_DIR = "data/example_run"
 # ------------------------------------------------------------------------ run directory
 
 
-@dataclass
-class Run:
-    """The tables of a run directory (SPEC section 8)."""
-
-    path: Path
-    tokens: pd.DataFrame
-    answers: pd.DataFrame | None = None
-    stats: dict = field(default_factory=dict)
-    manifest: dict = field(default_factory=dict)
+Run = RunTables  # a run's tables; the one home is gmts_analysis.runs
 
 
 def default_run_dir() -> Path:
@@ -63,23 +55,16 @@ def default_run_dir() -> Path:
 
 
 def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bool = True) -> Run:
-    """Read tokens/answers parquet, stats.json and manifest.json of a run directory.
+    """Read a run directory (default: :func:`default_run_dir`) with :func:`gmts_analysis.runs.read_run`.
 
     stats.json is computed (and not written) when absent and ``compute_missing_stats``.
     """
-    from gmts_analysis.io import read_json, read_parquet
-    from gmts_analysis.stats import compute_stats, prepare_tokens
+    from gmts_analysis.runs import read_run
 
     path = Path(run_dir) if run_dir is not None else default_run_dir()
     if not path.is_dir():
         raise GmtsError(f"{path}: no such run directory (set GMTS_RUN_DIR or pass a path)")
-    answers = read_parquet(path / "answers.parquet") if (path / "answers.parquet").exists() else None
-    tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
-    stats = read_json(path / "stats.json") if (path / "stats.json").exists() else {}
-    if not stats and compute_missing_stats:
-        stats = compute_stats(tokens, answers)
-    manifest = read_json(path / "manifest.json") if (path / "manifest.json").exists() else {}
-    return Run(path=path, tokens=tokens, answers=answers, stats=stats, manifest=manifest)
+    return read_run(path, compute_missing_stats)
 
 
 # ------------------------------------------------------------------------------ helpers
@@ -445,13 +430,16 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf")
     return out
 
 
-def render_all(run_dir: str | os.PathLike, to: str | os.PathLike | None = None) -> list[Path]:
-    """Render every figure of a run directory as PNG and PDF into ``to`` (default RUN_DIR/figures).
+def render_all(run_dir: str | os.PathLike | Run, to: str | os.PathLike | None = None) -> list[Path]:
+    """Render every figure of a run (a directory, or a run in memory) as PNG and PDF into ``to``
+    (default RUN_DIR/figures).
 
     Figures that cannot be drawn (e.g. update fidelity when the probe did not compute it)
     are skipped with a log line. Returns the written paths.
     """
-    run = load_run(run_dir)
+    run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
+    if to is None and run.path is None:
+        raise GmtsError("render_all: this run has no directory; say where to write the figures")
     out_dir = Path(to) if to is not None else run.path / "figures"
     out_dir.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []

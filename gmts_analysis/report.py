@@ -20,6 +20,7 @@ import io as _io
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,21 @@ MAX_TOKENS = 400  # tokens shown per answer
 RHO = 0.2
 
 
+# characters that reorder or hide text: bidi embeddings/overrides/isolates and marks, C0/C1 controls
+# (tab and newline excepted), DEL, lone surrogates; shown as <U+XXXX> instead of acting on the page
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+                        "\ud800-\udfff]")
+
+
+def visible(s: str) -> str:
+    """``s`` with control and bidi-formatting characters replaced by visible ``<U+XXXX>`` markers."""
+    return _INVISIBLE.sub(lambda m: f"<U+{ord(m.group()):04X}>", s)
+
+
 def _e(x: Any) -> str:
-    """HTML-escape any value (quotes too, so it is safe in attributes)."""
-    return html.escape("" if x is None else str(x), quote=True)
+    """HTML-escape any value (quotes too, so it is safe in attributes); control and bidi
+    characters become visible ``<U+XXXX>`` markers (:func:`visible`)."""
+    return html.escape(visible("" if x is None else str(x)), quote=True)
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -212,14 +225,14 @@ FIGURE_CAPTIONS = {
 }
 
 
-def _figures_section(run_dir: Path, run: Any) -> str:
+def _figures_section(run_dir: Path | None, run: Any) -> str:
     from gmts_analysis.plots import FIGURES
 
-    figdir = run_dir / "figures"
+    figdir = run_dir / "figures" if run_dir is not None else None
     items = []
     for name in FIGURES:
-        png = figdir / f"{name}.png"
-        data = png.read_bytes() if png.exists() else _render_png(name, run)
+        png = figdir / f"{name}.png" if figdir is not None else None
+        data = png.read_bytes() if png is not None and png.exists() else _render_png(name, run)
         if data is None:
             continue
         b64 = base64.b64encode(data).decode("ascii")
@@ -383,15 +396,20 @@ JS = """
 """
 
 
-def render_report(run_dir: str | os.PathLike, max_answers: int = MAX_ANSWERS) -> str:
-    """The report of a run directory as one HTML string (see module docstring)."""
+def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
+    """The report of a run (a directory, or a run in memory) as one HTML string (see module docstring)."""
     from gmts_analysis.plots import load_run
+    from gmts_analysis.runs import RunTables
 
-    run = load_run(run_dir)
+    run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
     # the probe writes the report inside a staging directory: name the run after its final place
     out = run.manifest.get("config", {}).get("out") if isinstance(run.manifest.get("config"), Mapping) else None
-    staging = run.path.name.endswith(".partial") or run.path.name.endswith(".gmts-work")
-    title = f"gmts report: {Path(str(out)).name if (out and staging) else run.path.name}"
+    if run.path is None:
+        name = "run in memory"
+    else:
+        staging = run.path.name.endswith(".partial") or run.path.name.endswith(".gmts-work")
+        name = Path(str(out)).name if (out and staging) else run.path.name
+    title = f"gmts report: {name}"
     model = run.manifest.get("model") or run.manifest.get("model_path") or ""
     parts = [
         "<!DOCTYPE html>",

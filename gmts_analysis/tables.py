@@ -27,11 +27,13 @@ def id_column(values: list) -> list:
 
 
 def answers_table(answers: Sequence["Answer"], coefs: Sequence[Any]) -> pd.DataFrame:
-    """One row per answer (SPEC section 8): ids, reward, advantage, length, texts, extras."""
+    """One row per answer (docs/definitions.md section 8): ids, reward, advantage, length, the token
+    ids exactly as probed (``prompt_ids``, ``response_ids``), texts, extras."""
     rows = []
     for a, c in zip(answers, coefs):
         row = {"answer_id": a.answer_id, "group_id": a.group_id, "reward": a.reward, "advantage": c.advantage,
-               "length": a.length, "loss_weight": c.loss_weight, "prompt": a.prompt, "response": a.response}
+               "length": a.length, "loss_weight": c.loss_weight, "prompt_ids": [int(i) for i in a.prompt_ids],
+               "response_ids": [int(i) for i in a.response_ids], "prompt": a.prompt, "response": a.response}
         if a.domain is not None:
             row["domain"] = a.domain
         if a.step is not None:

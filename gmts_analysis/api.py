@@ -1,0 +1,256 @@
+"""The Python API (docs/definitions.md section 10): one call, one result object.
+
+    import gmts_analysis as gmts
+    run = gmts.probe("tiny", "rollouts.jsonl", grad_norm="exact")   # or a loaded model + tokenizer=
+    run.tokens, run.answers, run.stats, run.manifest                 # tables and dicts, in memory
+    run.figure("within_vs_cross"); run.report()                      # drawn in memory
+    run.save("runs/mine")                                            # a complete run directory
+    gmts.load_run("runs/mine")                                       # the same object back
+
+``options`` are the ``gmts probe`` flags in snake_case (:class:`gmts_analysis.config.ProbeOptions`);
+job settings (``out``, ``overwrite``, resume) belong to the CLI job and ``Run.save``.
+:func:`probe` runs the same kernel and the same statistics as ``gmts probe``
+(:mod:`gmts_analysis.kernel`, :mod:`gmts_analysis.finalize`), in one process, without files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from gmts_analysis.config import ProbeOptions, options_from_kwargs
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.runs import RunTables, read_run
+
+if TYPE_CHECKING:
+    import torch
+    from matplotlib.figure import Figure
+
+DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+
+
+class Run(RunTables):
+    """A probe's result: ``tokens``, ``answers``, ``stats``, ``manifest`` (and ``grad_groups``).
+
+    Built by :func:`probe` (in memory, ``path`` None) or :func:`load_run` (from a directory).
+    """
+
+    def save(self, path: str | os.PathLike, *, figures: bool = True, overwrite: bool = False) -> Path:
+        """Write a complete run directory (contract files; with ``figures`` also figures/ and
+        report.html), atomically. Refuses a non-empty ``path`` unless ``overwrite``. Returns it."""
+        from gmts_analysis.finalize import write_run_dir
+
+        out = write_run_dir(self, path, figures=figures, overwrite=overwrite)
+        self.path = out
+        return out
+
+    def figure(self, name: str) -> "Figure | None":
+        """One figure, drawn in memory (``None`` when its data is absent). Names: :func:`figure_names`."""
+        from gmts_analysis.plots import FIGURES
+
+        if name not in FIGURES:
+            raise GmtsError(f"unknown figure '{name}' (choose from {', '.join(FIGURES)})")
+        return FIGURES[name](self)
+
+    def figures(self, to: str | os.PathLike | None = None) -> list[Path]:
+        """Write every figure as PNG and PDF into ``to`` (default: ``<path>/figures`` of a saved run)."""
+        from gmts_analysis.plots import render_all
+
+        if to is None and self.path is None:
+            raise GmtsError("Run.figures: give a directory (this run is not saved; or call run.save(path))")
+        return render_all(self, to)
+
+    def report(self, path: str | os.PathLike | None = None) -> str | Path:
+        """The HTML report: returned as a string, or written to ``path`` (returns the path)."""
+        from gmts_analysis.report import render_report
+
+        html = render_report(self)
+        if path is None:
+            return html
+        from gmts_analysis.io import atomic_write_text
+
+        return atomic_write_text(path, html)
+
+
+def figure_names() -> list[str]:
+    """Names accepted by :meth:`Run.figure`."""
+    from gmts_analysis.plots import FIGURES
+
+    return list(FIGURES)
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """A run directory (written by ``gmts probe``, ``gmts run`` or :meth:`Run.save`) as a :class:`Run`."""
+    t = read_run(path)
+    return Run(**{f.name: getattr(t, f.name) for f in dataclasses.fields(RunTables)})
+
+
+# ------------------------------------------------------------------------------------ probe
+
+
+def _dtype_name(model: "torch.nn.Module") -> str:
+    from gmts_analysis.models import DTYPES
+
+    dt = next(model.parameters()).dtype
+    names = {v: k for k, v in DTYPES.items()}
+    if dt not in names:
+        raise GmtsError(f"model dtype {dt} is not supported (use one of {', '.join(DTYPES)})")
+    return names[dt]
+
+
+def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict) -> tuple[Any, Any, str, ProbeOptions]:
+    """``(model, tokenizer, model_path, options)``: load a name, or take a loaded model as it is
+    (its device and dtype; never moved or cast: ``device``/``dtype`` options must then agree)."""
+    import torch
+
+    from gmts_analysis.models import load_model, resolve_device, resolve_model_path
+
+    if isinstance(model, (str, os.PathLike)):
+        name = os.fspath(model)
+        m, tok = load_model(name, opts.device, opts.dtype)
+        return m, tokenizer if tokenizer is not None else tok, resolve_model_path(name), opts
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
+        raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
+    dev = next(model.parameters()).device
+    if "device" in given and given["device"] != "auto" and resolve_device(given["device"]) != dev:
+        raise GmtsError(f"option device={given['device']!r}: the model is on {dev} (move it yourself; the "
+                        "probe never moves a loaded model)")
+    dtype = _dtype_name(model)
+    if "dtype" in given and given["dtype"] != dtype:
+        raise GmtsError(f"option dtype={given['dtype']!r}: the model is in {dtype} (cast it yourself)")
+    path = str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "")
+    if tokenizer is None and path and Path(path).exists():
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+    return model, tokenizer, path or "<in-memory model>", dataclasses.replace(opts, device=str(dev), dtype=dtype)
+
+
+def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int | None = None) -> tuple[list, dict]:
+    """Rollouts (path, DataFrame or list of row dicts) as answers, and a manifest note of the source."""
+    from gmts_analysis.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
+    from gmts_analysis.verifiers import resolve_verifier
+
+    reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
+
+    verifier = resolve_verifier(opts.verifier)
+    if isinstance(rollouts, (str, os.PathLike)):
+        from gmts_analysis.readers.sources import input_sha256
+
+        p = Path(rollouts)
+        answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
+        return answers, {"path": str(p), "sha256": input_sha256(p), "format": opts.format,
+                         "read": answers.report}
+    if hasattr(rollouts, "to_dict") and hasattr(rollouts, "columns"):
+        rows, kind = rollouts.to_dict(orient="records"), "DataFrame"
+    elif isinstance(rollouts, Sequence) and not isinstance(rollouts, (str, bytes)):
+        rows, kind = list(rollouts), "rows"
+    else:
+        raise GmtsError(f"rollouts: expected a path, a DataFrame or a list of row dicts, got {type(rollouts).__name__}")
+    answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=opts.format,
+                                 options=reader_opts)
+    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format}
+
+
+def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, **options: Any) -> Run:
+    """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
+
+    model: a local directory, a hub id (cached; never downloaded), ``tiny``/``small``, or a
+    loaded causal LM (``torch.nn.Module``; pass ``tokenizer=`` for text rollouts; it stays on
+    its device and dtype, in eval mode during the probe, its mode restored after).
+    rollouts: a .jsonl/.parquet path, a DataFrame, or a list of row dicts
+    (docs/definitions.md section 7). options: the ``gmts probe`` flags in snake_case
+    (``grad_norm="sketch"``, ``loss_agg="seq-mean-token-mean"``, ...); an unknown name is
+    refused with a :class:`GmtsError` naming it. progress: tqdm bars on stderr.
+    """
+    from gmts_analysis import kernel
+    from gmts_analysis.finalize import finish_result
+    from gmts_analysis.models import context_length
+    from gmts_analysis.rollouts import validate_against_model
+
+    opts = options_from_kwargs(options)
+    model, tokenizer, model_path, opts = _model(model, tokenizer, opts, options)
+    answers, source = _answers(rollouts, tokenizer, opts, context_length(model))
+    vocab = model.get_input_embeddings().weight.shape[0]
+    n_cut = validate_against_model(answers, vocab, context_length(model), opts.truncate)
+    was_training = model.training
+    model.eval()
+    try:
+        coefs = kernel.answer_coefficients(answers, opts)
+        result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress)
+        tables = finish_result(opts, model, model_path, answers, result,
+                               extra={"job": "gmts_analysis.probe", "rollouts": source, "n_truncated": n_cut})
+    finally:
+        model.train(was_training)
+    return Run(**{f.name: getattr(tables, f.name) for f in dataclasses.fields(RunTables)})
+
+
+# ----------------------------------------------------------------------------------- sample
+
+
+def card_max_new_tokens(model_path: str, default: int = 96) -> int:
+    """The generation budget recorded in a shipped policy's ``card.json`` (else ``default``)."""
+    import json
+
+    card = Path(model_path) / "card.json"
+    if card.exists():
+        try:
+            v = json.loads(card.read_text()).get("max_new_tokens")
+            if isinstance(v, int) and v > 0:
+                return v
+        except (ValueError, OSError):
+            pass
+    return default
+
+
+def sample(
+    model: Any = "small",
+    domains: str | Sequence[str] = DEFAULT_DOMAINS,
+    *,
+    num_prompts: int = 8,
+    group_size: int = 8,
+    temperature: float = 1.0,
+    max_new_tokens: int | None = None,
+    seed: int = 0,
+    device: str = "cpu",
+    tokenizer: Any = None,
+    progress: bool = True,
+) -> list[dict]:
+    """Sample ``group_size`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
+
+    model: ``tiny``/``small``, a directory, or a loaded model (with ``tokenizer=``).
+    Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
+    ready for :func:`probe`; the same arguments give the same rows. ``max_new_tokens``
+    defaults to the policy card's budget (96 without a card).
+    """
+    from gmts_analysis.models import load_model, resolve_model_path
+    from gmts_analysis.toy.domains import DOMAINS
+    from gmts_analysis.toy.sample import sample_rollouts
+
+    doms = [d.strip() for d in (domains.split(",") if isinstance(domains, str) else domains) if d.strip()]
+    unknown = [d for d in doms if d not in DOMAINS]
+    if not doms or unknown:
+        raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
+                        f"(choose from {', '.join(DOMAINS)})")
+    if num_prompts < 1 or group_size < 2:
+        raise GmtsError("num_prompts must be >= 1 and group_size >= 2 (a group needs a baseline)")
+    if isinstance(model, (str, os.PathLike)):
+        path = resolve_model_path(os.fspath(model))
+        model, tok = load_model(os.fspath(model), device, "float32")
+        tokenizer = tokenizer if tokenizer is not None else tok
+    else:
+        path = str(getattr(model, "name_or_path", "") or "")
+    if tokenizer is None:
+        raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
+    budget = max_new_tokens or card_max_new_tokens(path)
+    rows: list[dict] = []
+    for d in doms:
+        rows += sample_rollouts(model, tokenizer, d, num_prompts, group_size, temperature=temperature,
+                                max_new_tokens=budget, seed=seed, progress=progress)
+    return rows
+

@@ -1,0 +1,118 @@
+"""A run's tables in memory, and the contract files of a run directory (docs/definitions.md section 8).
+
+:class:`RunTables` holds what a probe produces: ``tokens`` (one row per response token),
+``answers`` (one row per answer), ``stats`` (the stats.json dict), ``manifest`` and, with
+``--grad-groups``, ``grad_groups``. :func:`read_run` reads it back from a directory and
+:func:`write_tables` writes its contract files. Figures and the report are drawn from it
+by :mod:`gmts_analysis.plots` and :mod:`gmts_analysis.report`; the public
+:class:`gmts_analysis.api.Run` adds ``save``, ``figures`` and ``report`` on top.
+
+Values are kept exactly as a directory gives them back: ``stats`` and ``manifest`` are
+JSON-normalised (NaN -> ``None``), list cells (``prompt_ids``, ``response_ids``) are
+Python lists of ints, so that ``read_run(d)`` equals the run that wrote ``d``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CONTRACT_FILES = ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json")
+LIST_COLUMNS = ("prompt_ids", "response_ids")
+
+
+def json_normalise(obj: Any) -> Any:
+    """``obj`` as stats.json / manifest.json give it back (NaN and inf -> None, numpy -> Python)."""
+    from gmts_analysis.io import to_json
+
+    return json.loads(to_json(obj))
+
+
+def _lists(df: "pd.DataFrame | None") -> "pd.DataFrame | None":
+    """List cells as Python lists of ints (parquet gives numpy arrays back)."""
+    if df is None:
+        return None
+    for c in LIST_COLUMNS:
+        if c in df.columns:
+            df[c] = [None if v is None else [int(x) for x in v] for v in df[c]]
+    return df
+
+
+@dataclass(eq=False)
+class RunTables:
+    """The tables and dicts of one run (docs/definitions.md sections 2, 6 and 8).
+
+    tokens: one row per response token; answers: one row per answer; stats: the stats.json
+    dict; manifest: the run's metadata; grad_groups: per-layer/module norms or ``None``;
+    path: the directory it was read from or saved to (``None`` for a run only in memory).
+    """
+
+    tokens: "pd.DataFrame"
+    answers: "pd.DataFrame | None" = None
+    stats: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+    grad_groups: "pd.DataFrame | None" = None
+    path: Path | None = None
+
+    def equals(self, other: "RunTables") -> bool:
+        """Same tables (values and dtypes), same stats and manifest; ``path`` is ignored."""
+        def same(a: Any, b: Any) -> bool:
+            if a is None or b is None:
+                return a is None and b is None
+            return a.shape == b.shape and list(a.columns) == list(b.columns) and a.equals(b)
+
+        return (same(self.tokens, other.tokens) and same(self.answers, other.answers)
+                and same(self.grad_groups, other.grad_groups)
+                and self.stats == other.stats and self.manifest == other.manifest)
+
+    def __repr__(self) -> str:
+        n_ans = 0 if self.answers is None else len(self.answers)
+        where = f", path={str(self.path)!r}" if self.path is not None else ""
+        return f"{type(self).__name__}({len(self.tokens)} tokens, {n_ans} answers{where})"
+
+
+def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> RunTables:
+    """Read tokens/answers parquet, stats.json, manifest.json (and grad_groups.parquet) of a run directory.
+
+    stats.json is computed (and not written) when absent and ``compute_missing_stats``.
+    Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
+    """
+    from gmts_analysis.io import read_json, read_parquet
+    from gmts_analysis.stats import compute_stats, prepare_tokens
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise GmtsError(f"{path}: no such run directory")
+    if not (path / "tokens.parquet").exists():
+        raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
+    answers = _lists(read_parquet(path / "answers.parquet")) if (path / "answers.parquet").exists() else None
+    tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
+    groups = read_parquet(path / "grad_groups.parquet") if (path / "grad_groups.parquet").exists() else None
+    stats = read_json(path / "stats.json") if (path / "stats.json").exists() else {}
+    if not stats and compute_missing_stats:
+        stats = json_normalise(compute_stats(tokens, answers))
+    manifest = read_json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)
+
+
+def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
+    """Write the contract files (and grad_groups.parquet) of ``run`` into ``run_dir``, each atomically."""
+    from gmts_analysis import io
+
+    d = Path(run_dir)
+    out = [io.atomic_write_parquet(d / "tokens.parquet", run.tokens)]
+    if run.answers is not None:
+        out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
+    if run.grad_groups is not None:
+        out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
+    out.append(io.atomic_write_json(d / "stats.json", run.stats))
+    out.append(io.atomic_write_json(d / "manifest.json", run.manifest))
+    return out

@@ -1,0 +1,147 @@
+"""The Python API (docs/definitions.md section 10): gmts.probe / Run / load_run / sample.
+
+Every input form (a path, a loaded model, a DataFrame, a list of row dicts) must give the
+same rows as ``gmts probe`` on the same rollouts file; save/load must round-trip exactly.
+"""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import gmts_analysis as gmts
+from conftest import make_rollouts
+from gmts_analysis.cli import main
+
+# sketch-free, fidelity-free and figure-free keeps every probe here well under a second
+FAST = {"fidelity": "off", "device": "cpu"}
+NUMERIC = ["logprob", "entropy", "omega", "grad_norm_logp", "grad_norm", "gmts", "head_grad_norm"]
+
+
+@pytest.fixture(scope="module")
+def fresh_llama(tmp_path_factory):
+    """A random Llama the toolkit has never seen, saved with a tokenizer-free checkpoint."""
+    from gmts_analysis.testing import save_tiny_model
+
+    return save_tiny_model("llama", tmp_path_factory.mktemp("fresh") / "llama", seed=7)
+
+
+@pytest.fixture(scope="module")
+def rollouts_file(tmp_path_factory):
+    return make_rollouts(tmp_path_factory.mktemp("r") / "r.jsonl", n_groups=2, group_size=3, seed=3)
+
+
+@pytest.fixture(scope="module")
+def path_run(fresh_llama, rollouts_file):
+    return gmts.probe(str(fresh_llama), str(rollouts_file), progress=False, **FAST)
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_import_is_cheap_and_public_names():
+    code = ("import sys, gmts_analysis as g; g.probe; g.Run; g.load_run; "
+            "print(int('torch' in sys.modules), int('pandas' in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["0", "0"]
+    for name in ("probe", "load_run", "sample", "Run"):
+        assert name in gmts.__all__ and callable(getattr(gmts, name))
+
+
+def test_probe_path_matches_cli(path_run, fresh_llama, rollouts_file, tmp_path):
+    out = tmp_path / "cli"
+    assert main(["probe", "--model", str(fresh_llama), "--rollouts", str(rollouts_file), "--out", str(out),
+                 "--device", "cpu", "--fidelity", "off", "--no-figures", "--quiet"]) == 0
+    cli = gmts.load_run(out)
+    n_tokens = sum(len(r["response_ids"]) for r in _rows(rollouts_file))
+    assert len(path_run.tokens) == n_tokens == len(cli.tokens)
+    assert len(path_run.answers) == 6
+    for c in NUMERIC:
+        np.testing.assert_allclose(path_run.tokens[c].to_numpy(), cli.tokens[c].to_numpy(), rtol=1e-12, atol=0)
+    assert path_run.stats == cli.stats
+    assert path_run.manifest["grad_norm_method"] == "exact" and path_run.path is None
+    # answers carry exactly what was probed
+    assert [list(x) for x in path_run.answers["response_ids"]] == [r["response_ids"] for r in _rows(rollouts_file)]
+
+
+def test_probe_loaded_model_dataframe_and_rows(path_run, fresh_llama, rollouts_file):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(fresh_llama, dtype=torch.float32)
+    model.train()  # the probe uses eval mode and gives the caller's mode back
+    rows = _rows(rollouts_file)
+    by_rows = gmts.probe(model, rows, progress=False, **FAST)
+    assert model.training
+    by_frame = gmts.probe(model, pd.DataFrame(rows), progress=False, **FAST)
+    for run in (by_rows, by_frame):
+        assert list(run.tokens["answer_id"]) == list(path_run.tokens["answer_id"])
+        for c in NUMERIC:
+            np.testing.assert_allclose(run.tokens[c].to_numpy(), path_run.tokens[c].to_numpy(), rtol=1e-10)
+        assert run.manifest["dtype"] == "float32" and run.manifest["device"] == "cpu"
+    with pytest.raises(gmts.GmtsError, match="dtype"):
+        gmts.probe(model, rows, dtype="bfloat16", progress=False, **FAST)
+
+
+def test_options_change_numbers(path_run, fresh_llama, rollouts_file):
+    hot = gmts.probe(str(fresh_llama), str(rollouts_file), temperature=2.0, progress=False, **FAST)
+    assert hot.manifest["config"]["temperature"] == 2.0
+    assert not np.allclose(hot.tokens["entropy"], path_run.tokens["entropy"])
+
+
+def test_unknown_option_and_job_setting_refused(fresh_llama, rollouts_file):
+    with pytest.raises(gmts.GmtsError, match="unknown option 'tempreature'.*did you mean 'temperature'"):
+        gmts.probe(str(fresh_llama), str(rollouts_file), tempreature=0.5)
+    with pytest.raises(gmts.GmtsError, match="'out' is a job setting"):
+        gmts.probe(str(fresh_llama), str(rollouts_file), out="x")
+    with pytest.raises(gmts.GmtsError, match="grad_norm='fast'"):
+        gmts.probe(str(fresh_llama), str(rollouts_file), grad_norm="fast")
+    with pytest.raises(gmts.GmtsError, match="rollouts"):
+        gmts.probe(str(fresh_llama), 42)
+
+
+def test_save_load_roundtrip(path_run, tmp_path):
+    saved = path_run.save(tmp_path / "run")
+    for f in ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json", "report.html"):
+        assert (saved / f).is_file(), f
+    assert sorted(p.name for p in (saved / "figures").glob("*.png"))
+    back = gmts.load_run(saved)
+    assert isinstance(back, gmts.Run) and back.path == saved
+    assert back.equals(path_run)
+    pd.testing.assert_frame_equal(back.tokens, path_run.tokens)
+    pd.testing.assert_frame_equal(back.answers, path_run.answers)
+    assert back.stats == path_run.stats and back.manifest == path_run.manifest
+    with pytest.raises(gmts.GmtsError, match="not empty"):
+        path_run.save(saved, figures=False)
+    # equals can fail
+    changed = gmts.load_run(saved)
+    changed.tokens.loc[0, "entropy"] += 1e-9
+    assert not changed.equals(path_run)
+
+
+def test_in_memory_figures_and_report(path_run, tmp_path):
+    fig = path_run.figure("within_vs_cross")
+    assert fig is not None and fig.axes
+    html = path_run.report()
+    assert html.startswith("<!DOCTYPE html>") and "data:image/png;base64," in html
+    assert path_run.report(tmp_path / "r.html").read_text() == html
+    written = path_run.figures(tmp_path / "figs")
+    assert {p.suffix for p in written} == {".png", ".pdf"}
+    with pytest.raises(gmts.GmtsError, match="unknown figure"):
+        path_run.figure("nope")
+
+
+def test_sample_then_probe_tiny():
+    rows = gmts.sample("tiny", "arithmetic", num_prompts=1, group_size=2, max_new_tokens=8, seed=5, progress=False)
+    assert len(rows) == 2 and {r["domain"] for r in rows} == {"arithmetic"}
+    assert rows == gmts.sample("tiny", ["arithmetic"], num_prompts=1, group_size=2, max_new_tokens=8, seed=5,
+                               progress=False)
+    run = gmts.probe("tiny", rows, grad_norm="none", progress=False, **FAST)
+    assert len(run.tokens) == sum(len(r["response_ids"]) for r in rows)
+    assert list(run.answers["reward"]) == [r["reward"] for r in rows]
+    with pytest.raises(gmts.GmtsError, match="poetry"):
+        gmts.sample("tiny", "poetry")
