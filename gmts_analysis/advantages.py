@@ -18,7 +18,7 @@ from gmts_analysis.errors import GmtsError
 from gmts_analysis.objective import LossSettings, answer_weights, omega_tensor
 
 ADVANTAGE_MODES = ("group", "batch", "none", "logged")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
 STD_EPS = 1e-4
 
 
@@ -42,13 +42,14 @@ def compute_advantages(
 ) -> np.ndarray:
     """Answer-level advantages ``A_i`` (float64, shape ``(N,)``).
 
-    - ``logged``: the advantages the trainer logged (TRL's ``advantage`` column), one per
-      answer in ``logged``, used as they are; a missing or non-finite one is refused.
-
     - ``group`` (GRPO): ``(r - mean_g) / (std_g + 1e-4)``, Bessel-corrected std (as TRL).
     - ``batch``: group mean, std of all rewards of the batch (answers sharing a step).
     - ``none`` (Dr. GRPO): ``r - mean_g``.
-    A group of one answer gets ``A = 0`` and a :class:`SingletonGroupWarning`.
+    - ``logged``: the advantages the trainer logged (TRL's ``advantage`` column), one per
+      answer in ``logged``, used as they are; a missing or non-finite one is refused.
+    A group of one answer gets ``A = 0`` and a :class:`SingletonGroupWarning`. A NaN reward
+    (unscorable: every reward function skipped it) is left out of its group's mean and std and
+    gets ``A = 0``, as TRL 1.16 does.
     """
     if mode not in ADVANTAGE_MODES:
         raise ValueError(f"advantage mode {mode!r}; choose from {ADVANTAGE_MODES}")
@@ -65,6 +66,7 @@ def compute_advantages(
         return vals
     r = np.asarray(rewards, dtype=np.float64)
     n = len(r)
+    finite = np.isfinite(r)  # NaN: unscorable (TRL: out of the group's mean and std, advantage 0)
     batch = _batch_keys(steps, n)
     gkeys = np.asarray([f"{b}\x00{g}" for b, g in zip(batch, group_ids)], dtype=object)
     _, ginv = np.unique(gkeys, return_inverse=True)
@@ -74,12 +76,15 @@ def compute_advantages(
     batch_std = {}
     if mode == "batch":
         for b in np.unique(batch):
-            rb = r[batch == b]
+            rb = r[(batch == b) & finite]
             batch_std[b] = rb.std(ddof=1) if len(rb) > 1 else 0.0
     for g in np.unique(ginv):
         idx = np.flatnonzero(ginv == g)
         if len(idx) == 1:
             singletons += 1
+            continue
+        idx = idx[finite[idx]]
+        if len(idx) < 2:  # no baseline among the scored answers: TRL's NaN std gives advantage 0
             continue
         rg = r[idx]
         centred = rg - rg.mean()
@@ -103,6 +108,7 @@ def loss_weights(
     mode: str = "token-mean",
     steps: Sequence | None = None,
     max_len: int | None = None,
+    truncated: Sequence[bool] | None = None,
 ) -> np.ndarray:
     """Per-answer aggregation weight ``w_i`` of each of its tokens (float64, ``(N,)``).
 
@@ -110,7 +116,12 @@ def loss_weights(
     ``token-mean``: ``1 / sum_j L_j``; ``seq-mean-token-mean``: ``1 / (N L_i)``;
     ``seq-mean-token-sum-norm``: ``1 / (N L_max)``, ``L_max`` = ``max_len`` (the
     generation budget) or the longest answer of the batch. One batch at a time through
-    :func:`gmts_analysis.objective.answer_weights` (the one formula).
+    :func:`gmts_analysis.objective.answer_weights` (the one formula). verl's
+    ``seq-mean-token-sum``: ``1 / N``; ``token-sum``: 1.
+
+    ``truncated`` (TRL's ``mask_truncated_completions``): those answers get ``w = 0`` and their
+    tokens leave the token count of ``token-mean``, while ``N`` still counts them (TRL zeroes
+    their completion mask; its per-answer means still divide by the number of answers).
     """
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss aggregation {mode!r}; choose from {LOSS_AGG_MODES}")
@@ -119,7 +130,12 @@ def loss_weights(
     w = np.zeros(len(L), dtype=np.float64)
     for b in np.unique(batch):
         idx = np.flatnonzero(batch == b)
-        w[idx] = answer_weights(torch.from_numpy(L[idx]), mode, max_len).numpy()
+        Lb = L[idx].copy()
+        if truncated is not None and mode == "token-mean":
+            Lb[np.asarray(truncated, dtype=bool)[idx]] = 0.0
+        w[idx] = answer_weights(torch.from_numpy(Lb), mode, max_len).numpy()
+    if truncated is not None:
+        w[np.asarray(truncated, dtype=bool)] = 0.0
     return w
 
 

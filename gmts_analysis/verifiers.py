@@ -1,19 +1,158 @@
-"""Resolve ``--verifier NAME`` into a TRL-shaped reward function."""
+"""Verifiers: ``--verifier NAME|module:function``, reward functions shaped and called as TRL 1.16 calls them.
+
+A verifier is a TRL reward function: called with keywords
+``f(prompts=[...], completions=[...], completion_ids=[[...], ...], **columns)`` where every other
+column of the rollouts (or prompts file) is passed as a list with one value per row (TRL's
+``_calculate_rewards`` passes the dataset's columns the same way), returning one float per row,
+or ``None`` for a row it cannot score ("skipped"; TRL turns it into NaN, leaves the row out of
+its group's mean and std and gives it advantage 0). Prompts and completions are text, or lists
+of ``{"role", "content"}`` messages for chat data (TRL's conversational format).
+
+Names: ``math`` (GSM8K / MATH answers, with the optional ``math-verify`` package:
+``pip install 'gmts_analysis[math]'``), ``domain`` (each row's toy domain), ``arithmetic``,
+``program``, ``logic`` (the toy domains), or ``module:function`` / ``path/to/file.py:function``
+for any TRL reward function (for example ``trl.rewards:accuracy_reward``).
+"""
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import math
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
 from gmts_analysis.errors import GmtsError
 
+RewardFunction = Callable[..., list]
+BUILTIN = ("math", "domain", "arithmetic", "program", "logic")
 
-def resolve_verifier(name: str | None):
-    """A TRL-shaped reward function: a toy domain's verifier, or ``domain`` (per-row dispatch)."""
+
+def _text(x: Any) -> str:
+    """Plain text of a prompt or completion: a string, or the last message's content."""
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (list, tuple)) and x and isinstance(x[-1], dict):
+        c = x[-1].get("content", "")
+        return c if isinstance(c, str) else ""
+    return "" if x is None else str(x)
+
+
+def _gold_text(sol: Any) -> str:
+    """The reference answer: GSM8K's ``... #### 72`` keeps what follows ``####``."""
+    s = "" if sol is None or (isinstance(sol, float) and math.isnan(sol)) else str(sol)
+    return s.rsplit("####", 1)[1].strip() if "####" in s else s
+
+
+def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Sequence[Any] | None = None,
+                answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 where the completion's final answer equals the reference, 0.0 where not, None where the
+    reference cannot be parsed (skipped, as TRL's ``accuracy_reward``).
+
+    The reference comes from the ``solution`` column (MATH style, LaTeX such as ``\\frac{1}{3}``) or,
+    without it, ``answer`` (GSM8K style, ``... #### 72``). Parsing and the equivalence check are
+    ``math_verify``'s: the completion's answer is taken from a ``\\boxed{}`` first, then from any
+    LaTeX or plain expression (``The answer is 72``).
+    """
+    try:
+        from latex2sympy2_extended import NormalizationConfig
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError:
+        raise GmtsError("--verifier math needs the math-verify package: pip install 'gmts_analysis[math]' "
+                        "(or pip install 'math-verify>=0.5')") from None
+    refs = solution if solution is not None else answer
+    if refs is None:
+        raise GmtsError("--verifier math needs a 'solution' (or GSM8K 'answer') column with the reference answers")
+    if not (len(refs) == len(completions) == len(prompts)):
+        raise GmtsError(f"--verifier math: {len(prompts)} prompts, {len(completions)} completions, "
+                        f"{len(refs)} reference answers")
+    main = threading.current_thread() is threading.main_thread()  # math_verify's timeouts use signal.alarm
+    ptime, vtime = (10, 5) if main else (None, None)
+    pred_cfg = [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
+                ExprExtractionConfig()]
+    out: list[float | None] = []
+    for comp, ref in zip(completions, refs):
+        gold = parse(_gold_text(ref), parsing_timeout=ptime)
+        if not gold:
+            out.append(None)
+            continue
+        pred = parse(_text(comp), extraction_config=pred_cfg, extraction_mode="first_match", parsing_timeout=ptime)
+        out.append(float(verify(gold, pred, timeout_seconds=vtime)) if pred else 0.0)
+    return out
+
+
+def _load_function(spec: str) -> RewardFunction:
+    mod_name, _, fn_name = spec.rpartition(":")
+    if not mod_name or not fn_name:
+        raise GmtsError(f"--verifier {spec}: expected NAME or module:function")
+    if mod_name.endswith(".py"):
+        path = Path(mod_name)
+        if not path.is_file():
+            raise GmtsError(f"--verifier {spec}: no such file {path}")
+        ispec = importlib.util.spec_from_file_location(f"gmts_user_verifier_{path.stem}", path)
+        module = importlib.util.module_from_spec(ispec)
+        try:
+            ispec.loader.exec_module(module)
+        except Exception as e:
+            raise GmtsError(f"--verifier {spec}: {path} failed to import ({type(e).__name__}: {e})") from None
+    else:
+        try:
+            module = importlib.import_module(mod_name)
+        except Exception as e:
+            raise GmtsError(f"--verifier {spec}: cannot import module '{mod_name}' ({type(e).__name__}: {e})") from None
+    fn = getattr(module, fn_name, None)
+    if fn is None:
+        raise GmtsError(f"--verifier {spec}: module '{mod_name}' has no '{fn_name}'")
+    if not callable(fn):
+        raise GmtsError(f"--verifier {spec}: '{fn_name}' is not callable")
+    return fn
+
+
+def resolve_verifier(name: str | None) -> RewardFunction | None:
+    """The reward function named by ``--verifier`` (None when no name is given); see the module docstring."""
     if not name:
         return None
+    if ":" in name:
+        return _load_function(name)
+    if name == "math":
+        return math_reward
     from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
 
     if name == "domain":
         return toy_reward
     if name not in REWARD_FUNCTIONS:
-        raise GmtsError(f"--verifier: unknown verifier '{name}' (choose from domain, {', '.join(REWARD_FUNCTIONS)})")
+        raise GmtsError(f"--verifier: unknown verifier '{name}' (choose from {', '.join(BUILTIN)}, "
+                        "or module:function)")
     return REWARD_FUNCTIONS[name]
 
+
+def score(verifier: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any],
+          completion_ids: Sequence[Sequence[int]], columns: dict[str, Sequence[Any]] | None = None) -> list[float]:
+    """Call ``verifier`` as TRL does and return one float per row, NaN where it returned None (skipped).
+
+    ``columns``: the other columns, one list per name, each as long as ``prompts``. A wrong count,
+    a non-number or an exception is a :class:`GmtsError` naming the verifier.
+    """
+    name = getattr(verifier, "__name__", "verifier")
+    try:
+        out = verifier(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids),
+                       **(columns or {}))
+    except GmtsError:
+        raise
+    except Exception as e:
+        raise GmtsError(f"--verifier {name}: the reward function failed ({type(e).__name__}: {str(e)[:160]})") from None
+    out = list(out)
+    if len(out) != len(prompts):
+        raise GmtsError(f"--verifier {name}: returned {len(out)} rewards for {len(prompts)} completions")
+    vals = []
+    for i, v in enumerate(out):
+        if v is None:
+            vals.append(math.nan)
+            continue
+        try:
+            vals.append(float(v))
+        except (TypeError, ValueError):
+            raise GmtsError(f"--verifier {name}: row {i}: reward {v!r} is not a number or None") from None
+    return vals
