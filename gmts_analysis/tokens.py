@@ -38,6 +38,34 @@ def response_targets(input_ids: Tensor, prompt_len: int) -> Tensor:
     return input_ids[..., prompt_len:]
 
 
+def response_prefix(prompt_len: int, start: int, end: int) -> int:
+    """Causal truncation of the shift: response tokens ``[start, end)`` are predicted by the
+    *last* ``end - start`` logits of a forward over ``input_ids[:L]``, ``L = P + end - 1``
+    (positions ``P + start - 1 .. P + end - 2``); nothing after ``L`` can influence them.
+    Returns ``L``. Pass ``logits_to_keep = end - start`` to compute only those logits."""
+    if prompt_len < 1:
+        raise ValueError("prompt_len must be >= 1 (a response needs a preceding token)")
+    if not 0 <= start < end:
+        raise ValueError(f"response token range [{start}, {end}) is empty or negative")
+    return prompt_len + end - 1
+
+def response_positions(prompt_len: int, n_tokens: int, seq_len: int) -> Tensor:
+    """Sequence positions of the logits that predict response tokens ``0 .. n_tokens-1`` of a
+    row whose prompt has ``prompt_len`` tokens: ``P - 1 + t``, clamped to ``seq_len - 1`` (the
+    clamped ones are padding; mask them). Shape ``(n_tokens,)`` long. This is the shift of
+    :func:`response_logits` for right-padded batches whose rows have different prompt lengths."""
+    if prompt_len < 1:
+        raise ValueError("prompt_len must be >= 1 (a response needs a preceding token)")
+    return torch.clamp(prompt_len - 1 + torch.arange(n_tokens), max=seq_len - 1)
+
+
+def gather_positions(logits: Tensor, positions: Tensor) -> Tensor:
+    """``logits[b, positions[b, t], :]``: ``(B, S, V)`` logits and ``(B, T)`` positions (from
+    :func:`response_positions`) give ``(B, T, V)`` response logits (differentiable)."""
+    idx = positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    return logits.gather(1, idx)
+
+
 def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """``log softmax(z / tau)`` in the compute dtype (differentiable)."""
     z = logits.to(compute_dtype(logits.dtype))
@@ -66,6 +94,38 @@ def entropy_from_logprobs(logp: Tensor) -> Tensor:
     return -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(-1)
 
 
+def logit_grad(logp: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``c = d logprob / d z = (e_y - p) / tau`` with respect to the *raw* logits z.
+
+    logp: ``(..., T, V)`` log-probs ``log softmax(z / tau)`` (:func:`scaled_log_softmax`);
+    targets ``(..., T)``. Returns ``(..., T, V)`` in logp's dtype."""
+    c = -logp.exp()
+    c.scatter_add_(-1, targets.unsqueeze(-1), torch.ones_like(targets, dtype=c.dtype).unsqueeze(-1))
+    return c / temperature if temperature != 1.0 else c
+
+
+def logit_grad_sq(logp: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """``||(e_y - p) / tau||^2 = ((1 - p_y)^2 + sum_{v != y} p_v^2) / tau^2``, ``(..., T)``.
+
+    Written so that no large terms cancel: ``1 - p_y = -expm1(log p_y)`` and the sum skips
+    ``y`` (the textbook ``1 - 2 p_y + sum_v p_v^2`` loses all digits when ``p_y`` is near 1)."""
+    lp_y = logp.gather(-1, targets.unsqueeze(-1))
+    p2 = logp.exp().pow(2).scatter(-1, targets.unsqueeze(-1), torch.zeros_like(lp_y))
+    return (torch.expm1(lp_y.squeeze(-1)).pow(2) + p2.sum(-1)) / (temperature * temperature)
+
+
+def head_grad_sq(logit_grad_sq_: Tensor, h: Tensor, bias: bool) -> Tensor:
+    """Squared norm of one token's gradient on the output projection ``z = h W^T (+ b)`` alone:
+    the gradient is ``c (x) h`` (weight) and ``c`` (bias), so its squared norm is
+    ``||c||^2 (||h||^2 + [bias])``. ``logit_grad_sq_`` ``(T,)`` from :func:`logit_grad_sq`,
+    ``h`` ``(T, d)`` the head's inputs at the predicting positions; computed in the dtype of
+    ``logit_grad_sq_``. For a head tied to the input embedding this is the head *use* only
+    (the embedding's own use is not included)."""
+    hh = h.to(logit_grad_sq_.dtype)
+    h2 = hh.pow(2).sum(-1)
+    return logit_grad_sq_ * (h2 + 1.0 if bias else h2)
+
+
 @dataclass
 class TokenQuantities:
     """Per-token closed forms for ``T`` response tokens (all shape ``(T,)``)."""
@@ -75,14 +135,23 @@ class TokenQuantities:
     entropy: Tensor  # -sum_v p log p, nats
     logit_grad_norm: Tensor  # ||d logprob / d z||_2 = ||e_o - p||_2 / tau
     sum_p2: Tensor  # sum_v p_v^2 (kept for checks)
+    head_grad_norm: Tensor | None = None  # ||d logprob / d (W, b) of the output head||, see head_grad_sq
+    finite: bool = True  # every logit was finite
+    logit_grad: Tensor | None = None  # (T, V) c = (e_y - p) / tau, only when asked for
 
 
 @torch.no_grad()
-def token_quantities(resp_logits: Tensor, targets: Tensor, temperature: float = 1.0) -> TokenQuantities:
+def token_quantities(
+    resp_logits: Tensor, targets: Tensor, temperature: float = 1.0, head_input: Tensor | None = None,
+    head_bias: bool = False, with_logit_grad: bool = False,
+) -> TokenQuantities:
     """Closed-form quantities from response logits ``(T, V)`` and targets ``(T,)``.
 
-    ``logit_grad_norm = sqrt(1 - 2 p + sum_v p_v^2) / tau`` is the norm of the gradient of
-    ``logprob`` with respect to the *raw* logits z (the 1/tau comes from ``z / tau``).
+    ``logit_grad_norm = ||e_y - p||_2 / tau`` (:func:`logit_grad_sq`) is the norm of the
+    gradient of ``logprob`` with respect to the *raw* logits z (the 1/tau comes from ``z / tau``).
+    ``head_input`` ``(T, d)``: the output head's inputs at the predicting positions; gives
+    ``head_grad_norm`` (:func:`head_grad_sq`; ``head_bias``: the head has a trainable bias).
+    ``with_logit_grad``: also keep the ``(T, V)`` vectors ``c`` (:func:`logit_grad`).
     """
     logp = scaled_log_softmax(resp_logits, temperature)
     p = logp.exp()
@@ -90,5 +159,23 @@ def token_quantities(resp_logits: Tensor, targets: Tensor, temperature: float = 
     p_t = lp_t.exp()
     entropy = entropy_from_logprobs(logp)
     sum_p2 = (p * p).sum(-1)
-    lgn = torch.clamp(1.0 - 2.0 * p_t + sum_p2, min=0.0).sqrt() / temperature
-    return TokenQuantities(logprob=lp_t, prob=p_t, entropy=entropy, logit_grad_norm=lgn, sum_p2=sum_p2)
+    lg2 = logit_grad_sq(logp, targets, temperature)
+    head = None if head_input is None else head_grad_sq(lg2, head_input, head_bias).sqrt()
+    return TokenQuantities(
+        logprob=lp_t, prob=p_t, entropy=entropy, logit_grad_norm=lg2.sqrt(), sum_p2=sum_p2,
+        head_grad_norm=head, finite=bool(torch.isfinite(resp_logits).all()),
+        logit_grad=logit_grad(logp, targets, temperature) if with_logit_grad else None,
+    )
+
+
+def cat_quantities(parts: list[TokenQuantities]) -> TokenQuantities:
+    """Concatenate the quantities of consecutive token ranges (chunks) along the token axis."""
+    def cat(name):
+        vals = [getattr(q, name) for q in parts]
+        return None if any(v is None for v in vals) else torch.cat(vals)
+
+    return TokenQuantities(
+        logprob=cat("logprob"), prob=cat("prob"), entropy=cat("entropy"),
+        logit_grad_norm=cat("logit_grad_norm"), sum_p2=cat("sum_p2"), head_grad_norm=cat("head_grad_norm"),
+        finite=all(q.finite for q in parts),
+    )

@@ -10,6 +10,11 @@
 
 The model is left as it was found: attention implementation restored, hooks removed,
 ``requires_grad`` flags restored, no ``.grad`` written.
+
+Every method also returns the per-token closed forms of the forward it ran
+(:class:`gmts_analysis.tokens.TokenQuantities`: log-prob, probability, entropy, logit- and
+head-gradient norms), so a caller needs no forward of its own; :func:`forward_quantities`
+gives them alone (one no-grad forward) when no gradient norm is wanted.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.tokens import TokenQuantities, cat_quantities
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class GradNorms:
     hi: torch.Tensor | None  # 95% upper bound (sketch only)
     groups: dict[str, torch.Tensor] | None  # group -> SQUARED norms; sum over groups == norms**2
     method: str  # "exact" | "sketch" | "loop"
+    quantities: TokenQuantities | None = None  # closed forms of the response tokens, from the same forward
 
 
 @contextlib.contextmanager
@@ -92,17 +99,65 @@ def _check_args(model, input_ids, prompt_len, temperature, method, groups, probe
         raise GmtsError("grad groups need exact norms (--grad-norm exact), not the sketch")
 
 
+def _head_has_bias(head: torch.nn.Module | None) -> bool:
+    b = getattr(head, "bias", None)
+    return isinstance(b, torch.Tensor) and b.requires_grad
+
+
+@torch.no_grad()
+def forward_quantities(
+    model: torch.nn.Module, input_ids: torch.LongTensor, prompt_len: int, temperature: float = 1.0
+) -> TokenQuantities:
+    """The response tokens' closed forms from one no-grad forward: log-prob, probability,
+    entropy, ``logit_grad_norm`` and ``head_grad_norm`` (the head's input captured by a hook;
+    only the ``T`` predicting positions' logits are computed when the model allows it).
+
+    input_ids ``(S,)``, ``prompt_len`` = P >= 1. See :func:`gmts_analysis.tokens.token_quantities`."""
+    from gmts_analysis.tokens import response_prefix, response_targets, token_quantities
+
+    T = int(input_ids.shape[0]) - int(prompt_len)
+    L = response_prefix(prompt_len, 0, T)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    captured: dict[str, torch.Tensor] = {}
+    handle = None
+    if isinstance(head, torch.nn.Module):
+        handle = head.register_forward_hook(lambda m, a, o: captured.__setitem__("h", a[0]))
+    kw = {"input_ids": input_ids[:L].unsqueeze(0), "use_cache": False}
+    if _accepts(model, "logits_to_keep"):
+        kw["logits_to_keep"] = T
+    try:
+        logits = model(**kw).logits[0, -T:]
+    finally:
+        if handle is not None:
+            handle.remove()
+    h = captured.get("h")
+    return token_quantities(
+        logits, response_targets(input_ids, prompt_len), temperature,
+        head_input=None if h is None else h[0, -T:], head_bias=_head_has_bias(head),
+    )
+
+
+def _accepts(model: torch.nn.Module, arg: str) -> bool:
+    import inspect
+
+    try:
+        return arg in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
     from gmts_analysis.grads.reference import loop_grad_norms
     from gmts_analysis.models import trainable_parameters
 
+    q = forward_quantities(model, input_ids, prompt_len, temperature)
     if groups is None:
-        return GradNorms(loop_grad_norms(model, input_ids, prompt_len, temperature), None, None, None, "loop")
+        return GradNorms(loop_grad_norms(model, input_ids, prompt_len, temperature), None, None, None, "loop", q)
     mapping: dict[str, list[str]] = {}
     for name, _ in trainable_parameters(model):
         mapping.setdefault(group_of(model, name.rsplit(".", 1)[0], groups), []).append(name)
     norms, g = loop_grad_norms(model, input_ids, prompt_len, temperature, groups=mapping)
-    return GradNorms(norms, None, None, g, "loop")
+    return GradNorms(norms, None, None, g, "loop", q)
 
 
 def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
@@ -118,8 +173,10 @@ def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, gr
             budget = int(max_memory) if max_memory else default_budget(engine, S)
             chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget)
             per_module: dict[str, torch.Tensor] = {}
+            parts: list[TokenQuantities] = []
             for s, e, sub in chunks:
-                res = engine.chunk(input_ids, prompt_len, s, e, temperature, sub)
+                res, q = engine.chunk(input_ids, prompt_len, s, e, temperature, sub)
+                parts.append(q)
                 for name, v in res.items():
                     buf = per_module.setdefault(name, torch.zeros(T, dtype=torch.float64))
                     buf[s:e] += v.detach().double().cpu()
@@ -133,7 +190,7 @@ def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, gr
         for name, v in per_module.items():
             key = group_of(model, name, groups)
             out_groups[key] = out_groups.get(key, 0) + v
-    return GradNorms(norms, None, None, out_groups, "exact")
+    return GradNorms(norms, None, None, out_groups, "exact", cat_quantities(parts))
 
 
 def grad_norms(
@@ -186,4 +243,4 @@ def grad_norms(
         return _loop(model, input_ids, prompt_len, temperature, groups)
 
 
-__all__ = ["GROUPINGS", "METHODS", "GradNorms", "frozen_for_transforms", "grad_norms"]
+__all__ = ["GROUPINGS", "METHODS", "GradNorms", "forward_quantities", "frozen_for_transforms", "grad_norms"]

@@ -7,14 +7,19 @@ an identity whose backward turns (module input ``X``, output gradient ``G``) int
 squared norm of that module's parameter gradient and returns it as the gradient of a
 zero *probe*. ``vmap`` over the chunk's cotangents gives, per token, every module's
 squared norm at once; parameter gradients are never formed (weights do not require grad
-during the call). Ghost norms per module type, ``X`` ``(L, d_in)``, ``G`` ``(L, d_out)``:
+during the call). The ghost norm of each module type is a rule in the registry of
+:mod:`gmts_analysis.grads.plan`; the output head is closed form, no backward:
+``||c_t||^2 (||h_t||^2 + [bias])`` with ``c_t = (e_y - p_t) / tau``
+(:func:`gmts_analysis.tokens.head_grad_sq`); tied to the embedding:
+``||E_t||^2 + ||H_t||^2 + 2 sum_u c_t[v_u] <E_t[u], h_t>`` over the prefix's tokens; anything
+no rule accepts: per-token parameter gradients materialized by ``torch.func`` (exact, slower).
 
-- linear / Conv1D weight: ``||G^T X||^2`` or ``<G G^T, X X^T>`` (whichever is cheaper); bias ``||sum_s g_s||^2``
-- LayerNorm / RMSNorm-like: ``||sum_s g_s * xhat_s||^2`` (+ bias), ``xhat`` recomputed from ``X``
-- embedding: ``sum_v ||sum_{s: id_s = v} g_s||^2`` (rows of equal tokens summed; padding row excluded)
-- output head (closed form, no backward): ``||c_t||^2 ||h_t||^2`` with ``c_t = (e_y - p_t) / tau``;
-  tied to the embedding: ``||E_t||^2 + ||H_t||^2 + 2 sum_u c_t[v_u] <E_t[u], h_t>`` over the prefix's tokens
-- anything else: per-token parameter gradients materialized by ``torch.func`` (exact, slower).
+The chunk's forward is the only forward: the per-token closed forms (log-prob, entropy,
+logit- and head-gradient norms, :func:`gmts_analysis.tokens.token_quantities`) come from its
+logits and head inputs. The plan is made once per model (one short planning forward) and
+cached; every forward counts the calls of every tapped module, so a module the planning pass
+did not call (an expert no token was routed to) is still counted exactly, and one called
+more than once is moved to the exact fallback and its chunk redone.
 
 The backward starts at the head's input ``h`` with cotangent ``W^T c_t``, so the vocabulary
 never enters the batched backward. Accumulation is float32 (float64 for float64 models).
@@ -22,17 +27,19 @@ never enters the batched backward. Accumulation is float32 (float64 for float64 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gmts_analysis.grads.plan import Plan, Tap, make_plan
-from gmts_analysis.tokens import compute_dtype
+from gmts_analysis.grads.plan import Capture, GhostRule, Plan, Tap, make_plan
+from gmts_analysis.tokens import TokenQuantities, compute_dtype, response_prefix, response_targets, token_quantities
 
 log = logging.getLogger(__name__)
 
@@ -55,39 +62,13 @@ class _GhostTap(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         x, aux = ctx.saved_tensors
-        return g, ctx.spec.ghost(g, x, aux), None, None, None
+        return g, ctx.spec.rule.sq_norm(g, x, aux, ctx.spec.info), None, None, None
 
 
 @dataclass
 class _Spec:
-    """What one tapped module needs to turn its output gradient into a squared norm."""
-
-    kind: str
-    acc: torch.dtype
-    has_weight: bool = True
-    has_bias: bool = False
-    gram: bool = False  # linear: <G G^T, X X^T> instead of ||G^T X||^2
-    n_unique: int = 0
-    return_rows: bool = False  # tied embedding: return E (U, d) instead of ||E||^2
-
-    def ghost(self, g: Tensor, x: Tensor, aux: Tensor) -> Tensor:
-        g = g.reshape(-1, g.shape[-1]).to(self.acc)
-        if self.kind == "embedding":
-            rows = g.new_zeros((self.n_unique + 1, g.shape[-1])).index_add(0, aux + 1, g)[1:]
-            return rows if self.return_rows else rows.pow(2).sum()
-        total = g.new_zeros(())
-        if self.has_bias:
-            total = total + g.sum(0).pow(2).sum()
-        if not self.has_weight:
-            return total
-        if self.kind in ("linear", "conv1d"):
-            if self.gram:
-                total = total + ((g @ g.T) * aux).sum()
-            else:
-                total = total + (g.T @ x).pow(2).sum()
-        else:  # layernorm / affine_norm: aux is xhat (L, d)
-            total = total + (g * aux).sum(0).pow(2).sum()
-        return total
+    rule: GhostRule
+    info: dict
 
 
 @dataclass
@@ -101,76 +82,33 @@ class _State:
     active: bool = False
     reentrant: bool = False
     calls: dict[str, int] = field(default_factory=dict)
-    widths: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def reenter(self):
+        self.reentrant = True
+        try:
+            yield
+        finally:
+            self.reentrant = False
 
 
 def _tap_hook(state: _State, tap: Tap):
-    mod = tap.module
-
     def hook(module, args, output):
-        if state.reentrant:
+        if state.reentrant or not state.active:
             return None
         state.calls[tap.name] = state.calls.get(tap.name, 0) + 1
-        if not state.active:
-            x0 = args[0] if args else None
-            if isinstance(output, Tensor) and isinstance(x0, Tensor):
-                state.widths[tap.name] = (x0.shape[-1] if x0.is_floating_point() else 1, output.shape[-1])
-            return None
-        x = args[0].detach()
-        acc = state.acc
-        own = {k for k, p in mod._parameters.items() if p is not None}
-        spec = _Spec(kind=tap.kind, acc=acc, has_bias="bias" in own, has_weight="weight" in own)
-        aux = x.new_zeros((), dtype=acc)
-        if tap.kind == "embedding":
-            ids = x.reshape(-1)
-            uniq, inv = torch.unique(ids, return_inverse=True)
-            if mod.padding_idx is not None:
-                inv = torch.where(ids == mod.padding_idx, torch.full_like(inv, -1), inv)
-            spec.n_unique, spec.return_rows = uniq.numel(), tap.tied_head
-            xx, aux = x.new_zeros((), dtype=acc), inv
-        elif tap.kind in ("linear", "conv1d"):
-            xx = x.reshape(-1, x.shape[-1]).to(acc)
-            L, din = xx.shape
-            spec.gram = L < din
-            if spec.gram:
-                aux = xx @ xx.T
-        elif tap.kind == "layernorm":
-            xx = x.new_zeros((), dtype=acc)
-            aux = F.layer_norm(x.to(acc), mod.normalized_shape, None, None, mod.eps).reshape(-1, x.shape[-1])
-        else:  # affine_norm: out = w * u(x) (+ b)  =>  u = f(x; w=1, b=0) - f(x; w=0, b=0)
-            xx = x.new_zeros((), dtype=acc)
-            w = mod.weight
-            one = {"weight": torch.ones_like(w)}
-            zero = {"weight": torch.zeros_like(w)}
-            if mod._parameters.get("bias") is not None:
-                one["bias"] = zero["bias"] = torch.zeros_like(w)
-            state.reentrant = True
-            try:
-                with torch.no_grad():
-                    u = torch.func.functional_call(mod, one, args) - torch.func.functional_call(mod, zero, args)
-            finally:
-                state.reentrant = False
-            aux = u.reshape(-1, u.shape[-1]).to(acc)
-        return _GhostTap.apply(output, state.probes[tap.name], xx, aux, spec)
+        cap: Capture = tap.rule.capture(module, args, output, state.acc, tap.tied_head, state.reenter)
+        return _GhostTap.apply(output, state.probes[tap.name], cap.x, cap.aux, _Spec(tap.rule, cap.info))
 
     return hook
 
 
 def _head_hook(state: _State):
     def hook(module, args, output):
-        if state.reentrant:
+        if state.reentrant or not state.active:
             return
         state.calls[state.plan.head_name] = state.calls.get(state.plan.head_name, 0) + 1
         state.head_input = args[0]
-        return
-
-    return hook
-
-
-def _count_hook(state: _State, name: str):
-    def hook(module, args, output):
-        if not state.reentrant:
-            state.calls[name] = state.calls.get(name, 0) + 1
 
     return hook
 
@@ -189,6 +127,64 @@ def _n_heads(model: nn.Module) -> int:
         if isinstance(v, int) and v > 0:
             return v
     return 16
+
+
+# model -> (key, plan): the plan depends only on the model (its trainable tensors, attention)
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plan_key(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> tuple:
+    impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return (tuple((n, id(p), tuple(p.shape)) for n, p in named), impl, id(head), model.training)
+
+
+def planning_pass(model: nn.Module, sample_ids: Tensor) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
+    """One no-grad forward on ``sample_ids`` ``(n,)``: calls per module (those holding
+    parameters) and the (input, output) widths each module saw (for the memory estimate)."""
+    calls: dict[str, int] = {}
+    widths: dict[str, tuple[int, int]] = {}
+
+    def count(name):
+        def hook(module, args, output):
+            calls[name] = calls.get(name, 0) + 1
+            x0 = args[0] if args else None
+            if isinstance(output, Tensor) and isinstance(x0, Tensor):
+                widths[name] = (x0.shape[-1] if x0.is_floating_point() else 1, output.shape[-1])
+
+        return hook
+
+    handles = [
+        m.register_forward_hook(count(n))
+        for n, m in model.named_modules()
+        if any(p is not None for p in m._parameters.values())
+    ]
+    try:
+        with torch.no_grad():
+            model(input_ids=sample_ids.unsqueeze(0), use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    return calls, widths
+
+
+def cached_plan(model: nn.Module, named: list[tuple[str, nn.Parameter]], sample_ids: Tensor) -> Plan:
+    """The model's plan, made on first use (one planning forward) and reused while the model's
+    trainable tensors, attention implementation, head and train/eval mode stay the same."""
+    key = _plan_key(model, named)
+    hit = _PLANS.get(model)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    calls, widths = planning_pass(model, sample_ids)
+    plan = make_plan(model, calls, named)
+    plan.widths = widths
+    _PLANS[model] = (key, plan)
+    return plan
+
+
+class _Redo(Exception):
+    def __init__(self, names: set[str]):
+        self.names = names
 
 
 class ExactEngine:
@@ -213,29 +209,16 @@ class ExactEngine:
 
     # ---- hooks -----------------------------------------------------------------------
     def install(self, sample_ids: Tensor) -> None:
-        """Count module calls on a short input, make the plan, install the ghost hooks."""
-        model = self.model
-        counts: dict[str, int] = {}
-        tmp = _State(plan=None, acc=self.acc, calls=counts)  # type: ignore[arg-type]
-        handles = [
-            m.register_forward_hook(_count_hook(tmp, n))
-            for n, m in model.named_modules()
-            if any(p is not None for p in m._parameters.values())
-        ]
-        try:
-            with torch.no_grad():
-                model(input_ids=sample_ids.unsqueeze(0), use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
-        self.plan = make_plan(model, counts, self.named)
+        """Get the model's plan (cached; made on a short input the first time), install the hooks."""
+        self.plan = cached_plan(self.model, self.named, sample_ids)
+        self._hooks()
+
+    def _hooks(self) -> None:
+        self.remove()
         self.state = _State(plan=self.plan, acc=self.acc)
         for tap in self.plan.taps:
             self.handles.append(tap.module.register_forward_hook(_tap_hook(self.state, tap)))
         self.handles.append(self.plan.head.register_forward_hook(_head_hook(self.state)))
-        # record the widths of every tapped module (for the memory estimate)
-        with torch.no_grad():
-            model(input_ids=sample_ids.unsqueeze(0), use_cache=False)
 
     def remove(self) -> None:
         for h in self.handles:
@@ -246,39 +229,49 @@ class ExactEngine:
     def bytes_per_token(self, L: int) -> int:
         """Rough transient bytes of one token's batched backward over a prefix of ``L`` positions."""
         es = torch.finfo(self.acc).bits // 8
-        widths = [w for pair in self.state.widths.values() for w in pair] or [1024]
+        widths = [w for pair in self.plan.widths.values() for w in pair] or [1024]
         wmax = max(widths)
         per_pos = 8 * wmax + 3 * self.n_heads * L
         ghost = 0
         for tap in self.plan.taps:
-            din, dout = self.state.widths.get(tap.name, (1, 1))
-            if tap.kind in ("linear", "conv1d"):
-                ghost = max(ghost, L * L if L < din else din * dout)
-            if tap.tied_head:
-                ghost = max(ghost, min(L, 1 << 30) * dout * 2)
+            din, dout = self.plan.widths.get(tap.name, (1, 1))
+            ghost = max(ghost, tap.rule.work(din, dout, L) * (2 if tap.tied_head else 1))
         direct = sum(p.numel() for p in self.plan.direct.values())
         # x2: calibrated against the measured RSS high-water on CPU (vmap keeps more alive)
         return 2 * es * (L * per_pos + ghost + direct)
 
     # ---- one chunk -------------------------------------------------------------------
-    def chunk(self, input_ids: Tensor, P: int, s: int, e: int, temperature: float, sub: int | None = None):
-        """Squared norms for response tokens ``[s, e)``: dict module name -> ``(e-s,)`` tensor (acc dtype).
+    def chunk(self, input_ids: Tensor, P: int, s: int, e: int, temperature: float, sub: int | None = None
+              ) -> tuple[dict[str, Tensor], TokenQuantities]:
+        """Squared norms for response tokens ``[s, e)`` (dict module name -> ``(e-s,)`` tensor,
+        acc dtype) and the tokens' closed forms, from one forward over the prefix and batched
+        VJPs of ``sub`` tokens at a time (default all). A tap called more than once in the
+        forward is moved to the exact fallback and the chunk redone."""
+        for _ in range(len(self.plan.taps) + 1):
+            try:
+                return self._chunk(input_ids, P, s, e, temperature, sub)
+            except _Redo as r:
+                log.info("exact engine: %s called more than once per forward; using the exact fallback",
+                         ", ".join(sorted(r.names)))
+                self.plan.demote(r.names)
+                self.plan.check_complete()
+                self._hooks()
+        raise RuntimeError("exact engine: the plan did not settle")  # pragma: no cover
 
-        One forward over the prefix, then batched VJPs of ``sub`` tokens at a time (default all)."""
+    def _chunk(self, input_ids, P, s, e, temperature, sub):
         plan, state, acc = self.plan, self.state, self.acc
         model = self.model
         c = e - s
-        L = P + e - 1
+        L = response_prefix(P, s, e)
         prefix = input_ids[:L].unsqueeze(0)
-        targets = input_ids[P + s : P + e]
+        targets = response_targets(input_ids, P)[s:e]
         dev = input_ids.device
 
         probes: dict[str, Tensor] = {}
         tied_uniq = None
         for tap in plan.taps:
             if tap.tied_head:
-                ids = input_ids[:L]
-                tied_uniq = torch.unique(ids)
+                tied_uniq = torch.unique(input_ids[:L])
                 probes[tap.name] = torch.zeros(tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev)
             else:
                 probes[tap.name] = torch.zeros((), dtype=acc, device=dev)
@@ -296,6 +289,7 @@ class ExactEngine:
             h = state.head_input[0, -c:]
             return h, out.logits[0, -c:].detach()
 
+        state.calls = {}
         state.active = True
         try:
             h, vjp_fn, logits = torch.func.vjp(f, probes, direct, has_aux=True)
@@ -303,31 +297,33 @@ class ExactEngine:
             state.active = False
             state.probes = {}
             state.head_input = None
+        calls = state.calls
+        if calls.get(plan.head_name, 0) != 1:
+            raise NotImplementedError("the output head must be called exactly once per forward")
+        many = {t.name for t in plan.taps if calls.get(t.name, 0) > 1}
+        if many:
+            if any(t.tied_head for t in plan.taps if t.name in many):
+                raise NotImplementedError("the embedding tied to the head is called more than once per forward")
+            raise _Redo(many)
 
         head = plan.head
         W = head.weight.detach()
         hb = head.bias.detach() if head.bias is not None else None
         with torch.no_grad():
-            raw = F.linear(h.detach(), W, hb)
-            if not torch.allclose(raw.float(), logits.float(), rtol=1e-4, atol=1e-5):
+            rows = [0, c - 1] if c > 1 else [0]
+            raw = F.linear(h.detach()[rows], W, hb)
+            if not torch.allclose(raw.float(), logits[rows].float(), rtol=1e-4, atol=1e-5, equal_nan=True):
                 raise NotImplementedError("model logits are not lm_head(h): logit post-processing is not supported")
-            z = logits.to(acc)
-            if temperature != 1.0:
-                z = z / temperature
-            p = torch.softmax(z, dim=-1)
-            cvec = -p
-            cvec[torch.arange(c, device=dev), targets] += 1.0
-            cvec = cvec / temperature  # d logprob / d raw logits, (c, V)
+            q = token_quantities(logits, targets, temperature, head_input=h.detach(), head_bias=plan.head_bias,
+                                 with_logit_grad=True)
+            cvec = q.logit_grad.to(acc)  # (c, V): d logprob / d raw logits
+            q.logit_grad = None
             ct_h = (cvec @ W.to(acc)).to(h.dtype)  # (c, d)
             ct = torch.zeros((c,) + tuple(h.shape), dtype=h.dtype, device=dev)
             ar = torch.arange(c, device=dev)
             ct[ar, ar] = ct_h
-        with torch.no_grad():
             hh = h.detach().to(acc)
-            c2 = cvec.pow(2).sum(-1)
-            head_sq = c2 * hh.pow(2).sum(-1)
-            if hb is not None and any(n.endswith("bias") for n in plan.head_param_names):
-                head_sq = head_sq + c2
+            head_sq = q.head_grad_norm.to(acc).pow(2)
         out: dict[str, Tensor] = {}
         sub = c if sub is None else max(1, int(sub))
         batched = torch.vmap(vjp_fn)
@@ -353,7 +349,7 @@ class ExactEngine:
                 for name, v in part.items():
                     out.setdefault(name, torch.zeros(c, dtype=acc, device=dev))[i:j] = v
             del probe_g, direct_g
-        return out
+        return out, q
 
 
 def exact_chunks(
@@ -387,8 +383,8 @@ def default_budget(engine: ExactEngine, seq_len: int) -> int:
     least 16 MiB. The engine's peak then stays near 2x one forward-and-backward."""
     es = torch.finfo(engine.acc).bits // 8
     n = sum(p.numel() for _, p in engine.named)
-    outs = sum(w[1] for w in engine.state.widths.values()) if engine.state else 0
-    n_layers = max(1, sum(1 for t in engine.plan.taps if t.kind in ("layernorm", "affine_norm")) // 2)
+    outs = sum(w[1] for w in engine.plan.widths.values()) if engine.plan else 0
+    n_layers = max(1, sum(1 for t in engine.plan.taps if t.rule.is_norm) // 2)
     acts = seq_len * (2 * outs + n_layers * engine.n_heads * 4)
     return max(16 << 20, es * (n + acts))
 
@@ -397,4 +393,4 @@ def model_acc_dtype(model: nn.Module) -> torch.dtype:
     return compute_dtype(next(model.parameters()).dtype)
 
 
-__all__ = ["ExactEngine", "default_budget", "exact_chunks", "math", "model_acc_dtype"]
+__all__ = ["ExactEngine", "cached_plan", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gmts_analysis.models import trainable_parameters
-from gmts_analysis.tokens import compute_dtype
+from gmts_analysis.tokens import compute_dtype, response_prefix, response_targets, token_quantities
 
 
 def chi2_interval_factors(k: int, level: float = 0.95) -> tuple[float, float]:
@@ -86,8 +86,9 @@ def sketch_grad_norms(
         raise NotImplementedError("the head is tied to something other than an embedding")
     rest = {n: p for n, p in base.named_parameters() if id(p) in trainable and id(p) not in emb_weight_ids}
 
-    ids = input_ids[: S - 1].unsqueeze(0)  # the last token is never an input of a response logit
-    targets = input_ids[P:]
+    ids = input_ids[: response_prefix(P, 0, T)].unsqueeze(0)  # the last token predicts nothing
+    targets = response_targets(input_ids, P)
+    head_bias = head.bias is not None and id(head.bias) in trainable
     keep = "logits_to_keep" in inspect.signature(model.forward).parameters
     n_params = sum(p.numel() for _, p in named)
     es = torch.finfo(acc).bits // 8
@@ -102,6 +103,12 @@ def sketch_grad_norms(
     def head_hook(module, args, output):
         captured["h"] = args[0]
 
+    def base_hook(module, args, output):
+        hs = getattr(output, "last_hidden_state", None)
+        if hs is None and isinstance(output, tuple) and output:
+            hs = output[0]
+        captured["base"] = hs
+
     def emb_hook(name):
         def hook(module, args, output):
             if name in deltas:
@@ -114,6 +121,8 @@ def sketch_grad_norms(
     with frozen_for_transforms(model):
         try:
             handles.append(head.register_forward_hook(head_hook))
+            base_handle = base.register_forward_hook(base_hook)
+            handles.append(base_handle)
             for name, mod in emb_mods.items():
                 handles.append(mod.register_forward_hook(emb_hook(name)))
             with torch.no_grad():
@@ -121,20 +130,23 @@ def sketch_grad_norms(
                 if keep:
                     kw["logits_to_keep"] = T
                 logits = model(**kw).logits[0, -T:]
+                base_handle.remove()
                 h = captured["h"][0, -T:]
-                hb = base(input_ids=ids, use_cache=False).last_hidden_state[0, -T:]
-                if not torch.allclose(hb, h) or not torch.allclose(
-                    F.linear(h, head_w, head.bias).float(), logits.float(), rtol=1e-4, atol=1e-5
+                hb = captured.get("base")
+                if (
+                    not isinstance(hb, Tensor)
+                    or not torch.equal(hb[0, -T:], h)
+                    or not torch.allclose(F.linear(h[[0, -1]], head_w, head.bias).float(), logits[[0, -1]].float(),
+                                          rtol=1e-4, atol=1e-5)
                 ):
                     raise NotImplementedError("head input is not the base model's last hidden state")
-                z = logits.to(acc) / temperature
-                p = torch.softmax(z, dim=-1)
-                cvec = -p
-                cvec[torch.arange(T, device=p.device), targets] += 1.0
-                cvec = cvec / temperature  # (T, V): d logprob_t / d raw logits
+                q = token_quantities(logits, targets, temperature, head_input=h, head_bias=head_bias,
+                                     with_logit_grad=True)
+                cvec = q.logit_grad.to(acc)  # (T, V): d logprob_t / d raw logits
+                q.logit_grad = None
                 hh = h.to(acc)
                 u = cvec @ head_w.to(acc)  # (T, d): d logprob_t / d h_t
-                c2 = cvec.pow(2).sum(-1)
+                c2 = q.logit_grad_norm.to(acc).pow(2)
                 h2 = hh.pow(2).sum(-1)
                 # embedding rows that can receive gradient, per embedding module
                 uniq, inv = {}, {}
@@ -146,13 +158,13 @@ def sketch_grad_norms(
                         inv[name] = torch.where(x == mod.padding_idx, torch.full_like(iv, -1), iv)
                 tied_name = next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
                 if tied_name is None:
-                    a2 = c2 * h2
+                    a2 = q.head_grad_norm.to(acc).pow(2)  # the whole head: ||c||^2 (||h||^2 + [bias])
                     cU = None
                 else:
                     cU = cvec[:, uniq[tied_name]]  # (T, U)
                     a2 = h2 * (c2 - cU.pow(2).sum(-1)).clamp_min(0.0)
-                if head.bias is not None and id(head.bias) in trainable:
-                    a2 = a2 + c2
+                    if head_bias:
+                        a2 = a2 + c2
 
             # --- the sketch: K forward-mode passes, batched with vmap over directions ---
             gen = torch.Generator(device="cpu").manual_seed(int(seed))
@@ -212,7 +224,7 @@ def sketch_grad_norms(
     norms = (a2c + est_b).sqrt()
     lo = (a2c + est_b * lo_f).sqrt()
     hi = (a2c + est_b * hi_f).sqrt()
-    return GradNorms(norms=norms, lo=lo, hi=hi, groups=None, method="sketch")
+    return GradNorms(norms=norms, lo=lo, hi=hi, groups=None, method="sketch", quantities=q)
 
 
 __all__ = ["chi2_interval_factors", "math", "sketch_grad_norms"]
