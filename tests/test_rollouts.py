@@ -116,3 +116,94 @@ def test_vocab_and_context_checks(tmp_path, tok):
         validate_against_model(ans, 100, 3, False)
     assert validate_against_model(ans, 100, 3, True) == 1
     assert ans[0].response_ids == [3]
+
+
+# ---------------------------------------------------------------- adversarial inputs (issue: never a traceback)
+
+GOOD = '{"prompt": "a", "response": "b", "reward": 1}\n'
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("r.jsonl", GOOD.encode() + b'{"prompt": "a\xff", "response": "b", "reward": 1}\n', "line 2: not valid UTF-8"),
+    ("r.jsonl", GOOD.encode("utf-16"), "line 1: UTF-16 text"),
+    ("r.jsonl", b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ("r.jsonl", b'{"prompt": "a", "response": "b", "reward": ' + b"9" * 5000 + b"}\n", "line 1: invalid JSON"),
+    ("r.jsonl", b'{"prompt": "a", "response": "b\\ud800", "reward": 1}\n', "line 1: field 'response' holds a lone"),
+    ("r.jsonl", GOOD.encode() + b'{"prompt": "a", "response": "b", "reward": 1, "step": [1]}\n',
+     "line 2: field 'step' must be an integer or text, got list"),
+    ("r.jsonl", b'{"prompt": "a", "response": "b", "reward": 1, "step": 1}\n'
+                b'{"prompt": "a", "response": "b", "reward": 1, "step": "x"}\n', "line 2: field 'step' is 'x'"),
+    ("r.jsonl", b'{"prompt": "a", "response": "b", "reward": 1e308}\n', "line 1: field 'reward' is 1e+308, outside"),
+    ("r.jsonl", b'{"prompt": "a", "response": "b", "reward": -Infinity}\n', "line 1: field 'reward' is -inf"),
+    ("r.jsonl", b'{"prompt": "a", "response_ids": [5, 6], "reward": 1, "old_logprobs": [-0.1, 0.5]}\n',
+     "line 1: field 'old_logprobs' item 2 is 0.5 > 0"),
+    ("r.jsonl", b'{"prompt": "a", "response_ids": [5, 6], "reward": 1, "ref_logprobs": [-1e308, -1]}\n',
+     "line 1: field 'ref_logprobs' item 1 is -1e+308, below -1000"),
+    ("r.jsonl", b'{"prompt": "a", "response_ids": [5, 6], "reward": 1, "old_logprobs": [NaN, -1]}\n',
+     "line 1: field 'old_logprobs' has a non-finite value"),
+    ("r.jsonl", b"", "no rollouts in the file (empty input)"),
+    ("r.jsonl", b'{"prompt": [{"role": "user"}], "response": "b", "reward": 1}\n',
+     "line 1: field 'prompt': message 1 must be an object with 'role' and 'content'"),
+])
+def test_adversarial_files_one_line_errors(tmp_path, tok, name, content, message):
+    p = tmp_path / name
+    p.write_bytes(content)
+    with pytest.raises(GmtsError) as e:
+        read_rollouts(p, tok)
+    assert message in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_parquet_detected_by_magic_bytes_and_directory_steps(tmp_path, tok):
+    df = pd.DataFrame({"prompt": ["a=", "a="], "response": ["1", "2"], "reward": [1.0, 0.0]})
+    df.to_parquet(tmp_path / "rollouts.data")  # not named *.parquet
+    assert [a.reward for a in read_rollouts(tmp_path / "rollouts.data", tok)] == [1.0, 0.0]
+    d = tmp_path / "dir"
+    d.mkdir()
+    write_jsonl(d / "step_3.jsonl", [{"prompt": "a", "response": "b", "reward": 1.0}])
+    write_jsonl(d / "step_12.jsonl", [{"prompt": "a", "response": "c", "reward": 0.0}])
+    ans = read_rollouts(d, tok)
+    assert [a.step for a in ans] == [3, 12]  # from the names, in step order (not name order)
+    assert ans[0].group_id != ans[1].group_id
+    (d / "notes.jsonl").write_text(GOOD)
+    with pytest.raises(GmtsError, match="'notes.jsonl' has no step number in its name"):
+        read_rollouts(d, tok)
+
+
+def test_long_text_refused_before_tokenizing(tmp_path, tok):
+    import time
+
+    p = tmp_path / "big.jsonl"
+    with open(p, "w") as f:
+        f.write(json.dumps({"prompt": "a", "response": "x" * 50_000_000, "reward": 1.0}) + "\n")
+    calls = []
+
+    class Spy:
+        def __getattr__(self, k):
+            return getattr(tok, k)
+
+        def __len__(self):
+            return len(tok)
+
+        def __call__(self, text, **kw):
+            calls.append(len(text))
+            return tok(text, **kw)
+
+    t0 = time.perf_counter()
+    with pytest.raises(GmtsError, match=r"line 1: field 'response' has 50,000,000 characters, more than the model's "
+                                        r"context of 256 tokens can hold"):
+        read_rollouts(p, Spy(), options=ReaderOptions(max_tokens=256))
+    assert time.perf_counter() - t0 < 10 and max(calls, default=0) < 1000  # the response was never tokenized
+    ans = read_rollouts(p, Spy(), options=ReaderOptions(max_tokens=256, truncate=True))
+    assert max(calls) <= 256 * max(len(t) for t in tok.get_vocab()) and len(ans[0].response_ids) >= 256
+
+
+def test_empty_vocabulary_tokenizer_refused(tmp_path):
+    class Empty:
+        eos_token = eos_token_id = None
+
+        def __len__(self):
+            return 0
+
+    p = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "response": "b", "reward": 1.0}])
+    with pytest.raises(GmtsError, match="line 1: text 'prompt' given but the model's tokenizer has an empty vocabulary"):
+        read_rollouts(p, Empty())

@@ -15,8 +15,10 @@ tokenized as follows (docs/definitions.md section 7):
   template's markers are gone. With ``auto`` or ``on`` and a tokenizer with a chat template,
   the reader restores it when the text is exactly the template's rendering of one user
   message with those markers removed (checked by rendering the found question again and
-  comparing); otherwise the text is probed as logged and counted as not restored (``on``
-  refuses instead).
+  comparing), and the template leaves visible role text around the message (ChatML's
+  ``user``/``assistant`` lines) to anchor the match; otherwise the text is probed as logged
+  and counted as not restored (``on`` refuses instead). A prompt with a custom system
+  message or several turns does not match and is not restored.
 - **Responses** are tokenized without special tokens. A TRL or verl response was decoded
   with ``skip_special_tokens=True``, which drops the stop token the policy emitted and was
   trained on: it gets the tokenizer's EOS back, unless it hit the length limit
@@ -73,8 +75,8 @@ class ContextReport:
             out.append(f"chat template applied to {self.template_applied_text} text prompt(s) as one user message "
                        "(--chat-template on)")
         if self.template_restored_verl:
-            out.append(f"chat template restored on {self.template_restored_verl} verl prompt(s) (the logged text is "
-                       "the template's rendering of one user message without its special tokens)")
+            out.append(f"chat template restored on {self.template_restored_verl} verl prompt(s), taken as one user "
+                       "message each: the logged text is exactly the template's rendering of it without special tokens")
         if self.template_not_restored:
             out.append(f"could not restore the chat template of {self.template_not_restored} verl prompt(s): probed "
                        "as logged, without the template's special tokens (log prompt_ids to probe exactly)")
@@ -195,7 +197,8 @@ class Contextualizer:
                                         skip_special_tokens=True)
                 if shown.count(_SENTINEL) == 1:
                     pre, post = shown.split(_SENTINEL)
-                    self._verl_pattern = (pre, post)
+                    if (pre + post).strip():  # visible role text anchors the match; else it is ambiguous
+                        self._verl_pattern = (pre, post)
             except Exception:
                 self._verl_pattern = None
         return self._verl_pattern  # type: ignore[return-value]

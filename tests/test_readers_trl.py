@@ -1,0 +1,133 @@
+"""TRL completions tables read as TRL 1.16 writes them: exact ids back (template, EOS), reward
+columns named (never every numeric column), NaN skipped, groups, logged advantage, end to end."""
+
+import json
+import logging
+import math
+
+import pandas as pd
+import pytest
+
+from _trainer_logs import chat_tokenizer, save_chat_model, template_ids, write_trl_completions
+from gmts_analysis.cli import main
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.rollouts import ReaderOptions, read_rollouts
+
+OPTS = dict(reward_columns="accuracy,format", num_generations=2, max_completion_length=6)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return chat_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def trl_dir(tmp_path_factory, tok):
+    root = tmp_path_factory.mktemp("trl_run")
+    return root, write_trl_completions(root, tok)
+
+
+def test_ids_restored_exactly_as_trl_fed_them(trl_dir, tok):
+    root, truth = trl_dir
+    ans = read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS))
+    assert len(ans) == 8 and [a.step for a in ans] == [10] * 4 + [20] * 4
+    for i, a in enumerate(ans):
+        pids, cids, r, adv = truth[(a.step, i % 4)]
+        assert a.prompt_ids == pids  # text: tokenizer(text) with specials; messages: the chat template
+        assert a.response_ids == cids  # EOS back, except the answer cut at max_completion_length
+        assert a.reward == r and a.logged_advantage == adv
+    assert [a.group_id for a in ans] == ["10:0", "10:0", "10:1", "10:1", "20:0", "20:0", "20:1", "20:1"]
+    ctx = ans.report["context"]
+    assert ctx["template_applied_messages"] == 4 and ctx["text_prompts_plain"] == 4
+    assert ctx["eos_appended"] == 6 and ctx["eos_not_appended_length_limit"] == 2
+    assert ans.report["reward"]["columns"] == ["accuracy", "format"]
+    assert ans[0].extra["num_steps_extracted"] == 3  # the log_extra column is carried, never summed
+
+
+def test_reward_is_the_named_columns_only(tmp_path, tok, caplog):
+    """Regression: with a log_extra column present the reward must be 2.0, not 2.0 + 3."""
+    df = pd.DataFrame({"step": [1, 1], "prompt": ["p", "p"], "completion": ["a", "b"], "acc": [1.0, 1.0],
+                       "fmt": [1.0, math.nan], "num_steps_extracted": [3, 4], "advantage": [0.5, -0.5]})
+    df.to_parquet(tmp_path / "completions_00001.parquet")
+    p = tmp_path / "completions_00001.parquet"
+    with pytest.raises(GmtsError, match=r"several numeric columns could be rewards \(acc, fmt, num_steps_extracted\)"):
+        read_rollouts(p, tok)
+    ans = read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc,fmt"))
+    assert [a.reward for a in ans] == [2.0, 1.0]  # NaN skipped (nansum), as TRL
+    ans = read_rollouts(p, tok, options=ReaderOptions(reward_columns=["acc", "fmt"], reward_weights="0.5,2"))
+    assert [a.reward for a in ans] == [2.5, 0.5]
+    with pytest.raises(GmtsError, match="no column 'nope'"):
+        read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc,nope"))
+    with pytest.raises(GmtsError, match="2 weights for 1 reward columns"):
+        read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc", reward_weights="1,2"))
+    # one numeric candidate: used, and said on stderr
+    df.drop(columns=["fmt", "num_steps_extracted"]).to_parquet(p)
+    with caplog.at_level(logging.INFO, logger="gmts_analysis.readers"):
+        ans = read_rollouts(p, tok)
+    assert [a.reward for a in ans] == [1.0, 1.0]
+    assert "only numeric column 'acc'" in caplog.text
+
+
+def test_unscorable_row_and_leftover_block_refused(tmp_path, tok):
+    p = tmp_path / "completions_00001.parquet"
+    pd.DataFrame({"step": [1, 1, 1], "prompt": ["p"] * 3, "completion": ["a", "b", "c"], "acc": [1.0, math.nan, 0.0],
+                  "advantage": [0.0] * 3}).to_parquet(p)
+    with pytest.raises(GmtsError, match=r"row 2: every reward column \(acc\) is NaN"):
+        read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc"))
+    pd.DataFrame({"step": [1, 1, 1], "prompt": ["p"] * 3, "completion": ["a", "b", "c"], "acc": [1.0, 0.0, 0.0],
+                  "advantage": [0.0] * 3}).to_parquet(p)
+    with pytest.raises(GmtsError, match="3 rows are not whole groups of --num-generations 2"):
+        read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc", num_generations=2))
+
+
+def test_steps_selects_files(trl_dir, tok):
+    root, _ = trl_dir
+    ans = read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS, steps="20"))
+    assert {a.step for a in ans} == {20}
+    ans = read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS, steps="5-15,99"))
+    assert {a.step for a in ans} == {10}
+    with pytest.raises(GmtsError, match="--steps selects none of the files"):
+        read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS, steps="3"))
+    with pytest.raises(GmtsError, match="--steps: expected step numbers"):
+        read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS, steps="ten"))
+
+
+def test_message_prompts_get_the_chat_template(tmp_path, tok):
+    msgs = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "1+1="}]
+    p = tmp_path / "r.jsonl"
+    p.write_text(json.dumps({"prompt": msgs, "response": "2", "reward": 1.0}) + "\n"
+                 + json.dumps({"prompt": "1+1=", "response": "3", "reward": 0.0}) + "\n")
+    ans = read_rollouts(p, tok)
+    assert ans[0].prompt_ids == template_ids(tok, msgs)
+    assert ans[1].prompt_ids == tok("1+1=")["input_ids"]  # text: special tokens, no template (auto)
+    assert ans[0].response_ids == tok("2", add_special_tokens=False)["input_ids"]  # ours: no EOS added
+    on = read_rollouts(p, tok, options=ReaderOptions(chat_template="on"))
+    assert on[1].prompt_ids == template_ids(tok, [{"role": "user", "content": "1+1="}])
+    with pytest.raises(GmtsError, match="line 1: field 'prompt' is a list of chat messages.*--chat-template off"):
+        read_rollouts(p, tok, options=ReaderOptions(chat_template="off"))
+
+
+def test_probe_end_to_end_on_a_trl_directory(trl_dir, tok, tmp_path, capsys):
+    root, truth = trl_dir
+    model = save_chat_model(tmp_path / "model")
+    out = tmp_path / "run"
+    rc = main(["probe", "--model", str(model), "--rollouts", str(root / "completions"), "--out", str(out),
+               "--device", "cpu", "--no-figures", "--fidelity", "off", "--grad-norm", "none",
+               "--reward-columns", "accuracy,format", "--num-generations", "2", "--max-completion-length", "6",
+               "--advantage", "logged"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    assert "chat template applied (with the generation prompt) to 4 message-list prompt(s)" in err
+    assert "appended to 6 response(s)" in err
+    a = pd.read_parquet(out / "answers.parquet")
+    assert len(a) == 8
+    for i, row in enumerate(a.itertuples()):
+        pids, cids, r, adv = truth[(row.step, i % 4)]
+        assert list(row.prompt_ids) == pids and list(row.response_ids) == cids
+        assert row.reward == r and row.advantage == pytest.approx(adv)
+    m = json.loads((out / "manifest.json").read_text())
+    read = m["rollouts"]["read"]
+    assert read["format"] == "trl" and read["context"]["eos_appended"] == 6
+    assert any("chat template applied" in line for line in read["restored"])
+    t = pd.read_parquet(out / "tokens.parquet")
+    assert len(t) == sum(len(v[1]) for v in truth.values())
