@@ -103,7 +103,7 @@ class JobSettings:
     strict: bool = opt(False, "stop at the first answer that fails (default: record it in errors.jsonl and go on)")
     answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
                                  "at most one record per rank")
-    quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr")
+    quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr", short="-q")
     offline: bool = opt(False, "never download: a hub --model must already be in the local Hugging Face cache "
                         "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
     config_file: str = opt(None, "the --config YAML file the options were read from", cli=False)
@@ -177,7 +177,7 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
 def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
     """Add one ``--flag`` per dataclass field (bools become switches), each in its ``--help``
     group (:func:`gmts_analysis.options.help_group`) with its default stated."""
-    from gmts_analysis.options import help_group
+    from gmts_analysis.options import METAVARS, help_group
 
     for f in dataclasses.fields(cls):
         if f.name in skip or f.metadata.get("cli") is False:
@@ -191,10 +191,13 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
                 where.add_argument(md["flag_off"], action="store_false", dest=f.name,
                                    help=md.get("help_off") or f"skip: {kw['help']} (default: done)")
                 continue
-            where.add_argument(flag, action="store_true", help=f"{kw['help']} (default: off)", dest=f.name)
+            flags = [md["short"], flag] if md.get("short") else [flag]
+            where.add_argument(*flags, action="store_true", help=f"{kw['help']} (default: off)", dest=f.name)
             continue
         typ = {"int": int, "float": float, int: int, float: float}.get(f.type, str)
         kw["type"] = typ
+        if f.name in METAVARS and "choices" not in md:
+            kw["metavar"] = METAVARS[f.name]
         if "choices" in md:
             kw["choices"] = md["choices"]
         if md.get("required"):

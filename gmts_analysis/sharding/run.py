@@ -15,12 +15,13 @@ Steps, on every rank unless said:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from pathlib import Path
 from typing import Any
 
-from gmts_analysis import kernel
+from gmts_analysis import io, kernel
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.sharding import merge, state
 from gmts_analysis.sharding.context import (
@@ -39,33 +40,48 @@ log = logging.getLogger("gmts_analysis.sharding")
 
 
 def check_inputs(cfg: ProbeConfig) -> None:
-    """Errors any rank can tell before touching the disk."""
+    """Errors any rank can tell before touching the disk: options in their domains, the
+    rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.validate`)."""
+    from gmts_analysis import io
+    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.validate import validate_options
+
     if cfg.out is None:
         raise GmtsError("--out: an output directory is required")
     if not Path(cfg.rollouts).exists():
         raise GmtsError(f"{cfg.rollouts}: rollouts file not found")
-    try:
-        n = int(cfg.answers_per_chunk)
-    except (TypeError, ValueError):
-        raise GmtsError(f"--answers-per-chunk: expected an integer, got '{cfg.answers_per_chunk}'") from None
-    if n < 1:
-        raise GmtsError(f"--answers-per-chunk: must be at least 1, got {n}")
+    from gmts_analysis.readers.sources import rollout_files
+
+    rollout_files(cfg.rollouts, getattr(cfg, "steps", None))  # a file, or a directory of per-step files
+    validate_options(cfg)
+    io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
 
 
 def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int, float]:
     """``(model, tokenizer, model_path, answers, n_truncated, load_seconds)``."""
     from gmts_analysis.models import context_length, load_model, resolve_model_path
     from gmts_analysis.rollouts import read_rollouts, validate_against_model
+    from gmts_analysis.validate import check_answers
 
     t0 = time.perf_counter()
     model_path = resolve_model_path(cfg.model)
-    model, tokenizer = load_model(cfg.model, device, cfg.dtype)
+    model, tokenizer = load_model(cfg.model, device, cfg.dtype, offline=bool(getattr(cfg, "offline", False)))
     t_load = time.perf_counter() - t0
-    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, resolve_verifier(cfg.verifier))
+    from gmts_analysis.rollouts import ReaderOptions
+
+    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, resolve_verifier(cfg.verifier),
+                            options=ReaderOptions.from_config(cfg, max_tokens=context_length(model)))
+    check_answers(answers, cfg.model)
     vocab = model.get_input_embeddings().weight.shape[0]
     n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
     if n_cut:
         log.warning("%d answer(s) truncated to the model's context", n_cut)
+    if getattr(cfg, "mask_truncated_completions", False):
+        from gmts_analysis.kernel import mark_unterminated
+
+        n_open = mark_unterminated(answers, tokenizer, model)
+        log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
+                 n_open, len(answers))
     return model, tokenizer, model_path, answers, n_cut, t_load
 
 
@@ -86,10 +102,13 @@ def _on_main(ctx: DistContext, fn: Any) -> Any:
     return msg[1]
 
 
-def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
+def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | None = None,
+                extra_files: dict[str, str] | None = None) -> Path:
     """Probe ``cfg.rollouts`` with ``cfg.model`` into ``cfg.out`` on this rank; rank 0 merges.
 
     With no torchrun environment this is one process doing everything. Returns ``cfg.out``.
+    ``extra`` (manifest entries) and ``extra_files`` (name -> text) go into the finished
+    directory (``gmts run`` records its sampling and the sampled rollouts so).
     """
     ctx = ctx or context_from_env()
     check_inputs(cfg)
@@ -97,11 +116,14 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
     if not ctx.is_main:  # progress and info lines on rank 0 only
         logging.getLogger("gmts_analysis.probe").setLevel(logging.ERROR)
         logging.getLogger("gmts_analysis.sharding").setLevel(logging.WARNING)
-    with process_group(ctx):
+    with process_group(ctx), contextlib.ExitStack() as held:
         t_start = time.perf_counter()
+        # rank 0 holds the run directory's lock for the whole job: a second job on it stops here
+        _on_main(ctx, lambda: str(held.enter_context(io.exclusive_lock(out))))
 
         def inspect() -> tuple[str, state.Fingerprint]:
             fp = state.run_fingerprint(cfg)
+            io.clean_stale_siblings(out)
             return state.inspect_directory(out, fp, cfg.overwrite), fp
 
         status, fp = _on_main(ctx, inspect)
@@ -132,12 +154,12 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None) -> Path:
             return out
         parts = merge.wait_for_parts(out, ctx.world_size, fp.run_hash, attempt)
         return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
-                      time.perf_counter() - t_start, ctx.world_size)
+                      time.perf_counter() - t_start, ctx.world_size, extra, extra_files)
 
 
 def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
            fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
-           world_size: int) -> Path:
+           world_size: int, more: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Merge and write the final directory, with the manifest's timings and distribution record."""
     records = state.read_chunks(out, fp.run_hash)
     n_tok = sum(r.n_tokens for r in records)
@@ -147,7 +169,8 @@ def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: li
                "wall_s": wall_s}
     extra = {
         "n_truncated": n_cut,
-        "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format},
+        "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format,
+                     "read": getattr(answers, "report", None)},
         "distributed": {
             "world_size": world_size,
             "attempts": st.get("attempts", []),
@@ -157,7 +180,8 @@ def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: li
             "n_chunks": len(records),
         },
     }
-    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra)
+    extra.update(more or {})
+    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra, extra_files)
 
 
 def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
@@ -170,15 +194,21 @@ def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = 
     import dataclasses
 
     out = Path(run_dir)
-    if not out.is_dir():
+    if not out.is_dir() and not state.work_area_sibling(out).is_dir():
         raise GmtsError(f"{out}: no such run directory")
-    st = state.read_state(out)
-    fields = {f.name for f in dataclasses.fields(ProbeConfig)}
-    cfg = ProbeConfig(**{k: v for k, v in st["config"].items() if k in fields})
-    cfg = dataclasses.replace(cfg, out=str(out), device=device, quiet=quiet,
-                              figures=cfg.figures if figures is None else figures,
-                              fidelity=cfg.fidelity if fidelity is None else fidelity)
-    check_inputs(cfg)
+    with io.exclusive_lock(out):  # no probe or merge may work on it meanwhile
+        io.clean_stale_siblings(out)
+        st = state.read_state(out)
+        fields = {f.name for f in dataclasses.fields(ProbeConfig)}
+        cfg = ProbeConfig(**{k: v for k, v in st["config"].items() if k in fields})
+        cfg = dataclasses.replace(cfg, out=str(out), device=device, quiet=quiet,
+                                  figures=cfg.figures if figures is None else figures,
+                                  fidelity=cfg.fidelity if fidelity is None else fidelity)
+        check_inputs(cfg)
+        return _merge_locked(cfg, out, st, device)
+
+
+def _merge_locked(cfg: ProbeConfig, out: Path, st: dict, device: str) -> Path:
     fp = state.run_fingerprint(cfg)
     if fp.run_hash != st.get("run_hash"):
         why = "; ".join(fp.differences(st.get("fingerprint") or {}))

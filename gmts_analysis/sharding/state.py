@@ -39,6 +39,7 @@ from typing import Any
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.io import file_sha256
+from gmts_analysis.readers.sources import input_sha256
 
 log = logging.getLogger("gmts_analysis.sharding")
 
@@ -51,7 +52,8 @@ STATE_FORMAT = "gmts-run-state/1"
 # configuration fields that change the rows of tokens.parquet or the statistics
 RESULT_FIELDS = ("format", "dtype", "temperature", "advantage", "loss_agg", "max_len", "clip_low", "clip_high",
                  "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed", "loss_type", "clip_ratio_c",
-                 "kl_bias_correction", "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max")
+                 "kl_bias_correction", "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max",
+                 "mask_truncated_completions")
 _TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".py", ".tiktoken", ".vocab", ".merges")
 _BLOCK = 64 * 1024
 _BLOCKS = 16
@@ -136,7 +138,7 @@ class Fingerprint:
 
 
 def run_fingerprint(cfg: ProbeConfig) -> Fingerprint:
-    return Fingerprint(model=model_fingerprint(cfg.model), rollouts_sha256=file_sha256(Path(cfg.rollouts)),
+    return Fingerprint(model=model_fingerprint(cfg.model), rollouts_sha256=input_sha256(Path(cfg.rollouts)),
                        config=result_config(cfg))
 
 
@@ -163,8 +165,15 @@ def recover_work_area(out: Path) -> None:
         return
     if out.exists() and (out / "manifest.json").exists():
         shutil.rmtree(work, ignore_errors=True)
-    elif not out.exists():
+        return
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty directory took the work area's place: the work area wins
+    if not out.exists():
         os.replace(work, out)
+        log.warning("%s: recovered the work area of an interrupted job (%s)", out, work.name)
+    else:
+        log.warning("%s: %s holds the work of an interrupted job and %s is in its place; not touching either",
+                    out, work, out)
 
 
 def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
@@ -173,11 +182,14 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
     Raises :class:`GmtsError` when ``out`` holds anything else than this run (another
     model, rollouts or configuration, or files that are not a run) and not ``overwrite``.
     """
+    from gmts_analysis import io
+
     recover_work_area(out)
     if out.exists() and not out.is_dir():
         raise GmtsError(f"{out}: exists and is not a directory")
     if not out.exists() or not any(out.iterdir()):
         return "fresh"
+    io.check_ours(out)  # someone else's files: refused whatever --overwrite says
     if overwrite:
         return "overwrite"
     manifest = _read_json_or_none(out / "manifest.json") if (out / "manifest.json").exists() else None
@@ -195,7 +207,8 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
         why = "; ".join(fp.differences(state.get("fingerprint") or {}))
         raise GmtsError(f"{out}: holds an unfinished run of a different model, rollouts or configuration ({why}); "
                         "rerun its own command to resume it, or pass --overwrite to start over")
-    raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
+    raise GmtsError(f"{out}: holds an unreadable or incomplete gmts run (no usable manifest.json or {STATE_FILE}); "
+                    "pass --overwrite to replace it")
 
 
 def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int) -> int:
@@ -209,6 +222,7 @@ def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str,
     from gmts_analysis import io
 
     if status == "overwrite":
+        io.check_ours(out)  # never empty a directory that holds someone else's files
         for child in out.iterdir():
             if child.is_dir() and not child.is_symlink():
                 shutil.rmtree(child)
