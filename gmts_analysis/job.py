@@ -1,27 +1,110 @@
-"""One probe run, end to end: rollouts in, a run directory out (SPEC section 8).
+"""A probe job, end to end: rollouts in, a run directory out (docs/definitions.md section 8).
 
 ``run_probe(cfg)`` loads the model, reads the rollouts, probes every answer with
 :func:`gmts_analysis.kernel.probe_answer` (sharded across torchrun ranks when launched so,
-recorded chunk by chunk so that a killed run resumes), and finishes the directory with
-:func:`gmts_analysis.finalize.write_run`. ``gmts probe`` and ``gmts run`` both call it.
+recorded chunk by chunk so that a killed run resumes, failures in ``errors.jsonl``, the
+run fingerprint in the manifest), and finishes the directory with
+:func:`gmts_analysis.finalize.write_run`. ``gmts probe`` calls it.
+
+``sample_and_probe(cfg, sampling)`` is ``gmts run``: it samples the toy domains
+(:func:`gmts_analysis.api.sample`) into a work file beside the run directory, then runs the
+same job on that file. Run again with the same arguments after a crash, it reuses the
+work file (or samples the same rows again) and the job resumes from its chunk records.
+The sampled rows are kept in the finished directory as ``rollouts.jsonl``.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
+from typing import Any
 
 from gmts_analysis.config import ProbeConfig
 
+SAMPLE_ROLLOUTS = "rollouts.jsonl"
 
-def run_probe(cfg: ProbeConfig) -> Path:
+
+def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
     """Load, read, probe, compute statistics (and fidelity, figures, report); write ``cfg.out``.
 
     One process, or every rank of a torchrun job (each takes a share of whole groups; rank 0
     merges). Work is recorded chunk by chunk in ``cfg.out``: the same command run again
     after a crash resumes; the finished files appear only once everything is done (see
-    :mod:`gmts_analysis.sharding` and docs/scaling.md).
+    :mod:`gmts_analysis.sharding` and docs/scaling.md). ``extra`` adds manifest entries and
+    ``extra_files`` (name -> text) files of the finished directory.
     """
     from gmts_analysis.sharding import run_sharded
 
-    return run_sharded(cfg)
+    return run_sharded(cfg, extra=extra, extra_files=extra_files)
 
+
+def sample_work_dir(out: str | Path) -> Path:
+    """Where ``gmts run`` keeps its sampled rollouts until the run is finished (a hidden sibling)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.gmts-sample"
+
+
+def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool) -> Path:
+    """The rollouts file of this sampling: reused when a work file of the same sampling exists,
+    else sampled and written (atomically) with its parameters beside it."""
+    from gmts_analysis import io
+
+    work = sample_work_dir(cfg.out)
+    path, params = work / SAMPLE_ROLLOUTS, work / "sampling.json"
+    key = {"model": cfg.model, **sampling}
+    if path.exists() and params.exists():
+        try:
+            same = json.loads(params.read_text()) == json.loads(io.to_json(key))
+        except (OSError, ValueError):
+            same = False
+        if same:
+            return path
+    from gmts_analysis.api import sample
+
+    rows = sample(cfg.model, sampling["domains"], num_prompts=sampling["num_prompts"],
+                  group_size=sampling["group_size"], temperature=sampling["temperature"],
+                  max_new_tokens=sampling["max_new_tokens"], seed=sampling["seed"], device=sampling["device"],
+                  progress=progress)
+    work.mkdir(parents=True, exist_ok=True)
+    io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    io.atomic_write_json(params, key)
+    return path
+
+
+def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
+    """``gmts run``: sample (``sampling``: domains, num_prompts, group_size, temperature,
+    max_new_tokens, seed, device) with ``cfg.model``, then :func:`run_probe` on the rows into
+    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``."""
+    import dataclasses
+
+    out = Path(cfg.out)
+    key = json.loads(_json({"model": cfg.model, **sampling}))
+    work = sample_work_dir(out)
+    if (out / SAMPLE_ROLLOUTS).exists() and not work.exists() and not cfg.overwrite:
+        # a finished gmts run: if it is this sampling, its rollouts.jsonl is the input again
+        # (the job then finds the run complete, or refuses a different configuration)
+        try:
+            old = json.loads((out / "manifest.json").read_text()).get("sampling")
+        except (OSError, ValueError):
+            old = None
+        if old == key:
+            from gmts_analysis import io
+
+            io.atomic_write_text(work / SAMPLE_ROLLOUTS, (out / SAMPLE_ROLLOUTS).read_text(encoding="utf-8"))
+            io.atomic_write_json(work / "sampling.json", key)
+    rollouts = _sampled_rollouts(cfg, sampling, progress=not cfg.quiet)
+    text = rollouts.read_text(encoding="utf-8")
+    result = run_probe(dataclasses.replace(cfg, rollouts=str(rollouts)),
+                       extra={"job": "gmts run", "sampling": key,
+                              **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}},
+                       extra_files={SAMPLE_ROLLOUTS: text})
+    if (out / "manifest.json").exists():
+        shutil.rmtree(work, ignore_errors=True)
+    return result
+
+
+def _json(obj: Any) -> str:
+    from gmts_analysis.io import to_json
+
+    return to_json(obj)

@@ -1,8 +1,9 @@
 """Load a causal LM and its tokenizer; the shipped-policy aliases; attention switching.
 
-``tiny`` and ``small`` name the policies shipped in ``data/policies/``; anything
-else is a local directory or a hub id (loaded with ``local_files_only`` unless the
-caller allows the network: the toolkit never downloads at run time by default).
+``tiny`` and ``small`` name the policies shipped in ``gmts_analysis/data/policies/``; anything
+else is a local directory or a hub id. Hub ids load as transformers loads them: from the
+local Hugging Face cache, downloading what is missing, unless ``HF_HUB_OFFLINE=1`` (or
+``TRANSFORMERS_OFFLINE=1``) is set or the caller asks for ``offline`` (``--offline``).
 """
 
 from __future__ import annotations
@@ -15,17 +16,10 @@ from typing import Iterator
 import torch
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.resources import data_dir
 
 ALIASES = ("tiny", "small")
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def data_dir() -> Path:
-    """The project's ``data/`` directory (``GMTS_DATA_DIR`` overrides)."""
-    env = os.environ.get("GMTS_DATA_DIR")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent / "data"
 
 
 def resolve_model_path(name: str) -> str:
@@ -36,6 +30,13 @@ def resolve_model_path(name: str) -> str:
             raise GmtsError(f"{path}: shipped policy '{name}' not found (expected config.json there)")
         return str(path)
     return name
+
+
+def hub_offline() -> bool:
+    """True when the environment forbids hub downloads (``HF_HUB_OFFLINE`` or
+    ``TRANSFORMERS_OFFLINE`` set to 1/true/yes/on, as huggingface_hub reads them)."""
+    return any(os.environ.get(k, "").strip().upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
@@ -53,6 +54,12 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
             raise GmtsError(f"--device {spec}: CUDA is not available on this machine")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise GmtsError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s)")
+    elif dev.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise GmtsError(f"--device {spec}: Apple MPS is not available on this machine (use auto, cpu, cuda or cuda:N)")
+    elif dev.type != "cpu":
+        raise GmtsError(f"--device {spec}: device type '{dev.type}' is not supported (use auto, cpu, cuda or cuda:N)")
     return dev
 
 
@@ -68,12 +75,19 @@ def load_model(
     name_or_path: str,
     device: str | torch.device = "auto",
     dtype: str | torch.dtype = "float32",
-    allow_network: bool = False,
+    offline: bool = False,
 ):
     """Load ``(model, tokenizer)`` in eval mode on ``device``.
 
-    The tokenizer is ``None`` when the checkpoint ships none (ids-only rollouts still work).
-    Raises :class:`GmtsError` for a missing path or an unloadable checkpoint.
+    A hub id is downloaded when missing from the local Hugging Face cache, as transformers does,
+    unless ``offline`` or the environment (:func:`hub_offline`) forbids it; local paths and the
+    shipped ``tiny``/``small`` never touch the network.
+
+    The tokenizer is ``None`` when the checkpoint ships none, or one with an empty vocabulary
+    (ids-only rollouts still work). Raises :class:`GmtsError` (one line) for a missing path, a
+    file instead of a directory, an unreadable config, an unknown ``model_type``, a checkpoint
+    that is not a causal LM (e.g. ``BertForMaskedLM``, ``BertModel``), and weights that are
+    truncated, missing or of the wrong shape (a head that would be newly initialized).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -81,24 +95,123 @@ def load_model(
     local = Path(path).exists()
     # a hub id is "name" or "org/name"; anything else that does not exist is a missing directory
     looks_like_path = path.startswith((".", "/", "~")) or path.strip("/").count("/") > 1
-    if not local and not allow_network and looks_like_path:
+    if not local and looks_like_path:
         raise GmtsError(f"--model {name_or_path}: no such directory")
+    no_download = local or offline or hub_offline()
+    if local:
+        check_model_dir(name_or_path, Path(path))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
-    kw = {} if allow_network else {"local_files_only": True}
+    kw = {"local_files_only": no_download}
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, **kw)
-    except OSError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise GmtsError(f"--model {name_or_path}: cannot load ({first})") from None
+        with _quiet_transformers():
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dt, output_loading_info=True, **kw)
+    except GmtsError:
+        raise
+    except Exception as e:  # OSError, SafetensorError, ValueError, UnpicklingError, ...
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        if not local and no_download and isinstance(e, OSError):
+            why = "--offline" if offline else "HF_HUB_OFFLINE=1"
+            raise GmtsError(f"--model {name_or_path}: not a local directory and not in the Hugging Face cache, "
+                            f"and downloads are off ({why})") from None
+        raise GmtsError(f"--model {name_or_path}: cannot load ({type(e).__name__}: {first[:300]})") from None
+    check_loaded(name_or_path, model, info)
     model.to(dev)
     model.eval()
     tokenizer = None
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-    except (OSError, ValueError, TypeError):
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(path, **kw)
+    except Exception:  # no tokenizer files, or files transformers cannot use: ids-only rollouts still work
+        tokenizer = None
+    if tokenizer is not None and _vocab_size(tokenizer) == 0:
         tokenizer = None
     return model, tokenizer
+
+
+def _vocab_size(tokenizer) -> int:
+    try:
+        return len(tokenizer)
+    except Exception:
+        return int(getattr(tokenizer, "vocab_size", 0) or 0)
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own loading report (we raise our own one-line error instead)."""
+    import logging
+
+    lg = logging.getLogger("transformers")
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        lg.setLevel(old)
+
+
+def _causal_lm_classes() -> set[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    names: set[str] = set()
+    for v in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values():
+        names.update(v if isinstance(v, (list, tuple)) else [v])
+    return names
+
+
+def _is_causal_class(name: str) -> bool:
+    return name in _causal_lm_classes() or name.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+def check_model_dir(name: str, path: Path) -> None:
+    """A local checkpoint: a directory with a readable config.json naming a known, causal-LM model."""
+    import json
+
+    if not path.is_dir():
+        raise GmtsError(f"--model {name}: {path} is a file; expected a model directory (config.json and weights)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise GmtsError(f"--model {name}: no config.json in {path}")
+    try:
+        cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise GmtsError(f"{cfg_file}: unreadable ({type(e).__name__})") from None
+    if not isinstance(cfg, dict):
+        raise GmtsError(f"{cfg_file}: expected a JSON object")
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    mt = cfg.get("model_type")
+    if not isinstance(mt, str) or mt not in CONFIG_MAPPING_NAMES:
+        import transformers
+
+        raise GmtsError(f"{cfg_file}: model_type {mt!r} is unknown to transformers {transformers.__version__}")
+    archs = cfg.get("architectures")
+    if isinstance(archs, list) and archs and not any(isinstance(a, str) and _is_causal_class(a) for a in archs):
+        raise GmtsError(f"--model {name}: is a {', '.join(map(str, archs))} checkpoint, not a causal language "
+                        "model (the probe needs next-token log-probs from a causal LM head)")
+
+
+def check_loaded(name: str, model: torch.nn.Module, info: dict) -> None:
+    """Every weight of the causal LM came from the checkpoint, with its shape; attention is causal."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:
+        more = f" and {len(missing) - 2} more" if len(missing) > 2 else ""
+        raise GmtsError(f"--model {name}: the checkpoint lacks {len(missing)} weight(s) of {type(model).__name__} "
+                        f"({', '.join(missing[:2])}{more}), which would be randomly initialized: not a complete "
+                        "causal LM checkpoint")
+    mismatched = list(info.get("mismatched_keys") or [])
+    if mismatched:
+        first = mismatched[0][0] if isinstance(mismatched[0], (list, tuple)) else mismatched[0]
+        raise GmtsError(f"--model {name}: {len(mismatched)} weight(s) have the wrong shape (first: {first})")
+    errors = [e for e in (info.get("error_msgs") or []) if e]
+    if errors:
+        raise GmtsError(f"--model {name}: cannot load the weights ({str(errors[0]).splitlines()[0][:300]})")
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
+        raise GmtsError(f"--model {name}: a {cfg.model_type} encoder (bidirectional attention, is_decoder false) "
+                        "is not a causal language model")
 
 
 @contextlib.contextmanager

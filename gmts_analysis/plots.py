@@ -33,7 +33,6 @@ from gmts_analysis.runs import RunTables
 log = logging.getLogger(__name__)
 
 COLORS = {"entropy": "#1f77b4", "gmts": "#ff7f0e", "oracle": "#2ca02c", "random": "#7f7f7f", "all": "#444444"}
-DEFAULT_RUN_DIR = "data/example_run"
 
 
 # ------------------------------------------------------------------------ run directory
@@ -43,15 +42,11 @@ Run = RunTables  # a run's tables; the one home is gmts_analysis.runs
 
 
 def default_run_dir() -> Path:
-    """``$GMTS_RUN_DIR``, else ``data/example_run`` (also looked up from the repository root)."""
+    """``$GMTS_RUN_DIR``, else the shipped example run (:func:`gmts_analysis.resources.example_run_dir`)."""
+    from gmts_analysis.resources import example_run_dir
+
     env = os.environ.get("GMTS_RUN_DIR")
-    if env:
-        return Path(env)
-    here = Path(DEFAULT_RUN_DIR)
-    if here.exists():
-        return here
-    repo = Path(__file__).resolve().parent.parent / DEFAULT_RUN_DIR
-    return repo if repo.exists() else here
+    return Path(env) if env else example_run_dir()
 
 
 def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bool = True) -> Run:

@@ -145,3 +145,30 @@ def test_sample_then_probe_tiny():
     assert list(run.answers["reward"]) == [r["reward"] for r in rows]
     with pytest.raises(gmts.GmtsError, match="poetry"):
         gmts.sample("tiny", "poetry")
+
+
+def test_shipped_data_is_package_data():
+    """Every shipped file (policies, example run) is inside the package and matched by the
+    package-data globs of pyproject.toml, so a wheel or a non-editable install carries it."""
+    import fnmatch
+    import importlib.resources
+    import tomllib
+    from pathlib import Path
+
+    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.resources import data_dir, example_run_dir
+
+    pkg = Path(importlib.resources.files("gmts_analysis"))
+    assert data_dir() == pkg / "data"
+    for name in ("tiny", "small"):
+        assert Path(resolve_model_path(name)) == pkg / "data" / "policies" / name
+    globs = tomllib.loads((pkg.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "gmts_analysis"]
+    files = [p.relative_to(pkg).as_posix() for p in (pkg / "data").rglob("*") if p.is_file()]
+    needed = {"data/policies/tiny/model.safetensors", "data/policies/small/config.json",
+              "data/example_run/tokens.parquet", "data/example_run/stats.json"}
+    assert needed <= set(files)
+    # setuptools globs do not cross "/" with "*": check each file against them the same way
+    unmatched = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
+    assert unmatched == []
+    assert gmts.load_run(example_run_dir()).answers is not None

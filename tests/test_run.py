@@ -1,25 +1,33 @@
-"""`gmts run` end to end on the shipped `tiny` policy with a reduced sample."""
+"""`gmts run` end to end on the shipped `tiny` policy with a reduced sample: the same job as
+`gmts probe` (chunk records, fingerprint, errors.jsonl), so a killed run resumes."""
 
 import json
 
 import pandas as pd
+import pytest
 
 from gmts_analysis.cli import main
+from gmts_analysis.job import sample_work_dir
+from gmts_analysis.sharding.worker import InjectedFailure
 from gmts_analysis.tables import TOKEN_COLUMNS
+
+SMALL = ["--model", "tiny", "--num-prompts", "1", "--group-size", "3", "--quiet", "--seed", "1"]
+FAST = [*SMALL, "--max-new-tokens", "12", "--no-figures", "--fidelity", "off", "--answers-per-chunk", "2"]
 
 
 def test_gmts_run_tiny_end_to_end(tmp_path, capsys):
     out = tmp_path / "run"
-    rc = main(["run", "--policy", "tiny", "--out", str(out), "--num-prompts", "1", "--group-size", "3",
-               "--quiet", "--seed", "1"])
+    rc = main(["run", "--out", str(out), *SMALL])
     assert rc == 0
     printed = capsys.readouterr().out
     assert "entropy within" in printed and "gmts cross" in printed
     for d in ("arithmetic", "program", "logic"):
         assert d in printed
-    for f in ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json", "rollouts.jsonl", "report.html"):
+    for f in ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json", "rollouts.jsonl", "report.html",
+              "errors.jsonl"):
         assert (out / f).exists(), f
     assert list((out / "figures").glob("*.png"))
+    assert not sample_work_dir(out).exists()  # the work file goes once the run is finished
     t = pd.read_parquet(out / "tokens.parquet")
     assert list(t.columns[: len(TOKEN_COLUMNS)]) == list(TOKEN_COLUMNS)
     assert set(t["domain"]) == {"arithmetic", "program", "logic"}
@@ -31,12 +39,55 @@ def test_gmts_run_tiny_end_to_end(tmp_path, capsys):
     assert len(answers) == 3 * 1 * 3
     rollouts = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rollouts) == len(answers)
+    assert [r["response_ids"] for r in rollouts] == [list(x) for x in answers["response_ids"]]
     assert all(r["reward"] in (0.0, 1.0) for r in rollouts)
+    assert len(t) == sum(len(r["response_ids"]) for r in rollouts)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["job"] == "gmts run" and manifest["grad_norm_method"] == "exact"
+    # the job's own records: a run fingerprint, one chunk record per 16 answers (one here)
+    assert len(manifest["run_hash"]) == 64 and manifest["distributed"]["n_chunks"] == 1
+    assert manifest["sampling"]["domains"] == ["arithmetic", "program", "logic"]
+
+
+def test_gmts_run_killed_mid_probe_resumes_to_the_same_rows(tmp_path, monkeypatch, capsys):
+    ref = tmp_path / "ref"
+    assert main(["run", "--out", str(ref), *FAST]) == 0
+    out = tmp_path / "run"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "2")
+    with pytest.raises(InjectedFailure):
+        main(["run", "--out", str(out), *FAST, "--debug"])
+    assert not (out / "tokens.parquet").exists()
+    recs = sorted((out / "chunks").glob("c*.json"))
+    assert len(recs) == 2  # 4 of the 9 answers recorded
+    assert (sample_work_dir(out) / "rollouts.jsonl").exists()
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    assert main(["run", "--out", str(out), *FAST]) == 0
+    a, b = pd.read_parquet(ref / "tokens.parquet"), pd.read_parquet(out / "tokens.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    pd.testing.assert_frame_equal(pd.read_parquet(ref / "answers.parquet"), pd.read_parquet(out / "answers.parquet"))
+    m = json.loads((out / "manifest.json").read_text())
+    assert len(m["distributed"]["attempts"]) == 2
+    assert m["distributed"]["ranks"][0]["n_probed"] == 9 - 4  # only the rest was probed again
+    assert m["run_hash"] == json.loads((ref / "manifest.json").read_text())["run_hash"]
+    assert (out / "rollouts.jsonl").read_text() == (ref / "rollouts.jsonl").read_text()
+    assert not sample_work_dir(out).exists()
+    # the same command on the finished run does nothing; other arguments are refused
+    before = (out / "tokens.parquet").stat().st_mtime_ns
+    assert main(["run", "--out", str(out), *FAST]) == 0
+    assert (out / "tokens.parquet").stat().st_mtime_ns == before
+    capsys.readouterr()
+    assert main(["run", "--out", str(out), *FAST, "--temperature", "0.5"]) == 2
+    assert "different" in capsys.readouterr().err
+
+
+def test_policy_is_a_deprecated_alias_of_model(tmp_path, capsys):
+    rc = main(["run", "--policy", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "poetry" in err and "--policy is deprecated; use --model" in err
 
 
 def test_gmts_run_rejects_unknown_domain(tmp_path, capsys):
-    rc = main(["run", "--policy", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
+    rc = main(["run", "--model", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
     assert rc == 2
     assert "poetry" in capsys.readouterr().err

@@ -17,13 +17,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
         "writes the results JSON (--out) and learning-curve figures (--figures).",
     )
-    p.add_argument("--policy", default=d.policy, help="shipped policy tiny | small, or a checkpoint directory "
+    p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, or a checkpoint directory "
                    f"(default: {d.policy})")
     p.add_argument("--selection", nargs="+", default=list(SELECTION_ARMS), choices=SELECTION_ARMS,
                    help="one or more arms (default: all four)")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default: {d.steps})")
-    p.add_argument("--domain", nargs="+", default=list(ALL_DOMAINS), help="toy domains (default: all three)")
+    p.add_argument("--domains", nargs="+", default=list(ALL_DOMAINS), help="toy domains, space- or comma-separated (default: all three)")
     p.add_argument("--rho", type=float, default=d.rho, help=f"fraction of tokens kept (default: {d.rho})")
     p.add_argument("--scope", choices=("batch", "group"), default=d.scope, help="selection scope (default: batch)")
     p.add_argument("--normalizer", choices=("all", "selected"), default=d.normalizer,
@@ -49,7 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "kept beside it in <stem>.runs/ and reused when the configuration matches")
     p.add_argument("--figures", default="figures", help="directory for rl_<stem>_curves.png and "
                    "rl_<stem>_diagnostics.png ('none' to skip) (default: figures)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -68,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError("--threads must be >= 1")
     torch.set_num_threads(args.threads)
     cfg = RLConfig(
-        policy=args.policy, steps=args.steps, domains=tuple(args.domain), rho=args.rho, scope=args.scope,
+        policy=args.model, steps=args.steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
         eval_prompts=args.eval_prompts, diag_every=args.diag_every, diag_answers=args.diag_answers,

@@ -1,8 +1,10 @@
 """``gmts run``: the main job on the embedded default.
 
-Samples groups of answers from a shipped policy on the toy domains, probes them with
-exact per-token gradient norms, writes statistics (overall and per domain), figures and
-the report, and prints within-answer vs cross-answer Spearman for entropy and gmts.
+Samples groups of answers from a model (default: the shipped ``small`` policy) on the toy
+domains, then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
+resumable chunk records, run fingerprint, ``errors.jsonl``), and prints within-answer vs
+cross-answer Spearman for entropy and gmts, overall and per domain. Killed, the same
+command (same ``--out``) resumes.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "run",
         help="the main job: sample from a shipped policy, probe, statistics, figures, report",
         description="Sample answers from a shipped toy policy, probe them with exact per-token gradient norms, "
-        "and write a complete run directory (tables, stats.json, figures, report.html).",
+        "and write a complete run directory (tables, stats.json, figures, report.html). Resumable like "
+        "gmts probe: run the same command again after a crash.",
     )
     p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument("--policy", default="small", help="shipped policy (tiny | small) or a checkpoint directory")
+    p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
+                   "hub id (default: small)")
     p.add_argument("--domains", default=DEFAULT_DOMAINS, help=f"comma-separated toy domains (default: {DEFAULT_DOMAINS})")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")
     p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default: 8)")
@@ -31,11 +35,14 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="per-token gradient norm (default: exact)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default: cpu)")
     p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
-    p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report")
+    p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
     p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
                    help="update fidelity of selections (default: auto = on under 100k tokens)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("--answers-per-chunk", type=int, default=16,
+                   help="answers per record (a resumable unit of work) (default: 16)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory (default: resume "
+                   "a run of the same arguments, refuse anything else)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -43,14 +50,13 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
+    from gmts_analysis import io
     from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.models import load_model, resolve_model_path
-    from gmts_analysis.finalize import write_run
-    from gmts_analysis.kernel import probe_answers
-    from gmts_analysis.rollouts import read_rollouts_rows
+    from gmts_analysis.job import sample_and_probe
+    from gmts_analysis.models import resolve_model_path
     from gmts_analysis.toy.domains import DOMAINS
-    from gmts_analysis.toy.sample import sample_rollouts
+    from gmts_analysis.validate import validate_options
 
     t0 = time.perf_counter()
     domains = [d.strip() for d in args.domains.split(",") if d.strip()]
@@ -60,53 +66,31 @@ def run(args: argparse.Namespace) -> int:
                         f"(choose from {', '.join(DOMAINS)})")
     if args.num_prompts < 1 or args.group_size < 2:
         raise GmtsError("--num-prompts must be >= 1 and --group-size >= 2 (a group needs a baseline)")
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise GmtsError(f"--max-new-tokens: must be an integer >= 1, got {args.max_new_tokens}")
     out = Path(args.out or time.strftime("runs/run-%Y%m%d-%H%M%S"))
-    if out.exists() and any(out.iterdir()) and not args.overwrite:
-        raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
-
-    model_path = resolve_model_path(args.policy)
-    model, tok = load_model(args.policy, args.device, "float32")
-    max_new = args.max_new_tokens or _card_max_new_tokens(model_path)
-    rows = []
-    for d in domains:
-        rows += sample_rollouts(model, tok, d, args.num_prompts, args.group_size, temperature=args.temperature,
-                                max_new_tokens=max_new, seed=args.seed, progress=not args.quiet)
-    t_sample = time.perf_counter() - t0
-    rollouts_text = "".join(json.dumps(r) + "\n" for r in rows)
-    answers = read_rollouts_rows(rows, tok, where="sampled rollouts")
-    cfg = ProbeConfig(model=args.policy, rollouts="rollouts.jsonl", out=str(out), device=args.device,
+    cfg = ProbeConfig(model=args.model, rollouts=None, out=str(out), device=args.device,
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
-                      figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet)
-    result = probe_answers(model, tok, answers, cfg)
-    result.timings["sample_s"] = t_sample
-    write_run(cfg, model, model_path, answers, result,
-              extra={"job": "gmts run", "domains": domains, "num_prompts": args.num_prompts,
-                     "group_size": args.group_size, "max_new_tokens": max_new},
-              extra_files={"rollouts.jsonl": rollouts_text})
+                      figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
+                      answers_per_chunk=args.answers_per_chunk)
+    # checked before sampling (the job checks again before probing)
+    validate_options(cfg)
+    io.check_output_location(out, {"--model": resolve_model_path(args.model)})
+    io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
+    sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.group_size,
+                "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+                "device": args.device}
+    sample_and_probe(cfg, sampling)
     stats = json.loads((out / "stats.json").read_text())
     print(summary_table(stats, domains))
-    rewards = result.answers.groupby("domain")["reward"].mean() if "domain" in result.answers else None
-    if rewards is not None:
+    answers = io.read_parquet(out / "answers.parquet")
+    if "domain" in answers:
+        rewards = answers.groupby("domain")["reward"].mean()
         print("pass@1 of the sampled answers: " + ", ".join(f"{d} {rewards.get(d, float('nan')):.2f}" for d in domains))
     wall = time.perf_counter() - t0
-    print(f"{len(result.tokens)} tokens, {len(result.answers)} answers in {wall:.0f} s -> {out}/ "
-          f"(report: {out / 'report.html'})")
+    n_tokens = int(answers["length"].sum()) if "length" in answers else 0
+    print(f"{n_tokens} tokens, {len(answers)} answers in {wall:.0f} s -> {out}/ (report: {out / 'report.html'})")
     return 0
-
-
-def _card_max_new_tokens(model_path: str) -> int:
-    import json
-    from pathlib import Path
-
-    card = Path(model_path) / "card.json"
-    if card.exists():
-        try:
-            v = json.loads(card.read_text()).get("max_new_tokens")
-            if isinstance(v, int) and v > 0:
-                return v
-        except (ValueError, OSError):
-            pass
-    return 96
 
 
 def summary_table(stats: dict, domains: list[str]) -> str:

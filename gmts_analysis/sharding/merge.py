@@ -139,11 +139,13 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
 
 
 def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: Sequence[Any], coefs: Sequence[Any],
-             fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict) -> Path:
+             fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict,
+             extra_files: dict[str, str] | None = None) -> Path:
     """Merge the rows and write the final run directory (statistics, manifest, figures, report).
 
     The work area (run.json, chunks/, parts/) is replaced by the finished directory in one
-    rename (:func:`gmts_analysis.finalize.write_run`); ``errors.jsonl`` follows.
+    rename (:func:`gmts_analysis.finalize.write_run`), ``errors.jsonl`` with it. When every
+    answer failed, ``errors.jsonl`` is written into the work area and a :class:`GmtsError` raised.
     """
     from gmts_analysis.estimators import add_estimator_columns
 
@@ -157,6 +159,12 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     add_estimator_columns(tokens)
     if groups is not None:
         groups = groups.drop(columns=[state.INDEX_COLUMN])
+    errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
+    if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
+        io.atomic_write_text(out / ERRORS_FILE, errors_text)
+        first = errors[0]["reason"] if errors else "no answer"
+        raise GmtsError(f"every answer failed ({len(errors)} of {len(answers)}; first: {first}); "
+                        f"the reasons are in {out / ERRORS_FILE}")
     ok_answers = [answers[i] for i in keep]
     ok_coefs = [coefs[i] for i in keep]
     timings = {**timings, "merge_s": time.perf_counter() - t0}
@@ -169,12 +177,12 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     work = state.work_area_sibling(out)
     os.replace(out, work)
     try:
-        finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra)
+        finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
+                               extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
     except BaseException:
         if not out.exists():
             os.replace(work, out)
         raise
-    io.atomic_write_text(out / ERRORS_FILE, "".join(json.dumps(e, default=str) + "\n" for e in errors))
     shutil.rmtree(work, ignore_errors=True)
     if errors:
         log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
