@@ -4,7 +4,9 @@ Each subcommand lives in ``gmts_analysis/commands/<module>.py`` with two functio
 ``register(subparsers)`` (adds its parser and ``set_defaults(func=run)``) and
 ``run(args) -> int``. Command modules import heavy libraries inside ``run`` only,
 so ``gmts --help`` is fast. Bad input raises :class:`GmtsError`, printed here as one
-line on stderr with exit status 2 and no traceback.
+line on stderr (``gmts: error: ...``) with exit status 2 and no traceback. So is any
+unexpected exception, with a hint to rerun with ``--debug`` (which shows the traceback),
+and so is a usage error (an unknown flag or a bad flag value).
 """
 
 from __future__ import annotations
@@ -17,20 +19,42 @@ import sys
 from typing import Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options import GmtsParser, install
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
 COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "figures", "rl", "toy_train", "bench"]
 
 
+class GmtsArgumentParser(GmtsParser):
+    """argparse with one-line usage errors: ``gmts: error: <subcommand>: <message>`` and exit 2,
+    and the ecosystem's spellings (underscores, TRL/verl names, ``--config``: :mod:`gmts_analysis.options`)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        where = self.prog.split(" ", 1)[1] + ": " if " " in self.prog else ""
+        print(f"gmts: error: {where}{_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _one_line(text: str) -> str:
+    lines = [x.strip() for x in str(text).strip().splitlines() if x.strip()]
+    return " ".join(lines)[:500] if lines else ""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = GmtsArgumentParser(
         prog="gmts",
         description="Which tokens matter in RLVR: entropy vs exact per-token policy-gradient norms.",
     )
     parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--debug", action="store_true",
+                        help="show the full traceback of an unexpected error (before the subcommand: gmts --debug probe ...)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"gmts_analysis.commands.{name}").register(sub)
+    for p in set(sub.choices.values()):  # --debug also after the subcommand (keeps the global value if absent)
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show the full traceback of an unexpected error")
+    install(parser)  # every flag also with underscores; TRL/verl names as hidden aliases
     return parser
 
 
@@ -53,14 +77,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
         force=True,
     )
+    debug = bool(getattr(args, "debug", False))
     try:
         rc = args.func(args)
     except GmtsError as e:
-        print(f"gmts: error: {e}", file=sys.stderr)
+        if debug:
+            raise
+        print(f"gmts: error: {_one_line(e)}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("gmts: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # a bug or an input we do not check yet: one line, traceback with --debug
+        if debug:
+            raise
+        print(f"gmts: error: unexpected {type(e).__name__}: {_one_line(e) or '(no message)'} "
+              f"(rerun with gmts --debug {args.command} ... for the traceback)", file=sys.stderr)
+        return 2
     return int(rc or 0)
 
 

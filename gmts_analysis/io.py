@@ -9,13 +9,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
 
 from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger("gmts_analysis.io")
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -29,7 +34,10 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def _tmp_sibling(path: Path) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes 0600: a run is shared as the umask allows
+    finally:
+        os.close(fd)
     return Path(name)
 
 
@@ -121,30 +129,242 @@ def read_parquet(path: str | os.PathLike) -> "Any":
         raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {e})") from None
 
 
-@contextlib.contextmanager
-def staged_directory(out: str | os.PathLike, overwrite: bool = False) -> Iterator[Path]:
-    """Build a run directory in a temporary sibling; rename it to ``out`` on success.
+# ---------------------------------------------------------------- run directories: ownership, location, lock
 
-    A failure leaves ``out`` untouched (absent, or the previous complete run) and
+# what a finished or unfinished run directory of ours may hold (top level); anything else is
+# someone else's file, and gmts never replaces or empties a directory that holds one
+RUN_ENTRIES = frozenset({
+    "tokens.parquet", "answers.parquet", "grad_groups.parquet", "stats.json", "manifest.json", "errors.jsonl",
+    "report.html", "figures", "rollouts.jsonl", "run.json", "chunks", "parts",
+})
+POLICY_ENTRIES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+    "special_tokens_map.json", "card.json", "README.md", "chat_template.jinja",
+})
+_TMP_NAME = re.compile(r"^\..+\.tmp$")  # atomic_write_* temporaries
+
+
+def _is_run_marker(d: Path) -> bool:
+    """A readable manifest.json with a ``config``, or a ``run.json`` of the run-state format."""
+    for name, ok in (("manifest.json", lambda j: "config" in j),
+                     ("run.json", lambda j: str(j.get("format", "")).startswith("gmts-run-state/"))):
+        try:
+            j = json.loads((d / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(j, dict) and ok(j):
+            return True
+    return False
+
+
+def _is_policy_marker(d: Path) -> bool:
+    return (d / "card.json").is_file() and (d / "config.json").is_file()
+
+
+def foreign_entries(d: str | os.PathLike, allowed: frozenset = RUN_ENTRIES) -> list[str]:
+    """Names at the top of ``d`` that gmts does not write into a directory of this kind."""
+    return sorted(c.name for c in Path(d).iterdir() if c.name not in allowed and not _TMP_NAME.match(c.name))
+
+
+def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
+    """Raise unless ``out`` is absent, empty, or a directory that gmts wrote (a run, or a toy policy).
+
+    ``kind`` is ``run`` (marker: manifest.json or run.json of ours; entries among :data:`RUN_ENTRIES`)
+    or ``policy`` (card.json and config.json; entries among :data:`POLICY_ENTRIES`). The message never
+    suggests ``--overwrite``: replacing someone else's files is not offered.
+    """
+    out = Path(out)
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise GmtsError(f"{out}: exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    allowed, marker, what = ((RUN_ENTRIES, _is_run_marker, "a gmts run") if kind == "run"
+                             else (POLICY_ENTRIES, _is_policy_marker, "a gmts toy policy"))
+    foreign = foreign_entries(out, allowed)
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise GmtsError(f"{out}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
+                        "gmts never replaces such a directory: choose another output directory")
+    if not marker(out):
+        raise GmtsError(f"{out}: is not empty and is not {what} (no manifest.json or run.json of gmts); "
+                        "gmts never replaces such a directory: choose another output directory")
+
+
+def check_output_location(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None] | None = None,
+                          flag: str = "--out", whole_dir: bool = True) -> Path:
+    """Refuse an output directory that cannot be written or that would swallow something else.
+
+    Refused: ``out`` under a file, in a place that is not writable, the current directory or
+    one of its parents (when ``whole_dir``: the directory is replaced as a whole), and any of
+    ``inputs`` (``{"--rollouts": path, ...}``) inside ``out``. Returns ``out`` resolved. Nothing
+    is created.
+    """
+    given = str(out)
+    p = Path(out).expanduser()
+    try:
+        p = p.resolve()
+    except (OSError, RuntimeError) as e:  # symlink loops
+        raise GmtsError(f"{flag} {given}: cannot resolve the path ({e})") from None
+    if p.exists() and not p.is_dir():
+        raise GmtsError(f"{flag} {given}: exists and is not a directory")
+    cwd = Path.cwd().resolve()
+    if whole_dir and (cwd == p or p in cwd.parents):
+        raise GmtsError(f"{flag} {given}: is the current directory or one of its parents; "
+                        "give a new or dedicated directory for the run")
+    anc = p
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        raise GmtsError(f"{flag} {given}: {anc} is a file, so nothing can be created under it")
+    # the run directory is built beside ``out`` and renamed: its parent must be writable
+    need = p.parent if anc == p and whole_dir else anc
+    while not need.exists():
+        need = need.parent
+    if not os.access(need, os.W_OK | os.X_OK):
+        raise GmtsError(f"{flag} {given}: {need} is not writable")
+    for name, path in (inputs or {}).items():
+        if path is None or not Path(path).exists():
+            continue
+        ip = Path(path).expanduser().resolve()
+        if ip == p or p in ip.parents:
+            raise GmtsError(f"{name} {path}: is inside {flag} {given}; the run directory must not hold its "
+                            "own inputs (choose another output directory)")
+    return p
+
+
+def clean_stale_siblings(out: Path) -> list[Path]:
+    """Remove staging (``.<name>.XXXXXXXX.partial``) and replaced (``.<name>.old-PID``) directories
+    left beside ``out`` by a killed job. Call only while holding :func:`exclusive_lock` on ``out``."""
+    pat = re.compile(r"^\." + re.escape(out.name) + r"\.([A-Za-z0-9_]{8}\.partial|old-\d+)$")
+    removed = []
+    if not out.parent.is_dir():
+        return removed
+    for c in out.parent.iterdir():
+        if pat.match(c.name) and c.is_dir() and not c.is_symlink():
+            shutil.rmtree(c, ignore_errors=True)
+            removed.append(c)
+            log.warning("%s: removed a stale staging directory left by an interrupted job", c)
+    return removed
+
+
+_HELD_LOCKS: dict[str, int] = {}  # lock path -> depth held by this process (the lock is re-entrant)
+
+
+def lock_path(out: str | os.PathLike) -> Path:
+    """The lock file of a run directory: a hidden sibling (it survives the directory's renames)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.gmts-lock"
+
+
+@contextlib.contextmanager
+def exclusive_lock(out: str | os.PathLike) -> Iterator[Path]:
+    """Hold an exclusive ``flock`` on ``out``'s lock file for the block (re-entrant in one process).
+
+    A second job on the same ``out`` fails at once with a :class:`GmtsError` saying which process
+    holds it, and changes nothing. The lock file is removed on release (a killed job leaves it;
+    it is reused, since the kernel released its lock). The parent of ``out`` is created if needed.
+    """
+    import fcntl
+
+    out = Path(out)
+    path = lock_path(out)
+    key = str(path.resolve()) if path.parent.exists() else str(path.absolute())
+    if _HELD_LOCKS.get(key):
+        _HELD_LOCKS[key] += 1
+        try:
+            yield path
+        finally:
+            _HELD_LOCKS[key] -= 1
+        return
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GmtsError(f"{out}: cannot create its parent directory ({e.strerror or e})") from None
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise GmtsError(f"{out}: cannot create the lock file {path.name} ({e.strerror or e}); "
+                            "is the location writable?") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip()
+            os.close(fd)
+            raise GmtsError(f"{out}: another gmts job is using this directory ({holder or 'lock ' + str(path)}); "
+                            "wait for it to finish, or choose another output directory") from None
+        try:  # the file we locked must still be the one at ``path`` (a releasing job unlinks it)
+            same = os.path.samestat(os.fstat(fd), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)
+    key = str(path.resolve())
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    except OSError:
+        pass
+    _HELD_LOCKS[key] = 1
+    try:
+        yield path
+    finally:
+        _HELD_LOCKS.pop(key, None)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def staged_directory(out: str | os.PathLike, overwrite: bool = False, kind: str = "run") -> Iterator[Path]:
+    """Build a directory in a temporary sibling; rename it to ``out`` on success.
+
+    A failure leaves ``out`` untouched (absent, or the previous complete directory) and
     removes the temporary directory. With ``overwrite=False`` an existing non-empty
-    ``out`` is refused before any work starts.
+    ``out`` is refused before any work starts; with ``overwrite=True`` it is replaced only
+    when it is a directory gmts wrote (:func:`check_ours` with ``kind``). The whole block
+    holds :func:`exclusive_lock` on ``out``; staging directories of killed jobs are removed.
     """
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise GmtsError(f"{out}: exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+    if out.exists() and any(out.iterdir()):
+        check_ours(out, kind)
+        if not overwrite:
+            raise GmtsError(f"{out}: output directory exists and is not empty (pass --overwrite to replace it)")
+    with exclusive_lock(out):
+        clean_stale_siblings(out)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent))
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: honour the umask like mkdir
+        old = None
+        if out.exists():
+            check_ours(out, kind)  # re-checked: the block may have run for hours
+            old = out.parent / f".{out.name}.old-{os.getpid()}"
+            os.replace(out, old)
+        os.replace(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux allows (thread-safe), else by os.umask."""
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    m = os.umask(0)
+    os.umask(m)
+    return m

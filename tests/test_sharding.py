@@ -127,7 +127,7 @@ def test_killed_after_k_chunks_resumes_to_the_same_rows(model_dir, reference, tm
     out = tmp_path / "run"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "2")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "3"))
+        main(probe_args(model_dir, r, out, *FAST, "--debug", "--answers-per-chunk", "3"))
     assert not (out / "tokens.parquet").exists() and not (out / "manifest.json").exists()
     recs = sorted((out / "chunks").glob("c*.json"))
     assert len(recs) == 2
@@ -154,7 +154,7 @@ def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tm
 
     monkeypatch.setattr(finalize_mod, "write_run", boom)
     with pytest.raises(RuntimeError, match="disk full"):
-        main(probe_args(model_dir, r, out, *FAST))
+        main(probe_args(model_dir, r, out, *FAST, "--debug"))
     assert (out / "run.json").exists() and not (out / "tokens.parquet").exists()
     monkeypatch.undo()
     assert main(probe_args(model_dir, r, out, *FAST)) == 0
@@ -168,7 +168,7 @@ def test_mismatch_is_refused_unless_overwrite(model_dir, tiny_model_dirs, refere
     out = tmp_path / "run"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out, *FAST, "--answers-per-chunk", "4"))
+        main(probe_args(model_dir, r, out, *FAST, "--debug", "--answers-per-chunk", "4"))
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     capsys.readouterr()
     # another configuration
@@ -201,7 +201,8 @@ def test_a_directory_that_is_not_a_run_is_refused(model_dir, reference, tmp_path
     out.mkdir()
     (out / "notes.txt").write_text("mine")
     assert main(probe_args(model_dir, r, out, *FAST)) == 2
-    assert "exists and is not empty" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "did not write (notes.txt)" in err and "--overwrite" not in err  # never offered for others' files
     assert (out / "notes.txt").read_text() == "mine"
 
 
@@ -315,7 +316,7 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
     out2 = tmp_path / "run2"
     monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
     with pytest.raises(InjectedFailure):
-        main(probe_args(model_dir, r, out2, *FAST, "--answers-per-chunk", "5"))
+        main(probe_args(model_dir, r, out2, *FAST, "--debug", "--answers-per-chunk", "5"))
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     assert main(["merge", str(out2), "--quiet"]) == 2
     assert "15 of 20 answers are not probed yet" in capsys.readouterr().err

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--to", default=None, metavar="DIR", help="output folder (default RUN_DIR/figures)")
     p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -34,6 +34,13 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
+    from gmts_analysis.validate import validate_tokens_file
+
+    validate_tokens_file(run_dir / "tokens.parquet")
+    if args.to is not None:
+        from gmts_analysis.io import check_output_location
+
+        check_output_location(args.to, flag="--to", whole_dir=False)
     paths = render_all(run_dir, to=args.to)
     log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
     if args.report:

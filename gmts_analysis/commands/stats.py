@@ -21,7 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs (default 1000; 0: no CIs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     p.add_argument("--out", default=None, help="write here instead of RUN_DIR/stats.json")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -40,6 +40,9 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
+    from gmts_analysis.validate import validate_tokens_file
+
+    validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
     tokens = read_parquet(run_dir / "tokens.parquet")
     answers = read_parquet(run_dir / "answers.parquet") if (run_dir / "answers.parquet").exists() else None
     old = read_json(run_dir / "stats.json") if (run_dir / "stats.json").exists() else {}
