@@ -144,8 +144,8 @@ def test_experiment_resume_summary_and_cli(tmp_path):
 
     # the command line, on a checkpoint saved to disk the way a user's is
     ckpt = save_tiny_model("qwen2", tmp_path / "policy", seed=0)
-    rc = main(["rl", "--policy", str(ckpt), "--selection", "entropy", "random", "--seed", "3", "--steps", "1",
-               "--domain", "program", "--prompts-per-domain", "1", "--group-size", "2", "--max-new-tokens", "8",
+    rc = main(["rl", "--model", str(ckpt), "--selection", "entropy", "random", "--seed", "3", "--steps", "1",
+               "--domains", "program", "--prompts-per-domain", "1", "--group-size", "2", "--max-new-tokens", "8",
                "--eval-every", "1", "--eval-prompts", "2", "--diag-every", "1", "--diag-answers", "1",
                "--out", str(tmp_path / "cli.json"), "--figures", str(tmp_path / "fig"), "--quiet"])
     assert rc == 0
@@ -157,12 +157,12 @@ def test_experiment_resume_summary_and_cli(tmp_path):
 
 @pytest.mark.parametrize(
     "argv",
-    [["--rho", "1.5"], ["--domain", "nope"], ["--group-size", "1"], ["--lr", "0"]],
+    [["--rho", "1.5"], ["--domains", "nope"], ["--group-size", "1"], ["--lr", "0"]],
 )
 def test_cli_bad_input_is_one_line_error(argv, tmp_path, capsys):
     from gmts_analysis.cli import main
 
-    rc = main(["rl", "--policy", str(tmp_path / "missing"), "--out", str(tmp_path / "x.json"), *argv])
+    rc = main(["rl", "--model", str(tmp_path / "missing"), "--out", str(tmp_path / "x.json"), *argv])
     assert rc == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("gmts: error:")
@@ -183,3 +183,54 @@ def test_one_step_on_the_shipped_tiny_policy():
     assert s["frac_selected_zero_adv"] == 0.0  # GMTS never spends its budget on A = 0 answers here
     assert 0.0 <= rec["final_pass1"]["logic"] <= 1.0
     assert -1.0 <= s["fidelity"]["gmts"]["cosine"] <= 1.0
+
+
+# ----------------------------------------------------------------------------- gmts_lgn selection
+
+
+def test_gmts_lgn_scores_are_autograd_logit_grad_norm_times_abs_omega_and_select_the_top():
+    """gmts_lgn = ||d logprob / d z|| * |omega|: the norm from autograd on the raw logits (tau = 0.7),
+    the selection the exact top-k of that product by an explicit sort, per batch and per group."""
+    import math as _m
+
+    from gmts_analysis.selection import gmts_lgn_scores, selection_mask, token_omega
+
+    g = torch.Generator().manual_seed(4)
+    B, T, V, tau = 6, 7, 11, 0.7
+    z = torch.randn(B, T, V, generator=g, dtype=torch.float64)
+    tgt = torch.randint(0, V, (B, T), generator=g)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 4])
+    mask = (torch.arange(T)[None] < lengths[:, None]).long()
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.5, -0.5])
+    groups = ["a", "a", "b", "b", "c", "c"]
+    lgn = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):
+        for t in range(T):
+            zz = z[i, t].clone().requires_grad_(True)
+            lp = torch.log_softmax(zz / tau, -1)[tgt[i, t]]
+            (gz,) = torch.autograd.grad(lp, zz)
+            lgn[i, t] = gz.norm()
+    closed = token_quantities(z, tgt, tau).logit_grad_norm
+    assert torch.allclose(closed, lgn, atol=1e-12)
+    om = token_omega(adv, mask)
+    s = gmts_lgn_scores(closed, adv, mask)
+    assert torch.allclose(s, torch.where(mask.bool(), lgn * om.abs(), torch.zeros_like(lgn)), atol=1e-15)
+    ent = torch.rand(B, T, generator=g)
+    for scope in ("batch", "group"):
+        for rho in (0.1, 0.3):
+            sel = selection_mask("gmts_lgn", ent, adv, mask, rho=rho, scope=scope, group_ids=groups,
+                                 logit_grad_norm=closed)
+            scopes = {"all": list(range(B))} if scope == "batch" else {
+                k: [i for i in range(B) if groups[i] == k] for k in dict.fromkeys(groups)}
+            want = torch.zeros(B, T, dtype=torch.bool)
+            for rows in scopes.values():
+                toks = [(float(s[i, t]), i, t) for i in rows for t in range(int(lengths[i]))]
+                k = _m.ceil(rho * len(toks) - 1e-9)
+                for _, i, t in sorted(toks, key=lambda x: (-x[0], x[1], x[2]))[:k]:
+                    want[i, t] = True
+            assert torch.equal(sel, want), (scope, rho)
+    # zero-advantage answers are never picked at batch scope while informative tokens remain
+    sel = selection_mask("gmts_lgn", ent, adv, mask, rho=0.3, logit_grad_norm=closed)
+    assert not sel[2:4].any()
+    with pytest.raises(ValueError, match="logit_grad_norm"):
+        selection_mask("gmts_lgn", ent, adv, mask)

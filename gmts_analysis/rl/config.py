@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from gmts_analysis.errors import GmtsError
 
 ALL_DOMAINS = ("arithmetic", "program", "logic")
-SELECTION_ARMS = ("all", "entropy", "gmts", "random")
+SELECTION_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
 
 
 @dataclass
@@ -16,7 +16,7 @@ class RLConfig:
     """Everything one training run depends on (recorded in the results JSON)."""
 
     policy: str = "small"
-    selection: str = "gmts"  # all | entropy | gmts | random
+    selection: str = "gmts"  # all | entropy | gmts | gmts_lgn | random
     seed: int = 0
     steps: int = 100
     domains: tuple[str, ...] = ALL_DOMAINS
