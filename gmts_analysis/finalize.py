@@ -67,6 +67,10 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     }
     if method == "sketch":
         m["probes"] = cfg.probes
+    # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
+    m["aliases"] = dict(getattr(cfg, "aliases", None) or {})
+    if getattr(cfg, "config_file", None):
+        m["config_file"] = cfg.config_file
     if extra:
         m.update(extra)
     return m

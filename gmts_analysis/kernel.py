@@ -2,7 +2,9 @@
 
 ``probe_answer`` computes, for one answer, the closed forms (log-prob, entropy, logit-gradient
 norm, head norm), omega from the answer's batch-level coefficients, and the exact (or
-sketched) per-token gradient norm; ``probe_answers`` loops over a list of answers in memory.
+sketched) per-token gradient norm. The gradient engine's own forwards give the closed forms
+(no separate forward); with ``--grad-norm none`` one no-grad forward does.
+``probe_answers`` loops over a list of answers in memory.
 Neither knows of files, figures or toy domains: :mod:`gmts_analysis.job` and
 :mod:`gmts_analysis.sharding` orchestrate them.
 """
@@ -63,10 +65,45 @@ def answer_coefficients(answers: Sequence[Answer], cfg: ProbeConfig) -> list[Ans
     for w in caught:
         log.warning("%s", w.message)
     loss = settings_of(cfg)  # refuses a loss it does not model before any work
+    truncated = None
+    if getattr(cfg, "mask_truncated_completions", False):
+        unknown = [a for a in answers if "unterminated" not in a.extra]
+        if unknown:
+            raise GmtsError(f"--mask-truncated-completions: {unknown[0].where or 'answer ' + str(unknown[0].answer_id)}: "
+                            "not checked for a stop token (mark_unterminated was not run)")
+        truncated = [bool(a.extra["unterminated"]) for a in answers]
     weights = adv_mod.loss_weights(
-        [a.length for a in answers], loss.loss_agg, steps if has_steps else None, loss.max_len
+        [a.length for a in answers], loss.loss_agg, steps if has_steps else None, loss.max_len, truncated=truncated
     )
     return [AnswerCoefficients(float(a), float(w)) for a, w in zip(adv, weights)]
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
+    """The ids that end a completion as TRL counts them: EOS (tokenizer and generation config) and pad."""
+    ids: set[int] = set()
+    for src in (tokenizer, getattr(model, "generation_config", None)):
+        for name in ("eos_token_id", "pad_token_id"):
+            v = getattr(src, name, None) if src is not None else None
+            for x in (v if isinstance(v, (list, tuple)) else [v]):
+                if isinstance(x, int):
+                    ids.add(x)
+    return ids
+
+
+def mark_unterminated(answers: Sequence[Answer], tokenizer: Any, model: Any = None) -> int:
+    """Set ``answer.extra["unterminated"]``: the response does not end with a stop token
+    (:func:`stop_token_ids`), TRL's test for a truncated completion. Returns how many are.
+    Raises :class:`GmtsError` when neither the tokenizer nor the model names a stop token."""
+    stops = stop_token_ids(tokenizer, model)
+    if not stops:
+        raise GmtsError("--mask-truncated-completions: the tokenizer and the model's generation config "
+                        "name no EOS or pad token, so truncated answers cannot be told apart")
+    n = 0
+    for a in answers:
+        cut = not a.response_ids or a.response_ids[-1] not in stops
+        a.extra["unterminated"] = cut
+        n += cut
+    return n
 
 
 class TokenText:
@@ -108,24 +145,33 @@ def probe_answer(
     token_text: TokenText | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms."""
-    from gmts_analysis.tokens import response_logits, response_targets, token_quantities
+    from gmts_analysis.grads import forward_quantities, grad_norms
+    from gmts_analysis.tokens import TokenQuantities
+    from gmts_analysis.validate import check_finite, check_finite_scalars
 
+    where = f"{answer.where}: answer '{answer.answer_id}'"
+    check_finite_scalars({"reward": answer.reward, "advantage": coef.advantage, "loss_weight": coef.loss_weight},
+                         where)
     device = next(model.parameters()).device
     ids = torch.tensor(answer.prompt_ids + answer.response_ids, dtype=torch.long, device=device)
     P, T = len(answer.prompt_ids), len(answer.response_ids)
     tau = float(cfg.temperature)
-    with torch.no_grad():
-        out = model(input_ids=ids[None], output_hidden_states=True, use_cache=False)
-    logits = out.logits[0]
-    if not torch.isfinite(logits).all():
+    gn = None
+    if T == 0:
+        z = torch.zeros(0, dtype=torch.float64)
+        q = TokenQuantities(z, z, z, z, z, head_grad_norm=z)
+    elif cfg.grad_norm == "none":
+        q = forward_quantities(model, ids, P, tau)  # the one forward: closed forms only
+    else:  # the engine's forwards also give the closed forms
+        gn = grad_norms(
+            model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
+            max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
+            probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
+        )
+        q = gn.quantities
+    if not q.finite:
         raise GmtsError(f"{answer.where}: answer '{answer.answer_id}': the model produced non-finite logits")
-    q = token_quantities(response_logits(logits, P), response_targets(ids, P), tau)
-    hidden = out.hidden_states[-1][0, P - 1 : -1].float()
-    h_sq = (hidden * hidden).sum(-1)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and getattr(head, "bias", None) is not None:
-        h_sq = h_sq + 1.0  # d logprob / d bias = (e_y - p) / tau
-    head_gn = q.logit_grad_norm.float() * h_sq.sqrt()
+    head_gn = q.head_grad_norm if q.head_grad_norm is not None else torch.full((T,), float("nan"))
 
     logprob = q.logprob.double().cpu().numpy()
     om = adv_mod.omega(
@@ -155,16 +201,9 @@ def probe_answer(
     if answer.old_logprobs is not None:
         cols["ratio"] = np.exp(logprob - np.asarray(answer.old_logprobs))
     groups_df = None
-    if cfg.grad_norm == "none" or T == 0:
+    if gn is None:
         cols["grad_norm_logp"] = np.full(T, np.nan)
     else:
-        from gmts_analysis.grads import grad_norms
-
-        gn = grad_norms(
-            model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
-            max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
-            probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
-        )
         cols["grad_norm_logp"] = gn.norms.double().cpu().numpy()
         if gn.lo is not None:
             cols["grad_norm_logp_lo"] = gn.lo.double().cpu().numpy()
@@ -183,6 +222,11 @@ def probe_answer(
         v = getattr(answer, k)
         if v is not None:
             cols[k] = [v] * T
+    # finite or nothing: a non-finite value in any float column fails the answer (errors.jsonl);
+    # grad_norm_logp (and so grad_norm) is NaN by design under --grad-norm none
+    check_finite(cols, where, allow_nan=("grad_norm_logp", "grad_norm") if cfg.grad_norm == "none" else ())
+    if groups_df is not None:
+        check_finite({"grad_norm_logp of a group": groups_df["grad_norm_logp"].to_numpy()}, where)
     return cols, groups_df
 
 

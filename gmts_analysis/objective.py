@@ -60,7 +60,7 @@ from torch import Tensor
 
 from gmts_analysis.errors import GmtsError
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
 #: TRL 1.16 ``loss_type`` -> aggregation (grpo: per-answer mean then mean over answers; bnpo: local
 #: micro-batch token mean; dapo: token mean over the generation batch, ``num_items_in_batch``;
 #: dr_grpo: sum / (answers * max_completion_length)).
@@ -141,7 +141,8 @@ def loss_settings(
         if loss_agg not in (None, agg):
             raise GmtsError(f"--loss-type {loss_type} aggregates as '{agg}', but --loss-agg {loss_agg} was given")
         if loss_type == "dr_grpo" and not fields.get("max_len"):
-            raise GmtsError("--loss-type dr_grpo divides by TRL's max_completion_length: pass --max-len")
+            raise GmtsError("--loss-type dr_grpo divides by TRL's max_completion_length: "
+                            "pass --max-completion-length (or --max-len)")
     if kl_bias_correction in ("auto", None):
         bias = loss_type is not None
     elif kl_bias_correction in ("on", True):
@@ -162,7 +163,8 @@ def settings_of(opts: Any) -> LossSettings:
         agg = None
     return loss_settings(
         loss_type, agg, kl_bias_correction=g("kl_bias_correction", "auto"),
-        max_len=g("max_len"), clip_low=g("clip_low", 0.2), clip_high=g("clip_high", 0.2),
+        max_len=g("max_len") or g("max_completion_length"),
+        clip_low=g("clip_low", 0.2), clip_high=g("clip_high", 0.2),
         clip_ratio_c=g("clip_ratio_c"), kl_beta=float(g("kl_beta", 0.0) or 0.0),
         importance_sampling_level=g("importance_sampling_level", "token") or "token",
         vllm_is_mode=g("vllm_is_mode"), vllm_is_min=g("vllm_is_min"),
@@ -218,7 +220,7 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
 
 VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
                  "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-                 "seq-mean-token-sum": "seq-mean-token-sum-norm"}
+                 "seq-mean-token-sum": "seq-mean-token-sum", "token-sum": "token-sum"}
 
 
 def verl_loss_settings(actor: Any) -> LossSettings:
@@ -265,7 +267,9 @@ def answer_weights(lengths: Tensor, loss_agg: str = "token-mean", max_len: int |
 
     lengths: ``(N,)`` response-token counts of the batch. token-mean ``1 / sum_j L_j``;
     seq-mean-token-mean ``1 / (N L_i)``; seq-mean-token-sum-norm ``1 / (N L_max)``, ``L_max`` =
-    ``max_len`` or the longest answer. Counts below 1 are taken as 1 (as TRL's ``clamp(min=1)``).
+    ``max_len`` or the longest answer; verl's seq-mean-token-sum ``1 / N`` (sum over each answer,
+    mean over answers) and token-sum ``1`` (plain sum). Counts below 1 are taken as 1 (as TRL's
+    ``clamp(min=1)``).
     """
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
@@ -277,6 +281,10 @@ def answer_weights(lengths: Tensor, loss_agg: str = "token-mean", max_len: int |
         return torch.full_like(L, 1.0) / L.sum().clamp(min=1.0)
     if loss_agg == "seq-mean-token-mean":
         return 1.0 / (n * L.clamp(min=1.0))
+    if loss_agg == "seq-mean-token-sum":
+        return torch.full_like(L, 1.0 / n)
+    if loss_agg == "token-sum":
+        return torch.ones_like(L)
     lmax = float(max_len) if max_len else float(L.max().clamp(min=1.0))
     return torch.full_like(L, 1.0 / (n * lmax))
 

@@ -275,6 +275,10 @@ def aggregate_loss(
     if loss_agg == "seq-mean-token-sum-norm":
         lmax = float(max_len) if max_len else float(denom_mask.sum(-1).max().clamp(min=1.0))
         return num.sum() / (per_token_loss.shape[0] * lmax)
+    if loss_agg == "seq-mean-token-sum":  # verl: sum over each row, mean over rows
+        return num.sum() / per_token_loss.shape[0]
+    if loss_agg == "token-sum":  # verl: plain sum
+        return num.sum()
     raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
 
 

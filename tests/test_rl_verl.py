@@ -68,8 +68,8 @@ def test_masked_advantages_equal_selected_policy_loss(mode, normalizer, selectio
     want = aggregate_loss(verl_vanilla_pg_losses(old, log_prob, adv0), mask, sel, normalizer, mode)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
     assert int(sel.sum()) == math.ceil(0.25 * int(mask.sum()) - 1e-9)
-    assert 0 <= metrics["token_selection/overlap_entropy"] <= 1
-    assert metrics["token_selection/frac_selected"] == pytest.approx(int(sel.sum()) / int(mask.sum()))
+    assert 0 <= metrics["gmts/selection/overlap_entropy"] <= 1
+    assert metrics["gmts/selection/frac_selected"] == pytest.approx(int(sel.sum()) / int(mask.sum()))
 
 
 def test_group_scope_uses_uid_and_gmts_is_entropy_abs_adv():

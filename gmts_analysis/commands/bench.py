@@ -55,11 +55,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="float32", help="float32, float64, bfloat16, float16")
-    p.add_argument("--max-memory", type=int, default=None, help="transient memory budget in bytes for the engines")
+    p.add_argument("--max-memory", type=int, default=None, metavar="MiB",
+                   help="transient memory budget in MiB for the engines (default: none)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and markdown results")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         device=device,
         dtype=dtype,
         seed=args.seed,
-        max_memory=args.max_memory,
+        max_memory=None if args.max_memory is None else args.max_memory * 2**20,
         progress=(lambda s: None) if args.quiet else (lambda s: log.info("bench: %s", s)),
     )
     result["wall_seconds"] = time.perf_counter() - t0

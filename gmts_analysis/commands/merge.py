@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip figures and report (default: as the probe command said)")
     p.add_argument("--fidelity", default=None, choices=("auto", "on", "off"),
                    help="update fidelity of selections (default: as the probe command said)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars, warnings only")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 

@@ -9,13 +9,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "sample",
         help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
-        description="Sample --group-size answers to each of --num-prompts held-out prompts of a toy "
+        description="Sample --group-size answers to each of --num-prompts held-out prompts of each toy "
         "domain, score them with the domain's verifier and write SPEC rollouts (JSONL). "
         "The same seed gives the same file.",
     )
-    p.add_argument("--model", default="tiny", help="tiny, small (shipped policies) or a local path (default tiny)")
-    p.add_argument("--domain", required=True, help="arithmetic, program or logic")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts (groups) to sample (default 8)")
+    p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
+                   "(default tiny)")
+    p.add_argument("--domains", nargs="+", required=True, metavar="DOMAIN",
+                   help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
+    p.add_argument("--num-prompts", type=int, default=8, help="prompts (groups) to sample per domain (default 8)")
     p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default 8)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="generation budget per answer (default 96)")
@@ -25,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--out", required=True, help="rollouts file to write (JSONL)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 
@@ -39,22 +41,36 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.toy.domains import get_domain
     from gmts_analysis.toy.sample import sample_rollouts, write_rollouts
 
-    get_domain(args.domain)
+    domains = [d for x in args.domains for d in x.split(",") if d.strip()]
+    for d in domains:
+        get_domain(d)
     if args.num_prompts < 1 or args.group_size < 1:
         raise GmtsError("--num-prompts and --group-size must be >= 1")
     if args.batch_size < 1:
         raise GmtsError("--batch-size must be >= 1")
     if not (args.temperature >= 0 and args.temperature != float("inf")):
         raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.max_new_tokens < 1:
+        raise GmtsError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    from pathlib import Path
+
+    from gmts_analysis.io import check_output_location
+
+    out = Path(args.out)
+    if out.is_dir():
+        raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
+    check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
     model, tokenizer = load_model(args.model, args.device, args.dtype)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     with torch.inference_mode():
-        rows = sample_rollouts(model, tokenizer, args.domain, args.num_prompts, args.group_size,
-                               args.temperature, args.max_new_tokens, args.seed, args.difficulty,
-                               batch_size=args.batch_size, progress=not args.quiet)
+        rows = []
+        for d in domains:
+            rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.group_size,
+                                    args.temperature, args.max_new_tokens, args.seed, args.difficulty,
+                                    batch_size=args.batch_size, progress=not args.quiet)
     write_rollouts(args.out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
-                                   args.out, len(rows), args.num_prompts, mean)
+                                   args.out, len(rows), args.num_prompts * len(domains), mean)
     return 0

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2, as the shipped runs)")
     p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts per domain for the card (default 200)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
 

@@ -9,12 +9,16 @@ Needs the optional extra ``pip install gmts_analysis[trl]`` (TRL >= 1.16). Use i
 
 Fields (on top of ``GRPOConfig``):
 
-- ``token_selection``: ``none`` (stock TRL, bit for bit) | ``entropy`` | ``gmts`` | ``random``;
+- ``token_selection``: ``all`` (stock TRL, bit for bit; ``none`` is accepted as its old name) | ``entropy`` | ``gmts`` | ``gmts_lgn``
+  (logit_grad_norm * |omega|; TRL's fused head returns no logits, so this costs one extra
+  no-grad forward of each micro-batch) | ``random``;
 - ``selection_rho``: fraction kept, exact ``k = ceil(rho * n)`` per scope (TRL's own
   ``top_entropy_quantile`` keeps the tokens at or above a quantile, so ties and
   interpolation can change the count; this trainer keeps exactly ``k``);
 - ``selection_scope``: ``batch`` (every completion token of the micro-batch, gathered across
   processes, as TRL's entropy mask does) | ``group`` (the generations of one prompt);
+- ``rollouts_dir``: write each training generation's rollouts there, with the exact ids
+  (:func:`gmts_analysis.rl.rollout_log.log_rollouts`; works with any ``token_selection``);
 - ``selection_normalizer``: ``all`` (TRL's normalizer over every completion token; dropped
   tokens count as zeros, like ``top_entropy_quantile`` and the GMTS authors' code) |
   ``selected`` (as if the selected tokens were the only ones, like the 80/20 code): the mask
@@ -22,18 +26,23 @@ Fields (on top of ``GRPOConfig``):
   per micro-batch, gathered across processes, for the token-mean losses ``dapo``/``bnpo``/
   ``cispo``/``vespo``, which is the exact selected-token mean when one micro-batch makes an
   optimizer step). Not defined for ``dr_grpo``/``luspo``, nor with an entropy bonus.
+- ``diagnostics_every``: every N optimizer steps log the live diagnostics of
+  :mod:`gmts_analysis.rl.diagnostics` (``gmts/...`` metrics) at ``selection_rho`` and
+  ``selection_scope``, with exact gradient norms on at most ``diagnostics_tokens`` tokens
+  (0 = off, the default).
 
 How it hooks in: TRL's ``_compute_loss`` computes the per-token entropies and calls
 ``get_high_entropy_mask(entropies, mask, threshold)`` when ``top_entropy_quantile < 1``;
 this trainer overrides that method and returns its own selection, made from TRL's own
 entropies, advantages, log-probs (current, old, reference) and clip settings. GMTS is
-entropy * |omega| with omega of SPEC section 4: ``w * (ratio * A * I + beta * (pi_ref/pi - 1))``,
-``w`` the token weight of the ``loss_type`` (constant for the token-mean losses, ``1/L_i`` for
-``grpo``). Groups: TRL places the ``num_generations`` completions of a prompt consecutively in
+entropy * |omega| with omega of the loss TRL trains with (docs/definitions.md section 4,
+:func:`gmts_analysis.objective.trl_loss_settings`: the ``loss_type``'s token weight, PPO clipping,
+the bias-corrected KL, GSPO's sequence ratio, the vLLM correction); a setting omega does not model
+(cispo, sapo, vespo, luspo, ``delta``, ...) is refused for ``gmts``. Groups: TRL places the ``num_generations`` completions of a prompt consecutively in
 the global generation batch, so row ``r`` of the global batch belongs to group
 ``r // num_generations``; the trainer records each row's global index before TRL shuffles
 the batch into micro-batches, and breaks ties by (global row, position). Every micro-batch
-logs ``selection/frac_selected`` and ``selection/overlap_entropy`` (|S ∩ S_entropy| / |S_entropy|).
+logs ``gmts/selection/frac_selected`` and ``gmts/selection/overlap_entropy`` (|S ∩ S_entropy| / |S_entropy|).
 """
 
 from __future__ import annotations
@@ -48,9 +57,9 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("gmts_analysis.rl.trl_trainer needs TRL: pip install 'gmts_analysis[trl]'") from e
 
-from gmts_analysis.selection import gmts_scores, random_scores, select_tokens, selection_overlap
+from gmts_analysis.selection import gmts_lgn_scores, gmts_scores, random_scores, select_tokens, selection_overlap
 
-TOKEN_SELECTIONS = ("none", "entropy", "gmts", "random")
+TOKEN_SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random")  # "none": old name of "all"
 _TOKEN_MEAN = ("dapo", "bnpo", "cispo", "vespo")
 _SEQ_MEAN = ("grpo", "sapo")
 
@@ -60,12 +69,23 @@ class SelectiveGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus the token-selection fields (see the module docstring)."""
 
     token_selection: str = field(
-        default="none", metadata={"help": "Tokens kept in the policy loss: none | entropy | gmts | random."}
+        default="all", metadata={"help": "Tokens kept in the policy loss: all | entropy | gmts | gmts_lgn | random."}
     )
     selection_rho: float = field(default=0.2, metadata={"help": "Fraction of tokens kept per scope, in (0, 1]."})
     selection_scope: str = field(default="batch", metadata={"help": "Selection scope: batch | group."})
     selection_normalizer: str = field(
         default="all", metadata={"help": "Loss normalizer after selection: all | selected."}
+    )
+    rollouts_dir: str | None = field(
+        default=None,
+        metadata={"help": "Write every training generation's rollouts here (exact ids, rewards, TRL's advantage, "
+                  "old log-probs when computed), one JSONL per step: gmts probe --rollouts DIR audits them."},
+    )
+    diagnostics_every: int = field(
+        default=0, metadata={"help": "Log gmts/... selection diagnostics every N steps (0 = never)."}
+    )
+    diagnostics_tokens: int = field(
+        default=64, metadata={"help": "Tokens whose exact gradient norms the diagnostics compute (bound)."}
     )
 
 
@@ -84,7 +104,8 @@ class SelectiveGRPOTrainer(GRPOTrainer):
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         a = self.args
-        self.token_selection = getattr(a, "token_selection", "none")
+        sel = getattr(a, "token_selection", "all")
+        self.token_selection = "all" if sel == "none" else sel  # "none": the old name of the keep-all arm
         self.selection_rho = float(getattr(a, "selection_rho", 0.2))
         self.selection_scope = getattr(a, "selection_scope", "batch")
         self.selection_normalizer = getattr(a, "selection_normalizer", "all")
@@ -96,9 +117,29 @@ class SelectiveGRPOTrainer(GRPOTrainer):
             raise ValueError(f"selection_scope must be batch or group, got {self.selection_scope!r}")
         if self.selection_normalizer not in ("all", "selected"):
             raise ValueError(f"selection_normalizer must be all or selected, got {self.selection_normalizer!r}")
+        if getattr(a, "rollouts_dir", None):
+            from gmts_analysis.rl.rollout_log import log_rollouts
+
+            log_rollouts(self, a.rollouts_dir)
+        self._loss_settings = None
+        if self.token_selection in ("gmts", "gmts_lgn"):  # omega of the loss TRL trains; refuses what it does not model
+            from gmts_analysis.objective import trl_loss_settings
+
+            self._loss_settings = trl_loss_settings(a, what=f"token_selection='{self.token_selection}'")
         self._sel_inputs: dict | None = None
         self._sel_logps: torch.Tensor | None = None
-        if self.token_selection != "none":
+        self._sel_lgn: torch.Tensor | None = None
+        every = int(getattr(a, "diagnostics_every", 0) or 0)
+        if every < 0:
+            raise ValueError(f"diagnostics_every must be >= 0, got {every}")
+        if every:
+            from gmts_analysis.rl.diagnostics import GmtsDiagnosticsCallback
+
+            self.diagnostics = GmtsDiagnosticsCallback(
+                every=every, rho=self.selection_rho, scope=self.selection_scope,
+                max_tokens=int(getattr(a, "diagnostics_tokens", 64)), seed=int(a.seed),
+            ).attach(self)
+        if self.token_selection != "all":
             if a.top_entropy_quantile < 1.0:
                 raise ValueError("set either top_entropy_quantile (TRL's entropy mask) or token_selection, not both")
             if self.selection_normalizer == "selected":
@@ -112,7 +153,7 @@ class SelectiveGRPOTrainer(GRPOTrainer):
     # -- bookkeeping: each row's index in the global generation batch, before TRL shuffles it
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if self.token_selection != "none":
+        if self.token_selection != "all":
             ids = out["completion_ids"]
             n_local = ids.shape[0]
             rows = self.accelerator.process_index * n_local + torch.arange(n_local, device=ids.device)
@@ -120,13 +161,23 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         return out
 
     def _compute_loss(self, model, inputs):
-        if self.token_selection == "none":
+        if self.token_selection == "all":
             return super()._compute_loss(model, inputs)
-        self._sel_inputs, self._sel_logps = inputs, None
+        self._sel_inputs, self._sel_logps, self._sel_lgn = inputs, None, None
+        if self.token_selection == "gmts_lgn":
+            from gmts_analysis.rl.diagnostics import completion_quantities
+
+            cm = inputs["completion_mask"]
+            if "tool_mask" in inputs:
+                cm = cm * inputs["tool_mask"]
+            self._sel_lgn = completion_quantities(
+                self.accelerator.unwrap_model(model), inputs["prompt_ids"], inputs["prompt_mask"],
+                inputs["completion_ids"], cm, float(self.temperature),
+            )[2]
         try:
             return super()._compute_loss(model, inputs)
         finally:
-            self._sel_inputs, self._sel_logps = None, None
+            self._sel_inputs, self._sel_logps, self._sel_lgn = None, None, None
 
     def _get_per_token_logps_and_entropies(self, *args, **kwargs):
         out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
@@ -147,21 +198,22 @@ class SelectiveGRPOTrainer(GRPOTrainer):
                 + 7919 * int(self.accelerator.process_index)
             )
             return random_scores(mask, g)
-        loss_agg = loss_agg_of(self.loss_type)
-        ref = inputs.get("ref_per_token_logps")
-        s = gmts_scores(
-            entropies, inputs["advantages"], mask, loss_agg=loss_agg,
-            max_len=self.max_completion_length if loss_agg == "seq-mean-token-sum-norm" else None,
-            logprobs=self._sel_logps, old_logprobs=inputs.get("old_per_token_logps"),
-            ref_logprobs=ref, clip_low=self.epsilon_low, clip_high=self.epsilon_high,
-            kl_beta=self.beta if ref is not None else 0.0,
+        settings = self._loss_settings
+        loss_agg = settings.loss_agg
+        omega_kw = dict(
+            settings=settings, logprobs=self._sel_logps, old_logprobs=inputs.get("old_per_token_logps"),
+            ref_logprobs=inputs.get("ref_per_token_logps"), sampling_logprobs=inputs.get("sampling_per_token_logps"),
         )
+        if self.token_selection == "gmts_lgn":
+            s = gmts_lgn_scores(self._sel_lgn, inputs["advantages"], mask, **omega_kw)
+        else:
+            s = gmts_scores(entropies, inputs["advantages"], mask, **omega_kw)
         if loss_agg == "token-mean":  # w = 1/n_local differs across processes; the true w is one constant
             s = s * mask.sum().clamp(min=1).double()
         return s
 
     def get_high_entropy_mask(self, entropies: torch.Tensor, mask: torch.Tensor, threshold: float) -> torch.Tensor:
-        if self.token_selection == "none" or self._sel_inputs is None:
+        if self.token_selection == "all" or self._sel_inputs is None:
             return super().get_high_entropy_mask(entropies, mask, threshold)
         inputs = self._sel_inputs
         B, T = mask.shape
@@ -194,8 +246,8 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         sel_all, ent_all = sel_o[inv], ent_o[inv]
         selected = sel_all[mine][:, :T] & mask.bool()
         mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["selection/frac_selected"].append(float(sel_all.sum()) / max(int(m_o.sum()), 1))
-        self._metrics[mode]["selection/overlap_entropy"].append(selection_overlap(sel_all, ent_all))
+        self._metrics[mode]["gmts/selection/frac_selected"].append(float(sel_all.sum()) / max(int(m_o.sum()), 1))
+        self._metrics[mode]["gmts/selection/overlap_entropy"].append(selection_overlap(sel_all, ent_all))
         if self.selection_normalizer == "all":
             return selected
         m = mask.to(entropies.dtype)

@@ -1,4 +1,4 @@
-"""verl recipe: token selection (entropy | gmts | random) from the old-policy entropies.
+"""verl recipe: token selection (entropy | gmts | gmts_lgn | random) from the old-policy entropies.
 
 verl's policy-loss functions (``@register_policy_loss``) receive ``old_log_prob``,
 ``log_prob``, ``advantages``, ``response_mask``, ``loss_agg_mode`` and the actor config,
@@ -41,6 +41,12 @@ policy's (the same for every PPO epoch and mini-batch), which is what on-policy 
 means (ratio 1, omega = w * A, plus the k3 KL term when ``kl_beta`` and ``ref_log_prob`` are
 given); the 80/20 code ranks by the current policy's entropies in each micro-batch.
 
+``gmts_lgn`` (logit_grad_norm * |omega|) needs the old policy's per-token logit-gradient norm
+``sqrt(1 - 2 p + sum_v p_v^2) / tau``, which verl does not compute: add it where the actor
+computes ``entropys`` from the logits (the same softmax) and store it as
+``batch["old_logit_grad_norm"]`` (``lgn_key``); without it ``gmts_lgn`` is refused.
+Live diagnostics from the same batch: :func:`gmts_analysis.rl.diagnostics.verl_diagnostics`.
+
 Shapes (verl's): ``old_entropys``, ``advantages``, ``response_mask``, ``old_log_probs``,
 ``ref_log_prob``: ``(bs, response_length)``; ``uid``: ``(bs,)`` labels of the prompt groups
 (``batch.non_tensor_batch["uid"]``). verl itself is not imported.
@@ -59,7 +65,8 @@ VERL_LOSS_AGG = {
     "token-mean": "token-mean",
     "seq-mean-token-mean": "seq-mean-token-mean",
     "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-    "seq-mean-token-sum": "seq-mean-token-sum-norm",
+    "seq-mean-token-sum": "seq-mean-token-sum",
+    "token-sum": "token-sum",
 }
 
 
@@ -77,6 +84,7 @@ def verl_selection_mask(
     ref_log_prob: torch.Tensor | None = None,
     kl_beta: float = 0.0,
     seed: int = 0,
+    logit_grad_norm: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean ``(bs, response_length)`` selection on verl-shaped tensors (see module docstring).
 
@@ -89,7 +97,7 @@ def verl_selection_mask(
     s = token_scores(
         selection, old_entropys, advantages, response_mask, g, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
         logprobs=old_log_probs if ref_log_prob is not None else None, ref_logprobs=ref_log_prob,
-        kl_beta=kl_beta if ref_log_prob is not None else 0.0,
+        kl_beta=kl_beta if ref_log_prob is not None else 0.0, logit_grad_norm=logit_grad_norm,
     )
     if s is None:
         return response_mask.bool().clone()
@@ -107,6 +115,7 @@ def apply_token_selection(
     entropy_key: str = "old_entropys",
     kl_beta: float = 0.0,
     seed: int = 0,
+    lgn_key: str = "old_logit_grad_norm",
 ) -> dict[str, float]:
     """Select tokens of a verl ``DataProto`` in place; returns metrics for verl's logger.
 
@@ -123,16 +132,19 @@ def apply_token_selection(
     keys = set(b.keys())
     ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
     old = b["old_log_probs"] if "old_log_probs" in keys else None
+    if selection == "gmts_lgn" and lgn_key not in keys:
+        raise ValueError(f"selection 'gmts_lgn' needs batch[{lgn_key!r}] (the old policy's logit-gradient norms)")
+    lgn = b[lgn_key] if selection == "gmts_lgn" else None
     sel = verl_selection_mask(ent, adv, mask, selection=selection, rho=rho, scope=scope, uid=uid,
                               loss_agg_mode=loss_agg_mode, old_log_probs=old, ref_log_prob=ref, kl_beta=kl_beta,
-                              seed=seed)
+                              seed=seed, logit_grad_norm=lgn)
     factor = selected_normalizer_factor(mask, sel, loss_agg_mode) if normalizer == "selected" else 1.0
     b["advantages"] = adv * sel.to(adv.dtype) * factor
     b["token_selection_mask"] = sel
     ent_sel = select_tokens(ent, mask, rho, scope, uid)
     return {
-        "token_selection/frac_selected": float(sel.sum()) / max(int(mask.sum()), 1),
-        "token_selection/overlap_entropy": selection_overlap(sel, ent_sel),
+        "gmts/selection/frac_selected": float(sel.sum()) / max(int(mask.sum()), 1),
+        "gmts/selection/overlap_entropy": selection_overlap(sel, ent_sel),
     }
 
 

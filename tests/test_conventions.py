@@ -1,0 +1,280 @@
+"""The ecosystem's spellings: underscores, TRL/verl names, --config YAML, help groups, hub downloads,
+verl's extra aggregation modes."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from conftest import make_rollouts
+
+from gmts_analysis.cli import build_parser, main
+from gmts_analysis.errors import GmtsError
+
+BASE = ["probe", "--model", "tiny", "--rollouts", "r.jsonl", "--out", "o"]
+
+
+def parse(*extra: str):
+    return build_parser().parse_args([*BASE, *extra])
+
+
+# ----------------------------------------------------------------- command line
+
+
+def test_underscores_and_hyphens_are_the_same_flag():
+    a = parse("--loss_agg", "seq-mean-token-mean", "--kl_beta", "0.1", "--no_figures", "--grad_norm", "none")
+    b = parse("--loss-agg", "seq-mean-token-mean", "--kl-beta", "0.1", "--no-figures", "--grad-norm", "none")
+    for k in ("loss_agg", "kl_beta", "figures", "grad_norm"):
+        assert getattr(a, k) == getattr(b, k)
+    assert a.figures is False and a.kl_beta == 0.1
+    assert not getattr(a, "aliases", None)  # our own names, spelled either way, are no alias
+
+
+@pytest.mark.parametrize("value, expected", [("group", "group"), ("batch", "batch"), ("none", "none"),
+                                             ("true", "group"), ("True", "group"), ("false", "none")])
+def test_scale_rewards_values(value, expected):
+    a = parse("--scale_rewards", value)
+    assert a.advantage == expected and a.aliases == {"--scale_rewards": "advantage"}
+
+
+def test_trl_command_line_maps_and_records():
+    a = parse("--loss_type", "dapo", "--epsilon", "0.25", "--epsilon_high", "0.3", "--beta", "0.04",
+              "--top_entropy_quantile", "0.1", "--mask_truncated_completions", "--max_completion_length", "64")
+    assert (a.loss_type, a.clip_low, a.clip_high, a.kl_beta, a.rho) == ("dapo", 0.25, 0.3, 0.04, 0.1)
+    assert a.mask_truncated_completions is True and a.max_completion_length == 64
+    assert a.aliases == {"--epsilon": "clip_low", "--epsilon_high": "clip_high", "--beta": "kl_beta",
+                         "--top_entropy_quantile": "rho"}
+
+
+def test_epsilon_alone_sets_both_sides_like_trl():
+    a = parse("--epsilon", "0.3")
+    assert a.clip_low == a.clip_high == 0.3 and a.aliases == {"--epsilon": "clip_low, clip_high"}
+    b = parse("--epsilon", "0.3", "--clip-high", "0.28")  # an explicit other side wins, in any order
+    assert (b.clip_low, b.clip_high) == (0.3, 0.28)
+    c = parse("--clip_high", "0.28", "--epsilon=0.3")
+    assert (c.clip_low, c.clip_high) == (0.3, 0.28)
+    d = parse("--clip_ratio", "0.1")
+    assert d.clip_low == d.clip_high == 0.1
+
+
+def test_verl_names():
+    a = parse("--loss_agg_mode", "seq-mean-token-sum", "--clip_ratio_low", "0.2", "--clip_ratio_high", "0.28",
+              "--kl_loss_coef", "0.001", "--clip_ratio_c", "3")
+    assert (a.loss_agg, a.clip_low, a.clip_high, a.kl_beta, a.clip_ratio_c) == (
+        "seq-mean-token-sum", 0.2, 0.28, 0.001, 3.0)
+    assert a.aliases == {"--loss_agg_mode": "loss_agg", "--clip_ratio_low": "clip_low",
+                         "--clip_ratio_high": "clip_high", "--kl_loss_coef": "kl_beta"}
+
+
+def test_bad_alias_value_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("--scale_rewards", "maybe")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "maybe" in err and len(err.strip().splitlines()) == 1
+    with pytest.raises(SystemExit):
+        parse("--loss_agg_mode", "seq-max")  # verl names map onto our choices, which argparse checks
+
+
+# ----------------------------------------------------------------- --config FILE.yaml
+
+
+def test_config_file_like_trl(tmp_path):
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("loss_type: dr_grpo\nscale_rewards: false\nepsilon: 0.2\nepsilon-high: 0.28\nbeta: 0.0\n"
+                   "max_completion_length: 128\ntop_entropy_quantile: 0.2\nkl_beta: 0.01\nfigures: false\n"
+                   "mask_truncated_completions: true\nseed: 7\n")
+    a = parse("--config", str(cfg), "--seed", "3", "--rho", "0.1")
+    assert (a.loss_type, a.advantage, a.clip_low, a.clip_high, a.max_completion_length) == (
+        "dr_grpo", "none", 0.2, 0.28, 128)
+    assert a.kl_beta == 0.01  # the file's later key wins inside the file, like a command line
+    assert a.figures is False and a.mask_truncated_completions is True
+    assert a.seed == 3 and a.rho == 0.1  # the command line overrides the file
+    assert a.config == str(cfg)
+    assert a.aliases == {"grpo.yaml: scale_rewards": "advantage", "grpo.yaml: epsilon": "clip_low",
+                         "grpo.yaml: epsilon-high": "clip_high", "grpo.yaml: beta": "kl_beta",
+                         "grpo.yaml: top_entropy_quantile": "rho"}
+
+
+def test_config_file_refusals(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("loss_type: grpo\nlearning_rate: 1e-6\nper_device_train_batch_size: 8\n")
+    with pytest.raises(SystemExit) as e:
+        parse("--config", str(bad))
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "learning_rate" in err and "per_device_train_batch_size" in err and len(err.strip().splitlines()) == 1
+    nested = tmp_path / "nested.yaml"
+    nested.write_text("actor:\n  clip_ratio_low: 0.2\n")
+    with pytest.raises(SystemExit):
+        parse("--config", str(nested))
+    assert "nested" in capsys.readouterr().err
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("loss_type: [grpo\n")
+    with pytest.raises(SystemExit):
+        parse("--config", str(broken))
+    assert "broken.yaml" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("--config", str(tmp_path / "missing.yaml"))
+
+
+def test_probe_records_mapped_settings(tiny_model_dirs, tmp_path):
+    """`gmts probe` with a TRL command line and a YAML file: the run uses and records the mapped settings."""
+    r = make_rollouts(tmp_path / "r.jsonl")
+    cfg = tmp_path / "trl.yaml"
+    cfg.write_text("scale_rewards: batch\nloss_agg_mode: seq-mean-token-mean\ntop_entropy_quantile: 0.3\n")
+    out = tmp_path / "run"
+    rc = main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(r), "--out", str(out),
+               "--device", "cpu", "-q", "--no_figures", "--fidelity", "off", "--grad_norm", "none",
+               "--config", str(cfg), "--epsilon", "0.25", "--beta", "0.0"])
+    assert rc == 0
+    m = json.loads((out / "manifest.json").read_text())
+    c = m["config"]
+    assert (c["advantage"], c["loss_agg"], c["rho"], c["clip_low"], c["clip_high"], c["kl_beta"]) == (
+        "batch", "seq-mean-token-mean", 0.3, 0.25, 0.25, 0.0)
+    assert m["aliases"] == {"trl.yaml: scale_rewards": "advantage", "trl.yaml: loss_agg_mode": "loss_agg",
+                            "trl.yaml: top_entropy_quantile": "rho", "--epsilon": "clip_low, clip_high",
+                            "--beta": "kl_beta"}
+    assert m["config_file"] == str(cfg)
+
+
+# ----------------------------------------------------------------- --help
+
+
+def _sub(name: str):
+    p = build_parser()
+    sub = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices[name]
+
+
+def test_probe_help_groups_units_defaults():
+    text = _sub("probe").format_help()
+    for g in ("inputs:", "RL objective:", "gradient engine:", "output:", "run control:"):
+        assert g in text
+    assert "do not:" not in text
+    p = _sub("probe")
+    for a in p._actions:
+        if a.option_strings and a.help and a.dest not in ("help", "debug") and not a.required:
+            assert "default" in a.help, a.option_strings
+    assert "--max-memory MiB" in text and "--max-len TOKENS" in text
+
+
+def test_one_name_per_concept_across_subcommands():
+    for name in ("run", "sample", "probe", "merge", "stats", "figures", "rl", "toy-train", "bench"):
+        text = _sub(name).format_help()
+        assert "-q, --quiet" in text, name
+        assert "do not:" not in text, name
+    for name in ("run", "sample", "rl"):
+        opts = _sub(name)._option_string_actions
+        assert "--model" in opts and "--domains" in opts, name
+    assert "--policy" not in _sub("run").format_help()  # old name: a hidden alias only
+    assert "MiB" in _sub("bench")._option_string_actions["--max-memory"].help
+
+
+# ----------------------------------------------------------------- hub downloads
+
+
+def test_offline_hub_id_is_one_clear_line(monkeypatch):
+    from gmts_analysis.models import load_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(GmtsError) as e:
+        load_model("gmts-nobody/does-not-exist-0", device="cpu")
+    msg = str(e.value)
+    assert "\n" not in msg and "HF_HUB_OFFLINE=1" in msg and "gmts-nobody/does-not-exist-0" in msg
+
+
+def test_hub_id_may_download_unless_offline(monkeypatch, tiny_model_dirs):
+    """Without HF_HUB_OFFLINE a hub id is loaded with local_files_only=False (mocked: no network)."""
+    import transformers
+
+    from gmts_analysis.models import load_model
+
+    real = transformers.AutoModelForCausalLM.from_pretrained
+    calls = []
+
+    def fake_model(name, **kw):
+        calls.append(("model", name, kw.get("local_files_only")))
+        kw["local_files_only"] = True
+        return real(str(tiny_model_dirs["qwen2"]), **kw)
+
+    def fake_tok(name, **kw):
+        calls.append(("tokenizer", name, kw.get("local_files_only")))
+        raise OSError("no tokenizer")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tok)
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    model, tok = load_model("Qwen/Qwen2.5-Math-1.5B", device="cpu")
+    assert tok is None and calls == [("model", "Qwen/Qwen2.5-Math-1.5B", False),
+                                     ("tokenizer", "Qwen/Qwen2.5-Math-1.5B", False)]
+    calls.clear()
+    load_model("Qwen/Qwen2.5-Math-1.5B", device="cpu", offline=True)
+    assert [c[2] for c in calls] == [True, True]
+    calls.clear()
+    load_model(str(tiny_model_dirs["qwen2"]), device="cpu")  # a local directory never downloads
+    assert [c[2] for c in calls] == [True, True]
+    calls.clear()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    load_model("Qwen/Qwen2.5-Math-1.5B", device="cpu")
+    assert [c[2] for c in calls] == [True, True]
+
+
+def test_offline_flag_parses():
+    assert parse("--offline").offline is True and parse().offline is False
+
+
+# ----------------------------------------------------------------- verl's aggregation modes
+
+
+def test_token_sum_and_seq_mean_token_sum_weights():
+    from gmts_analysis.advantages import loss_weights
+    from gmts_analysis.selection_tensor import aggregate_loss
+
+    lengths = [3, 5, 2, 7]
+    assert loss_weights(lengths, "token-sum").tolist() == [1.0] * 4
+    assert loss_weights(lengths, "seq-mean-token-sum").tolist() == pytest.approx([0.25] * 4)
+    # two batches (steps): N counts the answers of each batch
+    w = loss_weights(lengths, "seq-mean-token-sum", steps=[0, 0, 0, 1])
+    assert w.tolist() == pytest.approx([1 / 3, 1 / 3, 1 / 3, 1.0])
+    # the tensor loss aggregates with the same weights as verl's agg_loss does
+    g = torch.Generator().manual_seed(0)
+    T = max(lengths)
+    loss = torch.randn(4, T, generator=g, dtype=torch.float64)
+    mask = torch.zeros(4, T, dtype=torch.float64)
+    for i, L in enumerate(lengths):
+        mask[i, :L] = 1
+    verl = {"token-sum": (loss * mask).sum(), "seq-mean-token-sum": (loss * mask).sum(-1).mean()}
+    for mode, ref in verl.items():
+        got = aggregate_loss(loss, mask, loss_agg=mode)
+        wts = loss_weights(lengths, mode)
+        explicit = sum(wts[i] * (loss[i] * mask[i]).sum() for i in range(4))
+        assert float(got) == pytest.approx(float(ref), rel=1e-12)
+        assert float(explicit) == pytest.approx(float(ref), rel=1e-12)
+
+
+def test_mask_truncated_completions_weights():
+    """TRL: truncated answers leave the loss and the token count; N (answers) is unchanged."""
+    from gmts_analysis.advantages import loss_weights
+
+    lengths = [3, 5, 2, 7]
+    trunc = [False, True, False, False]
+    w = loss_weights(lengths, "token-mean", truncated=trunc)
+    assert w.tolist() == pytest.approx([1 / 12, 0.0, 1 / 12, 1 / 12])
+    w = loss_weights(lengths, "seq-mean-token-mean", truncated=trunc)
+    assert w.tolist() == pytest.approx([1 / 12, 0.0, 1 / 8, 1 / 28])
+    w = loss_weights(lengths, "seq-mean-token-sum-norm", truncated=trunc, max_len=10)
+    assert w.tolist() == pytest.approx([1 / 40, 0.0, 1 / 40, 1 / 40])
+
+
+def test_alias_table_documented():
+    from pathlib import Path
+
+    from gmts_analysis.options import ALIASES
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
+    for a in ALIASES:
+        assert re.search(rf"`--{a.name}`", doc), a.name
