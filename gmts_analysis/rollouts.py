@@ -225,6 +225,8 @@ class _ReadState:
         self.wanted = parse_steps(opts.steps)
         self.group_source = "group_id"
         self.report: dict = {}
+        self.last_digest: str | None = None
+        self.repeated_files: list[str] = []
 
 
 def _file_rows(files: list, opts: ReaderOptions, state: _ReadState) -> Iterator[tuple[str, dict]]:
@@ -254,6 +256,7 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
             raise GmtsError(f"{rf.path}: --reward-columns: no column '{missing[0]}' (columns: {', '.join(rf.columns)})")
     G = opts.num_generations
     count = 0
+    buffered: list[tuple[str, dict]] = []  # a TRL file (one generation batch) is held to spot repeats
     for n, row in _chain(first, rows):
         where = f"{unit} {n}"
         m = normalize_row(row, fmt, spec, where)
@@ -279,10 +282,35 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
             s = step if isinstance(step, int) else int(step) if isinstance(step, str) and step.isdigit() else None
             if s not in state.wanted:
                 continue
-        yield where, m
+        if fmt == "trl":
+            buffered.append((where, m))
+        else:
+            yield where, m
     if G is not None and count % G:
         raise GmtsError(f"{rf.path}: {count} rows are not whole groups of --num-generations {G} "
                         f"({count % G} left over)")
+    if fmt == "trl" and buffered:
+        # TRL writes its last generation batch at every logging step: with logging_steps below
+        # steps_per_generation (or num_iterations > 1) consecutive files repeat the same rows
+        digest = _rows_digest(m for _, m in buffered)
+        if digest == state.last_digest:
+            state.repeated_files.append(str(rf.path.name))
+            log.warning("%s repeats the previous file's rows (TRL logs its last generation batch at every logging "
+                        "step): skipped", rf.path.name)
+            return
+        state.last_digest = digest
+        yield from buffered
+
+
+def _rows_digest(rows: Iterable[dict]) -> str:
+    import hashlib
+    import json
+
+    h = hashlib.sha256()
+    for m in rows:
+        h.update(json.dumps([m.get("prompt"), m.get("response"), m.get("reward"), m.get("logged_advantage")],
+                            sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
+    return h.hexdigest()
 
 
 def _chain(first: Any, rest: Iterator) -> Iterator:
@@ -339,7 +367,7 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
             prompt_ids=prompt_ids,
             response_ids=response_ids,
             reward=float(reward),
-            prompt=prompt if isinstance(prompt, str) else None,
+            prompt=prompt if isinstance(prompt, str) else _decode(tokenizer, prompt_ids) if prompt is not None else None,
             response=response if isinstance(response, str) else None,
             step=r.get("step"),
             domain=domain,
@@ -379,6 +407,7 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
         "chat_template": opts.chat_template,
         "context": ctx.report.to_dict(),
         "restored": ctx.report.lines(),
+        "repeated_files_skipped": state.repeated_files,
     }
     for line in ctx.report.lines():
         (log.warning if line.startswith(("could not", "no --max")) else log.info)(line)
@@ -422,6 +451,14 @@ def _verify(sel: list[Answer], rows: list[dict], verifier: Callable) -> None:
             raise GmtsError(f"{a.where}: the verifier skipped this answer (returned None); an unscorable answer "
                             "(TRL trains it with advantage 0) is not modelled")
         a.reward = check_reward(s, a.where, "reward (from --verifier)")
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str | None:
+    """The rendered text of a templated prompt (special tokens kept), for display."""
+    try:
+        return tokenizer.decode(ids, skip_special_tokens=False)
+    except Exception:
+        return None
 
 
 def _fill_groups(answers: list[Answer]) -> None:

@@ -131,3 +131,21 @@ def test_probe_end_to_end_on_a_trl_directory(trl_dir, tok, tmp_path, capsys):
     assert any("chat template applied" in line for line in read["restored"])
     t = pd.read_parquet(out / "tokens.parquet")
     assert len(t) == sum(len(v[1]) for v in truth.values())
+
+
+def test_a_repeated_generation_batch_is_read_once(trl_dir, tok, tmp_path, caplog):
+    """TRL logs its last generation batch at every logging step: a file repeating the previous
+    one's rows (logging_steps < steps_per_generation) is skipped, not counted twice."""
+    import shutil
+
+    root, _ = trl_dir
+    d = tmp_path / "completions"
+    shutil.copytree(root / "completions", d)
+    df = pd.read_parquet(d / "completions_00020.parquet")
+    df["step"] = 21
+    df.to_parquet(d / "completions_00021.parquet")
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.readers"):
+        ans = read_rollouts(d, tok, options=ReaderOptions(**OPTS))
+    assert len(ans) == 8 and ans.report["repeated_files_skipped"] == ["completions_00021.parquet"]
+    assert "completions_00021.parquet repeats the previous file's rows" in caplog.text
+    assert ans[4].prompt == tok.decode(ans[4].prompt_ids)  # a templated prompt is shown as rendered
