@@ -149,3 +149,17 @@ def test_a_repeated_generation_batch_is_read_once(trl_dir, tok, tmp_path, caplog
     assert len(ans) == 8 and ans.report["repeated_files_skipped"] == ["completions_00021.parquet"]
     assert "completions_00021.parquet repeats the previous file's rows" in caplog.text
     assert ans[4].prompt == tok.decode(ans[4].prompt_ids)  # a templated prompt is shown as rendered
+
+
+def test_rows_in_memory_as_a_trl_dataframe(trl_dir, tok):
+    """The Python API's path: a DataFrame of TRL rows (NaN = a skipped reward) reads the same."""
+    from gmts_analysis.rollouts import read_rollouts_rows
+
+    root, truth = trl_dir
+    df = pd.read_parquet(root / "completions" / "completions_00010.parquet")
+    ans = read_rollouts_rows(df.to_dict(orient="records"), tok, fmt="trl", options=ReaderOptions(**OPTS))
+    for i, a in enumerate(ans):
+        pids, cids, r, adv = truth[(10, i)]
+        assert (a.prompt_ids, a.response_ids, a.reward, a.logged_advantage) == (pids, cids, r, adv)
+    assert "4 text prompt(s) tokenized as given, without the tokenizer's chat template" in " ".join(
+        ans.report["restored"])

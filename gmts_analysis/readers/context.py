@@ -53,6 +53,7 @@ class ContextReport:
     template_restored_verl: int = 0  # verl inputs matched to the template and re-rendered
     template_not_restored: int = 0  # verl inputs probed as logged (no template, or no match)
     text_prompts_plain: int = 0  # text prompts tokenized with special tokens, no template
+    tokenizer_has_template: bool = False
     eos_token: str | None = None
     eos_token_id: int | None = None
     eos_appended: int = 0
@@ -92,6 +93,9 @@ class ContextReport:
         if self.eos_not_restored_no_token:
             out.append(f"could not restore the stop token of {self.eos_not_restored_no_token} response(s): the "
                        "tokenizer has no eos_token")
+        if self.text_prompts_plain and self.tokenizer_has_template:
+            out.append(f"{self.text_prompts_plain} text prompt(s) tokenized as given, without the tokenizer's chat "
+                       "template (as TRL does for text prompts; --chat-template on to apply it)")
         return out + list(self.notes)
 
 
@@ -117,6 +121,7 @@ class Contextualizer:
         if tokenizer is not None:
             self.report.eos_token = getattr(tokenizer, "eos_token", None)
             self.report.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+            self.report.tokenizer_has_template = bool(getattr(tokenizer, "chat_template", None))
 
     # ------------------------------------------------------------ helpers
 
