@@ -48,7 +48,8 @@ def fidelity_selections(
     seed: int = 0,
 ) -> dict[str, np.ndarray]:
     """``{name: boolean mask over tokens rows}`` for ``all``, ``oracle``, each estimator and
-    ``random_0..random_{n_random-1}`` (uniform random scores from ``numpy.default_rng(seed)``)."""
+    ``random_0..random_{n_random-1}`` (uniform random scores from
+    ``gmts_analysis.seeding.numpy_rng(seed, "fidelity", "random")``)."""
     df = add_estimator_columns(tokens.copy())
     sels: dict[str, np.ndarray] = {"all": np.ones(len(df), dtype=bool)}
     if "grad_norm" in df.columns and df["grad_norm"].notna().any():
@@ -57,7 +58,9 @@ def fidelity_selections(
         if s not in df.columns:
             raise GmtsError(f"update fidelity: estimator column '{s}' not in the tokens table")
         sels[s] = select_top(df, s, rho, scope)
-    rng = np.random.default_rng(seed)
+    from gmts_analysis.seeding import numpy_rng
+
+    rng = numpy_rng(int(seed), "fidelity", "random")
     for j in range(n_random):
         sels[f"random_{j}"] = select_top(df, rng.random(len(df)), rho, scope)
     return sels

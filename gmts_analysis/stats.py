@@ -1,176 +1,145 @@
 """Statistics of a probe: do estimators rank tokens like their policy-gradient norm?
 
-Everything here is a function of the tokens table (SPEC section 2) and is written to
-``stats.json`` (SPEC section 6) by :func:`compute_stats`. For every estimator column
-``s`` (see :func:`gmts_analysis.estimators.available`):
+Everything here is a function of the tokens table (docs/definitions.md, tokens table) and is
+written to ``stats.json`` (version 2) by :func:`compute_stats`. For every estimator column
+``s`` (:func:`gmts_analysis.estimators.available`; ``abs_omega`` = |omega| is the baseline that
+knows only each token's coefficient):
 
-- ``within_answer.<s>``: Spearman rho(s, grad_norm_logp) inside each answer with at least
-  5 tokens and non-constant target and score, summarised over answers (median, mean,
-  quartiles, n_answers) with a 95% bootstrap CI of the mean that resamples answers.
-  (Inside one answer on-policy ``|omega|`` is constant, so this also ranks ``grad_norm``.)
-- ``cross_answer.<s>``: rho(s, grad_norm) and Kendall tau-b over all tokens pooled, with a
-  95% CI of rho by a cluster bootstrap that resamples answers with replacement (every
-  token of a drawn answer enters once per draw; ranks recomputed on the resample).
-- ``within_group.<s>``: pooled rho(s, grad_norm) inside each group (>= 5 tokens,
-  non-constant target), summarised over groups like ``within_answer`` (``n_groups``),
-  the CI resampling groups.
-- ``topk_overlap.<scope>.<s>.<rho>``: |S_s ∩ S_true| / |S_true| (S_true: top-rho by
-  grad_norm in the same scope). With several scopes (groups; or batches when there is a
-  ``step`` column) intersections and |S_true| are summed over scopes before dividing.
-- ``topk_overlap_ci.<scope>.<s>."0.2"``: {ci_low, ci_high}, 95% CI of the overlap at rho 0.2 by
-  a bootstrap over answers (selections recomputed on each resample; extra key, not in SPEC).
-- ``update_fidelity``: needs the model; computed by :mod:`gmts_analysis.fidelity` during the
-  probe and passed in here (``fidelity=``); ``gmts stats`` keeps the one already on disk.
-- ``by_domain.<d>`` / ``by_step.<k>``: the same blocks on each slice, when the tables carry
-  ``domain`` / ``step``.
+*Informative* tokens have omega != 0. A token with omega = 0 (every reward of its group equal,
+so A = 0) contributes nothing to the update; the statistics keep such tokens apart so that a
+result coming from them is visible.
 
-Undefined correlations (constant columns, too few tokens) are NaN, written as null.
-Bootstrap: percentile intervals from ``n_boot`` resamples (default 1000) of a numpy
-``Generator`` seeded from ``seed`` and the name of the statistic, so results do not depend
-on which estimators are present. The cluster bootstrap of the pooled Spearman is exact and
-vectorized: a resample is a vector of answer multiplicities, and the average ranks of the
-resampled table are cumulative sums of multiplicities along one precomputed sort order,
-so each resample costs O(n) instead of a sort; the top-k CIs use the same idea (kept copies
-are cumulative multiplicities along each score's selection order). Both are exact: they equal
-the statistic recomputed on the table with every drawn answer repeated (tests check this).
-Cost: about 7 s of CPU for 1000 resamples of 15k tokens in 200 answers with nine estimators
-(4 s pooled Spearman CIs, 3 s top-k CIs), so ``n_boot`` stays at 1000 by default.
+- ``zero_advantage``: ``answers`` and ``groups`` without an informative token, ``tokens`` with
+  omega = 0 and their ``token_share``.
+- ``cross_answer.<s>``: rho(s, grad_norm) (:func:`gmts_analysis.rank.spearman`) and Kendall
+  tau-b over all tokens pooled, ``n_tokens``, 95% CI of rho. ``cross_answer_informative.<s>``:
+  the same over informative tokens only.
+- ``within_answer.<s>``: rho(s, grad_norm_logp) inside each answer, over ONE answer set for
+  every estimator: informative answers with at least ``MIN_TOKENS`` tokens with a target and a
+  non-constant target. A score that cannot rank an answer's tokens (constant inside it, as
+  ``abs_omega`` on-policy) counts as rho = 0 there, so ``n_answers`` is the same for every
+  estimator. Summarised by median, mean, q25, q75, n_answers and the 95% CI of the mean.
+- ``within_group.<s>``: rho(s, grad_norm) pooled inside each group, over informative groups
+  with the same rules (``n_groups``).
+- ``topk_overlap.<scope>.<s>.<rho>``: |S_s ∩ S_true| / |S_true|, S_s the top
+  ``n_keep(rho, n)`` tokens of the scope by s, S_true the top ``n_keep(rho, n)`` by grad_norm
+  among the scope's tokens with grad_norm > 0 (all of them when fewer). A scope without such a
+  token has no S_true: it is left out and counted in ``topk_scopes_excluded.<scope>``. Several
+  scopes (groups; batches when there is a ``step``) are pooled: sums of intersections over
+  sums of |S_true|. ``topk_overlap_ci.<scope>.<s>.<rho>``: {ci_low, ci_high}.
+- ``selection_waste.<scope>.<s>.<rho>``: the share of S_s (pooled over scopes, excluded ones
+  included) made of tokens with omega = 0; ``selection_waste_ci`` its CIs.
+- ``update_fidelity``: needs the model; computed by :func:`gmts_analysis.fidelity.fidelity_for_run`
+  during the probe and passed in (``fidelity=``); ``gmts stats`` keeps the one on disk.
+- ``by_domain.<d>`` / ``by_step.<k>``: the same blocks on each slice.
+- ``meta``: ``version`` 2, ``ci_unit`` (``group`` or ``answer``), counts and settings.
+
+Confidence intervals: 95% percentile intervals of a seeded cluster bootstrap that resamples
+**groups** (the advantage belongs to the group: answers of one group are not independent),
+answers only when every group has one answer (``meta.ci_unit``); never tokens. One matrix of
+cluster multiplicities per block (seeded from ``seed`` and the block's name) serves every
+statistic of the block, so estimators are compared on paired resamples and results do not
+depend on which estimators are present. Every resample is evaluated exactly, vectorized: a
+resample is a vector of cluster counts; a token of a drawn cluster stands for as many copies.
+Pooled Spearman: average ranks of the weighted table are cumulative sums of weights along one
+precomputed sort order (O(n) per resample, no sort). Top-k and waste: the kept copies are
+cumulative weights along each score's selection order, with ``k = n_keep(rho, total weight)``.
+Means of per-answer (or per-group) values: weighted by their cluster's count. Each equals the
+statistic recomputed on the table with every drawn cluster repeated (tests check this).
+Cost: a few seconds of one CPU core for 6k tokens, 11 estimators and 1000 resamples; the
+pooled bootstraps reduce their resample count on huge tables (:func:`pooled_n_boot`).
+
+Undefined values (constant columns, too few tokens, no S_true) are NaN, written as null.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import zlib
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gmts_analysis.estimators import add_estimator_columns, available
-from gmts_analysis.selection import RHOS, SCOPES, select_top
+from gmts_analysis.rank import MIN_TOKENS, kendall_tau_b, n_keep, per_cluster_spearman, spearman
+from gmts_analysis.selection import RHOS, SCOPES, select_top, selection_order
+
+__all__ = [
+    "MIN_TOKENS", "STATS_VERSION", "TARGET", "TARGET_WITHIN", "compute_stats", "cross_answer",
+    "estimator_table", "informative_mask", "kendall_tau_b", "per_answer_table", "per_cluster_spearman",
+    "prepare_tokens", "rho_key", "run_rho_key", "spearman", "stats_table", "within_values", "write_stats",
+]
 
 log = logging.getLogger(__name__)
 
+STATS_VERSION = 2
 TARGET = "grad_norm"  # cross-answer, within-group and top-k target
 TARGET_WITHIN = "grad_norm_logp"  # within-answer target
-MIN_TOKENS = 5  # an answer (or group) needs this many tokens for a within correlation
 CI_LEVEL = 0.95
 DEFAULT_N_BOOT = 1000
+WASTE_RHO = 0.2  # the selection fraction quoted in summaries
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
 def _rng(seed: int, *key: object) -> np.random.Generator:
-    """A Generator seeded from ``seed`` and a stable hash of ``key`` (order independent of callers)."""
-    h = zlib.crc32("/".join(map(str, key)).encode("utf-8"))
-    return np.random.default_rng([int(seed), h])
+    """A Generator seeded from ``seed`` and ``key`` (:func:`gmts_analysis.seeding.numpy_rng`)."""
+    from gmts_analysis.seeding import numpy_rng
+
+    return numpy_rng(int(seed), "stats", *key)
 
 
-def _rank_avg(x: np.ndarray) -> np.ndarray:
-    """Average ranks (1-based) of a 1-D array, like ``scipy.stats.rankdata``."""
-    return pd.Series(x).rank(method="average").to_numpy(dtype=np.float64)
+def run_rho_key(stats: Mapping[str, Any]) -> str:
+    """The stats.json key of the run's keep fraction (``meta.rho``; "0.2" for older runs)."""
+    meta = stats.get("meta") if isinstance(stats, Mapping) else None
+    r = meta.get("rho") if isinstance(meta, Mapping) else None
+    return str(r) if r is not None else "0.2"
 
 
-def spearman(x: np.ndarray, y: np.ndarray) -> float:
-    """Spearman rho with average ranks for ties; NaN-pairs dropped; NaN when undefined."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    ok = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[ok], y[ok]
-    if len(x) < 2:
-        return float("nan")
-    return _pearson(_rank_avg(x), _rank_avg(y))
+def rho_key(rho: float) -> str:
+    """The stats.json key of a selection fraction: 0.2 -> "0.2", 0.05 -> "0.05"."""
+    return repr(float(rho))
 
 
-def _pearson(a: np.ndarray, b: np.ndarray) -> float:
-    a = a - a.mean()
-    b = b - b.mean()
-    saa, sbb = float(a @ a), float(b @ b)
-    if saa <= 1e-12 or sbb <= 1e-12:
-        return float("nan")
-    return float(np.clip((a @ b) / math.sqrt(saa * sbb), -1.0, 1.0))
-
-
-def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> float:
-    """Kendall tau-b (scipy, O(n log n)); NaN-pairs dropped; NaN when undefined."""
-    from scipy.stats import kendalltau
-
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    ok = ~(np.isnan(x) | np.isnan(y))
-    if ok.sum() < 2 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
-        return float("nan")
-    return float(kendalltau(x[ok], y[ok], variant="b").statistic)
-
-
-def per_cluster_spearman(
-    df: pd.DataFrame, score: str, target: str, cluster: str = "answer_id", min_tokens: int = MIN_TOKENS
-) -> pd.Series:
-    """Spearman rho(score, target) inside each cluster (answer or group), vectorized.
-
-    Rows with a missing score or target are dropped first. Clusters with fewer than
-    ``min_tokens`` remaining tokens or a constant score or target get NaN.
-    Returns a float Series indexed by cluster id (every cluster of ``df``).
-    """
-    clusters = pd.Index(pd.unique(df[cluster]))
-    out = pd.Series(np.nan, index=clusters, dtype=np.float64, name=score)
-    if score not in df.columns or target not in df.columns:
-        return out
-    sub = df[[cluster, score, target]].dropna()
-    if sub.empty:
-        return out
-    g = sub.groupby(cluster, sort=False)
-    r = g[[score, target]].rank(method="average")
-    c = r - r.groupby(sub[cluster], sort=False).transform("mean")
-    prod = pd.DataFrame(
-        {"xy": c[score] * c[target], "xx": c[score] ** 2, "yy": c[target] ** 2, cluster: sub[cluster]}
-    )
-    sums = prod.groupby(cluster, sort=False)[["xy", "xx", "yy"]].sum()
-    n = g.size()
-    ok = (n >= min_tokens) & (sums["xx"] > 1e-12) & (sums["yy"] > 1e-12)
-    rho = (sums["xy"] / np.sqrt(sums["xx"] * sums["yy"])).clip(-1.0, 1.0).where(ok)
-    out.loc[rho.index] = rho.to_numpy()
-    return out
-
-
-def bootstrap_mean_ci(values: np.ndarray, rng: np.random.Generator, n_boot: int, level: float = CI_LEVEL) -> tuple[float, float]:
-    """Percentile CI of the mean of ``values`` (one per resampling unit); NaN if < 2 values."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
-    if len(v) < 2 or n_boot < 1:
+def _quantile_ci(v: np.ndarray, level: float = CI_LEVEL) -> tuple[float, float]:
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
         return float("nan"), float("nan")
-    means = np.empty(n_boot)
-    chunk = max(1, int(2_000_000 // len(v)))
-    for i in range(0, n_boot, chunk):
-        b = min(chunk, n_boot - i)
-        idx = rng.integers(0, len(v), size=(b, len(v)))
-        means[i : i + b] = v[idx].mean(axis=1)
     a = (1 - level) / 2
-    lo, hi = np.quantile(means, [a, 1 - a])
+    lo, hi = np.quantile(v, [a, 1 - a])
     return float(lo), float(hi)
 
 
-def summarise(values: pd.Series | np.ndarray, rng: np.random.Generator, n_boot: int, count_key: str = "n_answers") -> dict:
-    """``{median, mean, q25, q75, <count_key>, ci_low, ci_high}`` of per-unit correlations."""
-    v = np.asarray(values, dtype=np.float64)
-    v = v[~np.isnan(v)]
-    if len(v) == 0:
-        nan = float("nan")
-        return {"median": nan, "mean": nan, "q25": nan, "q75": nan, count_key: 0, "ci_low": nan, "ci_high": nan}
-    lo, hi = bootstrap_mean_ci(v, rng, n_boot)
-    q25, med, q75 = np.quantile(v, [0.25, 0.5, 0.75])
-    return {
-        "median": float(med),
-        "mean": float(v.mean()),
-        "q25": float(q25),
-        "q75": float(q75),
-        count_key: len(v),
-        "ci_low": lo,
-        "ci_high": hi,
-    }
+def rho_grid(rho: float = WASTE_RHO) -> tuple[float, ...]:
+    """The selection fractions of the statistics: the standard grid plus the run's ``rho``."""
+    return tuple(sorted(set(RHOS) | {float(rho)}))
+
+
+def informative_mask(df: pd.DataFrame) -> np.ndarray:
+    """Boolean ``(n,)``: tokens with omega != 0 (every token when the table has no omega)."""
+    if "omega" not in df.columns:
+        return np.ones(len(df), dtype=bool)
+    om = df["omega"].to_numpy(dtype=np.float64)
+    return ~np.isnan(om) & (om != 0)
+
+
+def cluster_unit(df: pd.DataFrame) -> str:
+    """``group`` when the table has groups and one of them has several answers, else ``answer``."""
+    if "group_id" not in df.columns or df["group_id"].isna().all():
+        return "answer"
+    per_group = df.groupby("group_id", sort=False)["answer_id"].nunique()
+    return "group" if len(per_group) and int(per_group.max()) > 1 else "answer"
+
+
+def _unit_codes(df: pd.DataFrame, unit: str) -> tuple[np.ndarray, pd.Index]:
+    """Resampling cluster of each row as codes ``[0, C)``, and the C cluster ids."""
+    col = "group_id" if unit == "group" else "answer_id"
+    codes, uniq = pd.factorize(df[col])
+    return codes.astype(np.int64), pd.Index(uniq)
 
 
 # ------------------------------------------------------------- cluster bootstrap of rho
@@ -185,28 +154,52 @@ def multiplicities(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np
     return counts
 
 
+MATMUL_CELLS = 4e7  # cumulative sums by a (B, C) @ (C, n) product when C * n is at most this
+
+
+def _cumulative_indicator(codes_sorted: np.ndarray, n_clusters: int, at: np.ndarray | None = None) -> np.ndarray | None:
+    """``M`` ``(C, m)`` with ``M[c, j]`` = tokens of cluster c among the first ``at[j] + 1`` tokens of
+    the order (``at`` default: every position), so that ``counts @ M`` is the running weight of a
+    resample at those positions: one small matrix product instead of a cumulative sum over
+    ``(B, n)``. None when ``C * m`` exceeds ``MATMUL_CELLS`` (then callers use ``np.cumsum``)."""
+    n = len(codes_sorted)
+    at = np.arange(n) if at is None else at
+    if n_clusters * max(len(at), 1) > MATMUL_CELLS:
+        return None
+    block = np.searchsorted(at, np.arange(n), side="left")  # first position at or after each token
+    M = np.zeros((n_clusters, len(at) + 1))
+    np.add.at(M, (codes_sorted, block), 1.0)
+    return np.cumsum(M[:, : len(at)], axis=1)
+
+
 class _SortPlan:
     """A sort order and tie blocks of one column, to rank weighted resamples in O(n)."""
 
-    def __init__(self, x: np.ndarray, cluster_codes: np.ndarray):
+    def __init__(self, x: np.ndarray, cluster_codes: np.ndarray, n_clusters: int | None = None):
         self.order = np.argsort(x, kind="stable")
         self.codes_sorted = cluster_codes[self.order]
         xs = x[self.order]
         new_block = np.r_[True, xs[1:] != xs[:-1]]
         self.block_of_sorted = np.cumsum(new_block) - 1
         self.block_end = np.r_[np.flatnonzero(new_block)[1:], len(x)] - 1
+        C = int(n_clusters if n_clusters is not None else (cluster_codes.max() + 1 if len(x) else 0))
+        self.cum_end = _cumulative_indicator(self.codes_sorted, C, self.block_end)
 
     def sorted_weights(self, counts: np.ndarray) -> np.ndarray:
         """Token weights ``(B, n)`` in this column's sort order, from cluster counts ``(B, C)``."""
         return counts[:, self.codes_sorted]
 
-    def sorted_ranks(self, ws: np.ndarray) -> np.ndarray:
+    def sorted_ranks(self, ws: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
         """Average ranks ``(B, n)`` (in sort order) of weighted resamples ``ws`` (in sort order).
 
         A token of weight w_j stands for w_j copies; the copies of a tie block share the
         average rank ``before + (block weight + 1) / 2``, as on the expanded table.
+        With the resamples' cluster ``counts``, block ends come from one matrix product.
         """
-        end = np.cumsum(ws, axis=1)[:, self.block_end]
+        if counts is not None and self.cum_end is not None and self.cum_end.shape[0] == counts.shape[1]:
+            end = counts @ self.cum_end
+        else:
+            end = np.cumsum(ws, axis=1)[:, self.block_end]
         before = np.concatenate([np.zeros((ws.shape[0], 1)), end[:, :-1]], axis=1)
         rank_block = before + (end - before + 1.0) / 2.0
         return rank_block[:, self.block_of_sorted]
@@ -229,32 +222,34 @@ def cluster_bootstrap_spearman_many(
     nan = (float("nan"), float("nan"))
     if n < 2 or counts.shape[0] == 0 or not names:
         return {k: nan for k in names}
-    py = _SortPlan(y, cluster_codes)
-    plans = {k: _SortPlan(np.asarray(xs[k], dtype=np.float64), cluster_codes) for k in names}
+    C = counts.shape[1]
+    py = _SortPlan(y, cluster_codes, C)
+    plans = {k: _SortPlan(np.asarray(xs[k], dtype=np.float64), cluster_codes, C) for k in names}
     B = counts.shape[0]
     rhos = {k: np.empty(B) for k in names}
     chunk = max(1, int(2_000_000 // n))
     inv_y = np.empty(n, dtype=np.int64)
     inv_y[py.order] = np.arange(n)
-    for i in range(0, B, chunk):
-        c = counts[i : i + chunk]
-        wy = py.sorted_weights(c)
-        ry = py.sorted_ranks(wy)
-        W = wy.sum(axis=1, keepdims=True)
-        dy_sorted_y = ry - np.einsum("ij,ij->i", wy, ry)[:, None] / W
-        syy = np.einsum("ij,ij,ij->i", wy, dy_sorted_y, dy_sorted_y)
-        for k in names:
-            p = plans[k]
-            wx = p.sorted_weights(c)
-            rx = p.sorted_ranks(wx)
-            dx = rx - np.einsum("ij,ij->i", wx, rx)[:, None] / W
-            dy = dy_sorted_y[:, inv_y[p.order]]  # y deviations in x's sort order
-            sxy = np.einsum("ij,ij,ij->i", wx, dx, dy)
-            sxx = np.einsum("ij,ij,ij->i", wx, dx, dx)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                r = sxy / np.sqrt(sxx * syy)
-            r[(sxx <= 1e-9) | (syy <= 1e-9)] = np.nan
-            rhos[k][i : i + len(r)] = r
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample may draw no usable token
+        for i in range(0, B, chunk):
+            c = counts[i : i + chunk]
+            wy = py.sorted_weights(c)
+            ry = py.sorted_ranks(wy, c)
+            W = wy.sum(axis=1, keepdims=True)
+            dy_sorted_y = ry - np.einsum("ij,ij->i", wy, ry)[:, None] / W
+            syy = np.einsum("ij,ij,ij->i", wy, dy_sorted_y, dy_sorted_y)
+            for k in names:
+                p = plans[k]
+                wx = p.sorted_weights(c)
+                rx = p.sorted_ranks(wx, c)
+                dx = rx - np.einsum("ij,ij->i", wx, rx)[:, None] / W
+                dy = dy_sorted_y[:, inv_y[p.order]]  # y deviations in x's sort order
+                sxy = np.einsum("ij,ij,ij->i", wx, dx, dy)
+                sxx = np.einsum("ij,ij,ij->i", wx, dx, dx)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    r = sxy / np.sqrt(sxx * syy)
+                r[(sxx <= 1e-9) | (syy <= 1e-9)] = np.nan
+                rhos[k][i : i + len(r)] = r
     a = (1 - level) / 2
     out = {}
     for k in names:
@@ -273,156 +268,247 @@ def cluster_bootstrap_spearman(
 # ------------------------------------------------------------------------ the blocks
 
 
-def within_answer(df: pd.DataFrame, estimators: Iterable[str], *, seed: int, n_boot: int, key: str = "") -> dict:
-    """``{s: summary}`` of per-answer Spearman(s, grad_norm_logp) (see module docstring)."""
-    out = {}
-    for s in estimators:
-        rhos = per_cluster_spearman(df, s, TARGET_WITHIN, "answer_id")
-        out[s] = summarise(rhos, _rng(seed, key, "within_answer", s), n_boot, "n_answers")
+def zero_advantage(df: pd.DataFrame, informative: np.ndarray) -> dict:
+    """``{answers, groups, tokens, token_share}``: answers / groups without an informative token,
+    tokens with omega = 0 (or without omega) and their share of all tokens."""
+    n = len(df)
+    z = ~informative
+    ans = pd.Series(informative).groupby(df["answer_id"].to_numpy(), sort=False).any()
+    out = {"answers": int((~ans).sum()), "groups": None, "tokens": int(z.sum()),
+           "token_share": float(z.sum() / n) if n else float("nan")}
+    if "group_id" in df.columns:
+        grp = pd.Series(informative).groupby(df["group_id"].to_numpy(), sort=False).any()
+        out["groups"] = int((~grp).sum())
     return out
 
 
-def within_group(df: pd.DataFrame, estimators: Iterable[str], *, seed: int, n_boot: int, key: str = "") -> dict:
-    """``{s: summary}`` of per-group pooled Spearman(s, grad_norm) (``n_groups``)."""
-    out = {}
-    if "group_id" not in df.columns:
-        return out
-    for s in estimators:
-        rhos = per_cluster_spearman(df, s, TARGET, "group_id")
-        out[s] = summarise(rhos, _rng(seed, key, "within_group", s), n_boot, "n_groups")
-    return out
+def within_values(
+    df: pd.DataFrame, estimators: Iterable[str], cluster: str = "answer_id", target: str = TARGET_WITHIN,
+    informative: np.ndarray | None = None, unit_col: str | None = None,
+) -> pd.DataFrame:
+    """Per-cluster Spearman of each estimator vs ``target``, over the common cluster set.
 
-
-def cross_answer(df: pd.DataFrame, estimators: Iterable[str], *, seed: int, n_boot: int, key: str = "") -> dict:
-    """``{s: {spearman, kendall, n_tokens, ci_low, ci_high}}`` pooled over the tokens of ``df``.
-
-    The same answer resamples are used for every estimator (paired comparisons).
+    Kept clusters: with an informative token, at least ``MIN_TOKENS`` tokens with a target and a
+    non-constant target. In them, rho(s, target) over the tokens where both are present; a
+    score that cannot rank them (constant, or fewer than 2 values) gives rho = 0.
+    Returns one row per kept cluster: ``cluster`` (the id), ``unit`` (the cluster's value of
+    ``unit_col``, its resampling unit; default the id) and one float column per estimator.
     """
+    estimators = list(estimators)
+    if informative is None:
+        informative = informative_mask(df)
+    unit_col = unit_col or cluster
+    cols = [c for c in dict.fromkeys([cluster, unit_col, target, *estimators]) if c in df.columns]
+    d = df[cols].assign(_inf=informative)
+    if target not in d.columns:
+        return pd.DataFrame(columns=[cluster, "unit", *estimators])
+    g = d.groupby(cluster, sort=False)
+    has_t = d[target].notna()
+    n_t = has_t.groupby(d[cluster], sort=False).sum()
+    spread = g[target].agg(lambda v: v.max() - v.min() if v.notna().any() else 0.0)
+    inf = g["_inf"].any()
+    keep = inf & (n_t >= MIN_TOKENS) & (spread > 0)
+    kept_ids = keep.index[keep.to_numpy()]
+    sub = d[d[cluster].isin(kept_ids)]
+    out = pd.DataFrame({cluster: kept_ids})
+    out["unit"] = g[unit_col].first().reindex(kept_ids).to_numpy() if len(kept_ids) else []
+    for s in estimators:
+        r = per_cluster_spearman(sub, s, target, cluster, min_tokens=2) if len(sub) else pd.Series(dtype=float)
+        out[s] = r.reindex(kept_ids).fillna(0.0).to_numpy(dtype=np.float64) if len(kept_ids) else []
+    return out
+
+
+def _summary(values: np.ndarray, unit_codes: np.ndarray, counts: np.ndarray, count_key: str) -> dict:
+    """``{median, mean, q25, q75, <count_key>, ci_low, ci_high}``; the CI of the mean from the
+    cluster resamples ``counts`` ``(B, C)`` (a value counts as often as its cluster is drawn)."""
+    nan = float("nan")
+    v = np.asarray(values, dtype=np.float64)
+    if len(v) == 0:
+        return {"median": nan, "mean": nan, "q25": nan, "q75": nan, count_key: 0, "ci_low": nan, "ci_high": nan}
+    q25, med, q75 = np.quantile(v, [0.25, 0.5, 0.75])
+    lo = hi = nan
+    if counts.shape[0] > 0:
+        C = counts.shape[1]
+        sums = np.bincount(unit_codes, weights=v, minlength=C)
+        ns = np.bincount(unit_codes, minlength=C).astype(np.float64)
+        den = counts @ ns
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = (counts @ sums) / den
+        lo, hi = _quantile_ci(np.where(den > 0, means, np.nan))
+    return {"median": float(med), "mean": float(v.mean()), "q25": float(q25), "q75": float(q75),
+            count_key: int(len(v)), "ci_low": lo, "ci_high": hi}
+
+
+def _within_block(
+    df: pd.DataFrame, estimators: list[str], informative: np.ndarray, unit_index: pd.Index, counts: np.ndarray,
+    cluster: str, target: str, count_key: str, unit: str,
+) -> dict:
+    """``{s: summary}`` of per-cluster Spearman values (see :func:`within_values`), CIs of the mean
+    from the block's resamples of ``unit`` (``unit_index``: the unit id of each counts column)."""
+    unit_col = "group_id" if unit == "group" else "answer_id"
+    vals = within_values(df, estimators, cluster, target, informative, unit_col=unit_col)
+    codes = unit_index.get_indexer(vals["unit"].to_numpy()) if len(vals) else np.zeros(0, dtype=np.int64)
+    return {s: _summary(vals[s].to_numpy(dtype=np.float64), codes, counts, count_key) for s in estimators}
+
+
+def cross_answer(
+    df: pd.DataFrame, estimators: Iterable[str], codes: np.ndarray, counts: np.ndarray,
+    rows: np.ndarray | None = None,
+) -> dict:
+    """``{s: {spearman, kendall, n_tokens, ci_low, ci_high}}`` over the tokens ``rows`` (a boolean
+    mask; default all) pooled. ``codes``: each row's resampling cluster; ``counts`` ``(B, C)``
+    cluster multiplicities shared by every estimator (paired resamples)."""
     out = {}
-    codes_all, uniques = pd.factorize(df["answer_id"])
-    counts = multiplicities(len(uniques), n_boot, _rng(seed, key, "cross_answer")) if n_boot > 0 else np.zeros((0, 0))
+    rows = np.ones(len(df), dtype=bool) if rows is None else rows
     y_all = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(len(df), np.nan)
     pending: dict[bytes, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
     for s in estimators:
         x_all = df[s].to_numpy(dtype=np.float64)
-        ok = ~(np.isnan(x_all) | np.isnan(y_all))
+        ok = rows & ~(np.isnan(x_all) | np.isnan(y_all))
         x, y = x_all[ok], y_all[ok]
         rho = spearman(x, y)
         out[s] = {"spearman": rho, "kendall": kendall_tau_b(x, y), "n_tokens": int(ok.sum()),
                   "ci_low": float("nan"), "ci_high": float("nan")}
-        if not math.isnan(rho) and n_boot > 0:
+        if not math.isnan(rho) and counts.shape[0] > 0:
             pending.setdefault(ok.tobytes(), (ok, {}))[1][s] = x
     for ok, xs in pending.values():  # one shared pass per set of usable tokens (usually one)
-        cis = cluster_bootstrap_spearman_many(xs, y_all[ok], codes_all[ok], counts)
+        cis = cluster_bootstrap_spearman_many(xs, y_all[ok], codes[ok], counts)
         for s, (lo, hi) in cis.items():
             out[s]["ci_low"], out[s]["ci_high"] = lo, hi
     return out
 
 
-def topk_overlap(df: pd.DataFrame, estimators: Iterable[str], rhos: Iterable[float] = RHOS) -> dict:
-    """``{scope: {s: {"<rho>": overlap}}}`` for scope in batch/group (pooled over scopes)."""
+def _scopes(df: pd.DataFrame) -> list[str]:
+    return [sc for sc in SCOPES if sc != "group" or "group_id" in df.columns]
+
+
+def topk_and_waste(df: pd.DataFrame, estimators: Iterable[str], informative: np.ndarray,
+                   rhos: Iterable[float] = RHOS) -> dict:
+    """Point values: ``{"topk_overlap", "topk_scopes_excluded", "selection_waste"}`` (see module).
+
+    Computed with :func:`gmts_analysis.selection.select_top` on the table itself (the bootstrap
+    below uses a separate, weighted implementation; the tests compare the two).
+    """
     estimators = list(estimators)
-    out: dict[str, dict] = {}
-    has_target = TARGET in df.columns and df[TARGET].notna().any()
-    for scope in SCOPES:
-        if scope == "group" and "group_id" not in df.columns:
-            continue
-        block: dict[str, dict] = {s: {} for s in estimators}
+    nan = float("nan")
+    tk: dict[str, dict] = {}
+    excl: dict[str, int] = {}
+    waste: dict[str, dict] = {}
+    gn = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(len(df), np.nan)
+    pos = gn > 0  # NaN compares False
+    zero = ~informative
+    for scope in _scopes(df):
+        from gmts_analysis.selection import scope_codes
+
+        sc = scope_codes(df, scope)
+        has_pos = np.bincount(sc, weights=pos.astype(float), minlength=int(sc.max()) + 1 if len(sc) else 0) > 0
+        excl[scope] = int((~has_pos).sum())
+        tk[scope] = {s: {} for s in estimators}
+        waste[scope] = {s: {} for s in estimators}
         for rho in rhos:
-            true = select_top(df, TARGET, rho, scope) if has_target else None
+            rk = rho_key(rho)
+            true = select_top(df, np.where(pos, gn, np.nan), rho, scope) & pos if pos.any() else None
             n_true = int(true.sum()) if true is not None else 0
             for s in estimators:
-                if n_true == 0:
-                    block[s][rho_key(rho)] = float("nan")
-                else:
-                    sel = select_top(df, s, rho, scope)
-                    block[s][rho_key(rho)] = float((sel & true).sum() / n_true)
-        out[scope] = block
-    return out
+                sel = select_top(df, s, rho, scope)
+                tk[scope][s][rk] = float((sel & true).sum() / n_true) if n_true else nan
+                n_sel = int(sel.sum())
+                waste[scope][s][rk] = float((sel & zero).sum() / n_sel) if n_sel else nan
+    return {"topk_overlap": tk, "topk_scopes_excluded": excl, "selection_waste": waste}
 
 
 class _KeepPlan:
     """Selection order of one score in a scope, precomputed to select on weighted resamples."""
 
-    def __init__(self, order: np.ndarray, scope_id: np.ndarray, codes: np.ndarray):
+    def __init__(self, order: np.ndarray, scope_id: np.ndarray, codes: np.ndarray, n_clusters: int):
         n = len(order)
         self.order = order
         self.codes_sorted = codes[order]
+        self.cum = _cumulative_indicator(self.codes_sorted, n_clusters)
         sc = scope_id[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1]
+        starts = np.r_[0, np.flatnonzero(np.diff(sc)) + 1] if n else np.zeros(0, dtype=np.int64)
         self.ends = np.r_[starts[1:], n] - 1
         self.scope_of_sorted = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, n]))
 
-    def kept(self, counts: np.ndarray, rho: float) -> np.ndarray:
-        """Copies of each token kept, ``(B, n)`` in this plan's sort order, from answer counts ``(B, C)``.
-
-        A token of weight w_j stands for w_j identical copies; each scope keeps its first
-        ``ceil(rho * total weight)`` copies in the order (as select_top on the expanded table).
-        """
+    def prepare(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Token weights ``ws`` (B, n) in plan order, the copies before each token inside its
+        scope, and the scope totals ``(B, n_scopes)``; shared by every rho."""
         ws = counts[:, self.codes_sorted]
-        cs = np.cumsum(ws, axis=1)
+        cs = counts @ self.cum if self.cum is not None else np.cumsum(ws, axis=1)
         end = cs[:, self.ends]
-        before_scope = np.concatenate([np.zeros((ws.shape[0], 1), ws.dtype), end[:, :-1]], axis=1)
-        k = np.ceil(rho * (end - before_scope) - 1e-6)
-        # copies before token j inside its scope = cs - ws - before_scope; kept = clip(k - that, 0, ws)
-        lim = (k + before_scope)[:, self.scope_of_sorted] - cs + ws
-        np.clip(lim, 0.0, ws, out=lim)
-        return lim
+        before = np.concatenate([np.zeros((ws.shape[0], 1), ws.dtype), end[:, :-1]], axis=1)
+        cs -= ws  # copies before token j in the order ...
+        if len(self.ends) == 1:
+            excl = cs  # ... one scope: nothing before it
+        else:
+            excl = np.subtract(cs, before[:, self.scope_of_sorted], out=cs)  # ... inside its scope
+        return ws, excl, end - before
+
+    def kept(self, prep: tuple, rho: float) -> np.ndarray:
+        """Copies of each token kept, ``(B, n)`` in plan order: each scope keeps its first
+        ``n_keep(rho, scope weight)`` copies in the order (as select_top on the expanded table)."""
+        ws, excl, total = prep
+        k = n_keep(rho, total).astype(ws.dtype)
+        lim = (k if k.shape[1] == 1 else k[:, self.scope_of_sorted]) - excl
+        np.maximum(lim, 0.0, out=lim)
+        return np.minimum(lim, ws, out=lim)
 
 
-def topk_overlap_ci(
-    df: pd.DataFrame, estimators: Iterable[str], *, seed: int, n_boot: int, key: str = "", rho: float = 0.2,
-    level: float = CI_LEVEL,
+def topk_waste_ci(
+    df: pd.DataFrame, estimators: Iterable[str], informative: np.ndarray, codes: np.ndarray, counts: np.ndarray,
+    rhos: Iterable[float] = RHOS,
 ) -> dict:
-    """``{scope: {s: {"<rho>": {ci_low, ci_high}}}}``: percentile CIs of the top-k overlap by a
-    bootstrap that resamples answers (exact: the selections are recomputed on each resample,
-    every copy of a drawn answer counted, counts pooled over scopes as in :func:`topk_overlap`).
-    Only at ``rho`` (default 0.2) to keep the cost at O(n) per resample and estimator.
-    """
-    from gmts_analysis.selection import selection_order
-
-    out: dict[str, dict] = {}
-    if n_boot < 1 or TARGET not in df.columns or df[TARGET].isna().all():
-        return out
-    codes, uniques = pd.factorize(df["answer_id"])
-    counts = multiplicities(len(uniques), n_boot, _rng(seed, key, "topk_overlap")).astype(np.float32)
+    """``{"topk_overlap_ci", "selection_waste_ci"}``: ``{scope: {s: {"<rho>": {ci_low, ci_high}}}}``,
+    percentile CIs over the cluster resamples ``counts`` (selections recomputed exactly on each)."""
+    estimators = list(estimators)
+    rhos = list(rhos)
+    out_tk: dict[str, dict] = {}
+    out_w: dict[str, dict] = {}
+    if counts.shape[0] < 1 or len(df) == 0:
+        return {"topk_overlap_ci": out_tk, "selection_waste_ci": out_w}
     n = len(df)
-    chunk = max(1, int(2_000_000 // max(n, 1)))
-    rk = rho_key(rho)
-    for scope in SCOPES:
-        if scope == "group" and "group_id" not in df.columns:
-            continue
-        true_plan = _KeepPlan(*selection_order(df, TARGET, scope), codes)
-        plans = {}
+    B, C = counts.shape
+    chunk = max(1, int(100_000 // n))  # rows per pass: (B, n) blocks that stay in cache
+    gn = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(n, np.nan)
+    pos = gn > 0
+    zero = (~informative).astype(np.float64)
+    for scope in _scopes(df):
+        true_plan = _KeepPlan(*selection_order(df, np.where(pos, gn, np.nan), scope), codes, C)
+        pos_sorted = pos[true_plan.order].astype(np.float64)
+        plans, to_true, zero_sorted = {}, {}, {}
         for s in estimators:
             order, scope_id = selection_order(df, s, scope)
-            plans[s] = _KeepPlan(order, scope_id, codes)
+            plans[s] = _KeepPlan(order, scope_id, codes, C)
             inv = np.empty(n, dtype=np.int64)
             inv[order] = np.arange(n)
-            plans[s].to_true = inv[true_plan.order]  # estimator-sorted index of each target-sorted token
-        vals = {s: np.empty(n_boot) for s in estimators}
-        for i in range(0, n_boot, chunk):
+            to_true[s] = inv[true_plan.order]  # estimator-sorted index of each target-sorted token
+            zero_sorted[s] = zero[order]
+        tk = {s: {r: np.empty(B) for r in rhos} for s in estimators}
+        ws_ = {s: {r: np.empty(B) for r in rhos} for s in estimators}
+        for i in range(0, B, chunk):
             c = counts[i : i + chunk]
-            true = true_plan.kept(c, rho)
-            denom = true.sum(axis=1, dtype=np.float64)
+            tprep = true_plan.prepare(c)
+            trues = {}
+            for r in rhos:
+                t = true_plan.kept(tprep, r)
+                t *= pos_sorted
+                trues[r] = (t, t.sum(axis=1, dtype=np.float64))
             for s in estimators:
-                sel = plans[s].kept(c, rho)[:, plans[s].to_true]
-                np.minimum(sel, true, out=sel)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    vals[s][i : i + len(c)] = sel.sum(axis=1, dtype=np.float64) / denom
-        a = (1 - level) / 2
-        block = {}
-        for s in estimators:
-            v = vals[s][np.isfinite(vals[s])]
-            lo, hi = (np.quantile(v, [a, 1 - a]) if len(v) else (np.nan, np.nan))
-            block[s] = {rk: {"ci_low": float(lo), "ci_high": float(hi)}}
-        out[scope] = block
-    return out
-
-
-def rho_key(rho: float) -> str:
-    """The stats.json key of a selection fraction: 0.2 -> "0.2", 0.05 -> "0.05"."""
-    return repr(float(rho))
+                prep = plans[s].prepare(c)
+                for r in rhos:
+                    sel = plans[s].kept(prep, r)
+                    n_sel = sel.sum(axis=1, dtype=np.float64)
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        ws_[s][r][i : i + len(c)] = (sel @ zero_sorted[s]).astype(np.float64) / n_sel
+                    t, denom = trues[r]
+                    inter = np.minimum(sel[:, to_true[s]], t).sum(axis=1, dtype=np.float64)
+                    with np.errstate(invalid="ignore", divide="ignore"):
+                        tk[s][r][i : i + len(c)] = inter / denom
+        out_tk[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(tk[s][r]))) for r in rhos}
+                         for s in estimators}
+        out_w[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(ws_[s][r]))) for r in rhos}
+                        for s in estimators}
+    return {"topk_overlap_ci": out_tk, "selection_waste_ci": out_w}
 
 
 POOLED_BOOT_WORK = 3e9  # token x resample x estimator budget of the pooled bootstraps (~minutes at most)
@@ -438,16 +524,31 @@ def pooled_n_boot(n_boot: int, n_tokens: int, n_estimators: int) -> int:
     return int(min(n_boot, max(200, cap)))
 
 
-def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, key: str, fidelity: Mapping | None) -> dict:
+def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, key: str, unit: str,
+           fidelity: Mapping | None, rhos: Iterable[float] = RHOS) -> dict:
+    """Every statistic of one table (the whole run, or one domain / step)."""
+    informative = informative_mask(df)
+    codes, unit_index = _unit_codes(df, unit)
+    n_units = len(unit_index)
+    counts = multiplicities(n_units, n_boot, _rng(seed, key, "clusters")) if n_boot > 0 else np.zeros((0, n_units))
     nb_pooled = pooled_n_boot(n_boot, len(df), len(estimators))
-    return {
-        "within_answer": within_answer(df, estimators, seed=seed, n_boot=n_boot, key=key),
-        "cross_answer": cross_answer(df, estimators, seed=seed, n_boot=nb_pooled, key=key),
-        "within_group": within_group(df, estimators, seed=seed, n_boot=n_boot, key=key),
-        "topk_overlap": topk_overlap(df, estimators),
-        "topk_overlap_ci": topk_overlap_ci(df, estimators, seed=seed, n_boot=nb_pooled, key=key),
-        "update_fidelity": dict(fidelity or {}),
-    }
+    pooled = counts[:nb_pooled]
+    out: dict[str, Any] = {"zero_advantage": zero_advantage(df, informative)}
+    out["cross_answer"] = cross_answer(df, estimators, codes, pooled)
+    out["cross_answer_informative"] = cross_answer(df, estimators, codes, pooled, rows=informative)
+    out["within_answer"] = _within_block(df, estimators, informative, unit_index, counts, "answer_id",
+                                         TARGET_WITHIN, "n_answers", unit)
+    if "group_id" in df.columns:
+        out["within_group"] = _within_block(df, estimators, informative, unit_index, counts, "group_id",
+                                            TARGET, "n_groups", unit)
+    else:
+        out["within_group"] = {}
+    out.update(topk_and_waste(df, estimators, informative, rhos=rhos))
+    cis = topk_waste_ci(df, estimators, informative, codes, pooled, rhos=rhos)
+    out["topk_overlap_ci"] = cis["topk_overlap_ci"]
+    out["selection_waste_ci"] = cis["selection_waste_ci"]
+    out["update_fidelity"] = dict(fidelity or {})
+    return out
 
 
 # ------------------------------------------------------------------------ the entry point
@@ -485,15 +586,20 @@ def compute_stats(
     fidelity: Mapping[str, Any] | None = None,
     fidelity_by_domain: Mapping[str, Mapping] | None = None,
     fidelity_by_step: Mapping[str, Mapping] | None = None,
+    rho: float = 0.2,
 ) -> dict:
-    """Every statistic of SPEC section 6 that needs no model, as a nested dict for stats.json.
+    """Every statistic of stats.json (version 2) that needs no model, as a nested dict.
 
-    tokens: the tokens table (SPEC section 2); answers: the answers table (optional; gives
-    ``domain``/``step`` when the tokens lack them). estimators: score columns to evaluate
-    (default: every estimator present, :func:`gmts_analysis.estimators.available`).
-    fidelity: an ``update_fidelity`` block from :func:`gmts_analysis.fidelity.update_fidelity`
-    (kept as is); ``fidelity_by_domain`` / ``fidelity_by_step`` the same per slice.
-    Returns ``{"meta", "within_answer", "cross_answer", "within_group", "topk_overlap",
+    rho: the run's keep fraction (``--rho``, TRL's ``top_entropy_quantile``): added to the grid
+    of top-k fractions and recorded as ``meta.rho``, the fraction the report and the headline quote.
+
+    tokens: the tokens table; answers: the answers table (optional; gives ``domain``/``step``
+    when the tokens lack them). estimators: score columns to evaluate (default: every
+    estimator present, :func:`gmts_analysis.estimators.available`). fidelity: an
+    ``update_fidelity`` block (kept as is); ``fidelity_by_domain`` / ``fidelity_by_step`` the
+    same per slice. Returns ``{"meta", "zero_advantage", "cross_answer",
+    "cross_answer_informative", "within_answer", "within_group", "topk_overlap",
+    "topk_overlap_ci", "topk_scopes_excluded", "selection_waste", "selection_waste_ci",
     "update_fidelity", ["by_domain"], ["by_step"]}``; NaN marks undefined values.
     """
     from gmts_analysis.errors import GmtsError
@@ -501,36 +607,52 @@ def compute_stats(
     missing = [c for c in ("answer_id", "position") if c not in tokens.columns]
     if missing:
         raise GmtsError(f"tokens table lacks column(s) {', '.join(missing)}")
-    df = prepare_tokens(tokens, answers)
+    if n_boot < 0:
+        raise GmtsError(f"n_boot must be >= 0, got {n_boot}")
+    df = prepare_tokens(tokens, answers).reset_index(drop=True)
     ests = list(estimators) if estimators is not None else available(df)
     bad = [s for s in ests if s not in df.columns]
     if bad:
         raise GmtsError(f"estimator column(s) not in the tokens table: {', '.join(bad)}")
     if df[TARGET].isna().all():
         log.warning("no grad_norm in the tokens table (probe run with --grad-norm none?): correlations are null")
+    unit = cluster_unit(df)
+    if not 0.0 < float(rho) <= 1.0:
+        raise GmtsError(f"--rho must be in (0, 1], got {rho}")
+    rhos = tuple(sorted(set(RHOS) | {float(rho)}))
     stats: dict[str, Any] = {
         "meta": {
+            "version": STATS_VERSION,
             "n_answers": int(df["answer_id"].nunique()),
             "n_tokens": len(df),
             "n_groups": int(df["group_id"].nunique()) if "group_id" in df.columns else None,
             "target": TARGET,
             "target_within_answer": TARGET_WITHIN,
             "estimators": ests,
+            "informative": "omega != 0" if "omega" in df.columns else "every token (no omega column)",
             "n_boot": int(n_boot),
             "n_boot_pooled": pooled_n_boot(n_boot, len(df), len(ests)),
             "ci_level": CI_LEVEL,
-            "ci_method": "percentile bootstrap resampling answers (groups for within_group)",
+            "ci_unit": unit,
+            "n_ci_units": int(df["group_id" if unit == "group" else "answer_id"].nunique()),
+            "ci_method": f"percentile cluster bootstrap resampling {unit}s (never tokens); one seeded "
+            "resample matrix per block shared by every statistic",
             "seed": int(seed),
             "min_tokens": MIN_TOKENS,
-            "rhos": [rho_key(r) for r in RHOS],
-            "topk_overlap_ci": "95% percentile CI at rho 0.2, bootstrap over answers",
+            "within_set": "informative clusters with >= min_tokens tokens and a non-constant target, the same "
+            "for every estimator; a score constant inside a cluster counts as rho 0",
+            "rhos": [rho_key(r) for r in rhos],
+            "rho": rho_key(rho),
+            "topk_true": "top n_keep(rho, n) of the scope by grad_norm among tokens with grad_norm > 0; "
+            "scopes without such a token excluded (topk_scopes_excluded)",
             "topk_pooling": "sum over scopes of |S_s ∩ S_true| / sum over scopes of |S_true|",
+            "selection_waste": "share of S_s with omega = 0, pooled over every scope",
             "batch_scope": "per step" if "step" in df.columns else "all tokens",
-            "update_fidelity": "rho 0.2, batch scope, computed by the probe (needs the model); "
+            "update_fidelity": f"rho {float(rho):g}, batch scope, computed by the probe (needs the model); "
             "empty when not computed",
         }
     }
-    stats.update(_block(df, ests, seed=seed, n_boot=n_boot, key="all", fidelity=fidelity))
+    stats.update(_block(df, ests, seed=seed, n_boot=n_boot, key="all", unit=unit, fidelity=fidelity, rhos=rhos))
     for col, name, fid in (("domain", "by_domain", fidelity_by_domain), ("step", "by_step", fidelity_by_step)):
         if col not in df.columns or df[col].isna().all():
             continue
@@ -538,74 +660,135 @@ def compute_stats(
         for value, sub in df.groupby(col, sort=True):
             k = str(value)
             stats[name][k] = _block(
-                sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}",
-                fidelity=(fid or {}).get(k),
+                sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}", unit=unit,
+                fidelity=(fid or {}).get(k), rhos=rhos,
             )
             stats[name][k]["n_answers"] = int(sub["answer_id"].nunique())
             stats[name][k]["n_tokens"] = len(sub)
     return stats
 
 
+def is_current(stats: Mapping[str, Any]) -> bool:
+    """Whether a stats dict has this version's layout (older ones are rewritten by ``gmts stats``)."""
+    meta = stats.get("meta") if isinstance(stats, Mapping) else None
+    return isinstance(meta, Mapping) and meta.get("version") == STATS_VERSION
+
+
+def kept_fidelity(old: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``update_fidelity`` blocks of a stats dict (any version), as keyword arguments of
+    :func:`compute_stats`: they need the model, so a recomputation keeps them."""
+    def section(name: str) -> dict:
+        return {k: v.get("update_fidelity") for k, v in (old.get(name) or {}).items() if isinstance(v, Mapping)}
+
+    return {"fidelity": old.get("update_fidelity") or None, "fidelity_by_domain": section("by_domain"),
+            "fidelity_by_step": section("by_step")}
+
+
+def write_stats(run_dir: str | Path, stats: Mapping[str, Any], json_path: str | Path | None = None) -> list[Path]:
+    """Write ``stats.json`` and the estimator ranking ``estimators.csv`` (atomically) into
+    ``run_dir`` (the JSON to ``json_path`` when given; the CSV beside it). Returns the paths."""
+    from gmts_analysis.io import atomic_write_json, atomic_write_text
+
+    jp = Path(json_path) if json_path is not None else Path(run_dir) / "stats.json"
+    out = [atomic_write_json(jp, dict(stats))]
+    table = estimator_table(stats)
+    out.append(atomic_write_text(jp.parent / "estimators.csv", table.to_csv(index=False, float_format="%.6g")))
+    return out
+
+
 def per_answer_table(tokens: pd.DataFrame, estimators: list[str] | None = None) -> pd.DataFrame:
-    """One row per answer: ``answer_id``, ``group_id``, ``n_tokens``, ``advantage`` and the
-    within-answer Spearman of each estimator vs grad_norm_logp (columns named after them)."""
+    """One row per answer of the within-answer set (see :func:`within_values`): ``answer_id``,
+    ``group_id``, ``n_tokens``, ``advantage`` and the within-answer Spearman of each estimator vs
+    grad_norm_logp (columns named after them)."""
     df = prepare_tokens(tokens)
     ests = estimators if estimators is not None else available(df)
-    g = df.groupby("answer_id", sort=True)
-    out = pd.DataFrame({"n_tokens": g.size()})
+    vals = within_values(df, ests, "answer_id", TARGET_WITHIN).drop(columns="unit")
+    g = df.groupby("answer_id", sort=False)
+    info = pd.DataFrame({"n_tokens": g.size()})
     for c in ("group_id", "advantage"):
         if c in df.columns:
-            out[c] = g[c].first()
-    for s in ests:
-        out[s] = per_cluster_spearman(df, s, TARGET_WITHIN, "answer_id")
-    return out.reset_index()
+            info[c] = g[c].first()
+    out = vals.merge(info, left_on="answer_id", right_index=True, how="left")
+    return out[["answer_id", *[c for c in ("group_id", "n_tokens", "advantage") if c in out], *ests]] \
+        .sort_values("answer_id", kind="stable").reset_index(drop=True)
 
 
-def stats_table(stats: Mapping[str, Any], rho: str = "0.2") -> pd.DataFrame:
-    """A tidy table of a stats dict: one row per estimator, fixed columns.
+def _get(d: Any, *keys: str) -> float:
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return float("nan")
+        d = d[k]
+    return float("nan") if d is None else d
 
-    Columns: estimator, within_median, within_mean, within_ci_low, within_ci_high,
-    n_answers, cross_spearman, cross_ci_low, cross_ci_high, cross_kendall, n_tokens,
-    group_median, group_mean, n_groups, topk_batch (+ _ci_low/_ci_high), topk_group (+ CI) at ``rho``,
-    fidelity_cosine, fidelity_norm_ratio.
+
+def stats_table(stats: Mapping[str, Any], rho: str | None = None) -> pd.DataFrame:
+    """A tidy table of a stats dict: one row per estimator, fixed columns, scalars only.
+
+    Columns: estimator, within_median, within_mean, within_ci_low, within_ci_high, n_answers,
+    cross_spearman, cross_ci_low, cross_ci_high, cross_kendall, n_tokens, cross_inf_spearman,
+    cross_inf_ci_low, cross_inf_ci_high, cross_inf_kendall, n_tokens_informative, group_median,
+    group_mean, group_ci_low, group_ci_high, n_groups, topk_batch (+ _ci_low/_ci_high),
+    topk_group (+ CI), waste_batch (+ CI), waste_group (+ CI) at ``rho``, fidelity_cosine,
+    fidelity_norm_ratio. ``rho`` (a key such as "0.2"): default the run's ``meta.rho``, else "0.2".
     """
-    def g(d: Mapping | None, *keys: str) -> float:
-        for k in keys:
-            if not isinstance(d, Mapping) or k not in d:
-                return float("nan")
-            d = d[k]
-        return float("nan") if d is None else d
-
+    if rho is None:
+        rho = run_rho_key(stats)
+    g = _get
     ests = list(stats.get("meta", {}).get("estimators") or stats.get("cross_answer", {}).keys())
     rows = []
     for s in ests:
         wa = stats.get("within_answer", {}).get(s)
         ca = stats.get("cross_answer", {}).get(s)
+        ci = stats.get("cross_answer_informative", {}).get(s)
         wg = stats.get("within_group", {}).get(s)
-        rows.append(
-            {
-                "estimator": s,
-                "within_median": g(wa, "median"),
-                "within_mean": g(wa, "mean"),
-                "within_ci_low": g(wa, "ci_low"),
-                "within_ci_high": g(wa, "ci_high"),
-                "n_answers": g(wa, "n_answers"),
-                "cross_spearman": g(ca, "spearman"),
-                "cross_ci_low": g(ca, "ci_low"),
-                "cross_ci_high": g(ca, "ci_high"),
-                "cross_kendall": g(ca, "kendall"),
-                "n_tokens": g(ca, "n_tokens"),
-                "group_median": g(wg, "median"),
-                "group_mean": g(wg, "mean"),
-                "n_groups": g(wg, "n_groups"),
-                "topk_batch": g(stats.get("topk_overlap"), "batch", s, rho),
-                "topk_batch_ci_low": g(stats.get("topk_overlap_ci"), "batch", s, rho, "ci_low"),
-                "topk_batch_ci_high": g(stats.get("topk_overlap_ci"), "batch", s, rho, "ci_high"),
-                "topk_group": g(stats.get("topk_overlap"), "group", s, rho),
-                "topk_group_ci_low": g(stats.get("topk_overlap_ci"), "group", s, rho, "ci_low"),
-                "topk_group_ci_high": g(stats.get("topk_overlap_ci"), "group", s, rho, "ci_high"),
-                "fidelity_cosine": g(stats.get("update_fidelity"), s, "cosine"),
-                "fidelity_norm_ratio": g(stats.get("update_fidelity"), s, "norm_ratio"),
-            }
-        )
+        row = {
+            "estimator": s,
+            "within_median": g(wa, "median"), "within_mean": g(wa, "mean"),
+            "within_ci_low": g(wa, "ci_low"), "within_ci_high": g(wa, "ci_high"), "n_answers": g(wa, "n_answers"),
+            "cross_spearman": g(ca, "spearman"), "cross_ci_low": g(ca, "ci_low"), "cross_ci_high": g(ca, "ci_high"),
+            "cross_kendall": g(ca, "kendall"), "n_tokens": g(ca, "n_tokens"),
+            "cross_inf_spearman": g(ci, "spearman"), "cross_inf_ci_low": g(ci, "ci_low"),
+            "cross_inf_ci_high": g(ci, "ci_high"), "cross_inf_kendall": g(ci, "kendall"),
+            "n_tokens_informative": g(ci, "n_tokens"),
+            "group_median": g(wg, "median"), "group_mean": g(wg, "mean"),
+            "group_ci_low": g(wg, "ci_low"), "group_ci_high": g(wg, "ci_high"), "n_groups": g(wg, "n_groups"),
+        }
+        for name, key in (("topk", "topk_overlap"), ("waste", "selection_waste")):
+            for scope in ("batch", "group"):
+                row[f"{name}_{scope}"] = g(stats.get(key), scope, s, rho)
+                row[f"{name}_{scope}_ci_low"] = g(stats.get(f"{key}_ci"), scope, s, rho, "ci_low")
+                row[f"{name}_{scope}_ci_high"] = g(stats.get(f"{key}_ci"), scope, s, rho, "ci_high")
+        row["fidelity_cosine"] = g(stats.get("update_fidelity"), s, "cosine")
+        row["fidelity_norm_ratio"] = g(stats.get("update_fidelity"), s, "norm_ratio")
+        rows.append(row)
     return pd.DataFrame(rows)
+
+
+ESTIMATOR_TABLE_COLUMNS = (
+    "rank", "estimator", "within_mean", "within_ci_low", "within_ci_high", "within_median", "n_answers",
+    "rank_within", "cross_inf_spearman", "cross_inf_ci_low", "cross_inf_ci_high", "n_tokens_informative",
+    "rank_cross_informative", "cross_spearman", "cross_ci_low", "cross_ci_high",
+    "waste_batch", "waste_batch_ci_low", "waste_batch_ci_high",
+)
+
+
+def estimator_table(stats: Mapping[str, Any]) -> pd.DataFrame:
+    """Every estimator ranked by agreement with the exact gradient (the ``estimators.csv`` of a run).
+
+    ``rank_within``: by the mean within-answer Spearman with grad_norm_logp (same answers for
+    every estimator); ``rank_cross_informative``: by the cross-answer Spearman with grad_norm
+    over informative tokens (omega != 0). ``rank``: by the sum of the two ranks, ties by the
+    within-answer mean, then by name; 1 is best. Undefined values rank last. Columns:
+    ``ESTIMATOR_TABLE_COLUMNS`` (CIs as two scalar columns each).
+    """
+    t = stats_table(stats)
+    if t.empty:
+        return pd.DataFrame(columns=list(ESTIMATOR_TABLE_COLUMNS))
+    t["rank_within"] = t["within_mean"].rank(ascending=False, method="min", na_option="bottom").astype(int)
+    t["rank_cross_informative"] = t["cross_inf_spearman"].rank(ascending=False, method="min",
+                                                               na_option="bottom").astype(int)
+    t["_sum"] = t["rank_within"] + t["rank_cross_informative"]
+    t["_w"] = -t["within_mean"].fillna(-np.inf)
+    t = t.sort_values(["_sum", "_w", "estimator"], kind="stable").reset_index(drop=True)
+    t["rank"] = np.arange(1, len(t) + 1)
+    return t[list(ESTIMATOR_TABLE_COLUMNS)]

@@ -43,9 +43,11 @@ def build_tiny_model(arch: str, dtype: torch.dtype = torch.float32, seed: int = 
     the softmax is far from uniform (random init gives near-uniform logits)."""
     from transformers import AutoModelForCausalLM
 
+    from gmts_analysis.seeding import seeded_global_rng
+
     cfg = tiny_config(arch, **kw)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cfg)
+    with seeded_global_rng(seed):  # from_config initialises from the global generator
+        model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:

@@ -36,6 +36,8 @@ from functools import partial
 
 import torch
 
+from gmts_analysis.seeding import derive_seed, seeded_global_rng
+
 log = logging.getLogger(__name__)
 
 SMALL_FALLBACK = {
@@ -129,8 +131,9 @@ def _from_config(kw: dict, max_len: int, seed: int, dtype: torch.dtype, device: 
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     cfg = Qwen2Config(max_position_embeddings=max_len, **kw)
-    torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg).to(device=device, dtype=dtype).eval()
+    with seeded_global_rng(seed):  # from_config initialises from the global generator
+        model = AutoModelForCausalLM.from_config(cfg)
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def build_bench_model(
@@ -163,8 +166,8 @@ def sample_answer(model: torch.nn.Module, P: int, T: int, seed: int, device: tor
     g = torch.Generator().manual_seed(seed)
     V = model.config.vocab_size
     prompt = torch.randint(3, min(V, 100), (P,), generator=g).to(device)
-    torch.manual_seed(seed)
-    with torch.no_grad():
+    cuda = [device.index or 0] if torch.device(device).type == "cuda" else None
+    with torch.no_grad(), seeded_global_rng(seed, cuda):  # generate samples from the global generator
         out = model.generate(
             prompt.unsqueeze(0),
             attention_mask=torch.ones(1, P, dtype=torch.long, device=device),
@@ -254,7 +257,7 @@ def run_bench(
         labels[mname] = {"label": bm.label, "n_params": bm.n_params, "context": bm.context}
         model = bm.model
         for T in lengths:
-            ids = sample_answer(model, prompt_len, T, seed + T, device)
+            ids = sample_answer(model, prompt_len, T, derive_seed(seed, "bench-answer", T), device)
             note_ctx = f"beyond context {bm.context}" if bm.context and prompt_len + T > bm.context else ""
             progress(f"{mname} T={T}: fwd+bwd")
             _, secs, peak = _timed(mem, partial(_fwd_bwd, model, ids, prompt_len), device)
@@ -331,7 +334,7 @@ def run_bench(
                         prompt_len,
                         method="sketch",
                         probes=K,
-                        seed=seed + K,
+                        seed=derive_seed(seed, "bench-sketch", K),
                         max_memory=max_memory,
                     ),
                     device,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 from gmts_analysis.errors import GmtsError
@@ -65,5 +64,7 @@ class RLConfig:
 
 
 def stable_seed(*key: object) -> int:
-    """A 31-bit seed from a key, stable across runs and platforms."""
-    return int.from_bytes(hashlib.sha256("/".join(map(str, key)).encode()).digest()[:4], "big") >> 1
+    """A 31-bit seed from a key (:func:`gmts_analysis.seeding.derive_seed` with ``bits=31``)."""
+    from gmts_analysis.seeding import derive_seed
+
+    return derive_seed(*key, bits=31)

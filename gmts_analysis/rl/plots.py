@@ -31,16 +31,14 @@ def _curve(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_learning_curves(result: dict, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
 
     from gmts_analysis.io import atomic_write_bytes
 
     domains = list(result["config"]["domains"])
     panels = domains + (["mean"] if len(domains) > 1 else [])
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.2), sharey=False, squeeze=False)
+    fig = Figure(figsize=(3.6 * len(panels), 3.2))
+    axes = fig.subplots(1, len(panels), sharey=False, squeeze=False)
     for ax, d in zip(axes[0], panels):
         for arm, runs in _runs_by_arm(result).items():
             key = (lambda e: e["pass1_mean"]) if d == "mean" else (lambda e, d=d: e["pass1"][d])
@@ -65,10 +63,7 @@ def plot_learning_curves(result: dict, path: str | Path) -> Path:
 
 
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
 
     from gmts_analysis.io import atomic_write_bytes
 
@@ -78,7 +73,8 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
         ("entropy_mean", "mean token entropy (nats)"),
         ("frac_selected_zero_adv", "selected tokens with A = 0"),
     ]
-    fig, axes = plt.subplots(2, len(keys), figsize=(3.6 * len(keys), 6.4), squeeze=False)
+    fig = Figure(figsize=(3.6 * len(keys), 6.4))
+    axes = fig.subplots(2, len(keys), squeeze=False)
     for ax, (k, title) in zip(axes[0], keys):
         for arm, runs in _runs_by_arm(result).items():
             n = min(len(r["steps"]) for r in runs)
@@ -147,9 +143,6 @@ def _smooth(x: np.ndarray, k: int = 5) -> np.ndarray:
 def _save(fig, path, writer) -> Path:
     import io
 
-    import matplotlib.pyplot as plt
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
-    plt.close(fig)
     return writer(path, buf.getvalue())

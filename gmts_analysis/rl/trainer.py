@@ -61,6 +61,8 @@ def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -
     response positions ``targets``, ``mask``, ``logit_index`` ``(B, T)`` (``T`` the longest
     response): response token ``t`` of row ``i`` is ``input_ids[i, P_i + t]``, predicted by
     the logits at ``P_i + t - 1`` (the shift of :mod:`gmts_analysis.tokens`)."""
+    from gmts_analysis.tokens import response_positions
+
     B = len(rows)
     P = [len(r["prompt_ids"]) for r in rows]
     L = [len(r["response_ids"]) for r in rows]
@@ -78,25 +80,31 @@ def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -
         if L[i]:
             tgt[i, : L[i]] = torch.tensor(r["response_ids"], dtype=torch.long)
             mask[i, : L[i]] = 1
-        lidx[i] = torch.clamp(P[i] - 1 + torch.arange(T), max=S - 1)
+        lidx[i] = response_positions(P[i], T, S)
     out = {"input_ids": ids, "attention_mask": att, "targets": tgt, "mask": mask, "logit_index": lidx}
     return {k: v.to(device) for k, v in out.items()}
 
 
-def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0):
+def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], temperature: float = 1.0,
+                   with_lgn: bool = False):
     """``(logprobs, entropy)``, both ``(B, T)`` float32: log p(o_t) (differentiable) and the
-    entropy in nats (detached) of ``softmax(z / tau)`` at every response position."""
-    from gmts_analysis.tokens import entropy_from_logprobs, scaled_log_softmax
+    entropy in nats (detached) of ``softmax(z / tau)`` at every response position.
+
+    with_lgn: also return the detached ``logit_grad_norm`` ``(B, T)`` (closed form of
+    :func:`gmts_analysis.tokens.token_quantities`) as a third element.
+    """
+    from gmts_analysis.tokens import entropy_from_logprobs, gather_positions, scaled_log_softmax, token_quantities
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
-    V = logits.shape[-1]
-    idx = batch["logit_index"].unsqueeze(-1).expand(-1, -1, V)
-    resp = logits.gather(1, idx)
+    resp = gather_positions(logits, batch["logit_index"])
     logp = scaled_log_softmax(resp, temperature)
     lp = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
         ent = entropy_from_logprobs(logp)
     m = batch["mask"].to(lp.dtype)
+    if with_lgn:
+        lgn = token_quantities(resp.detach(), batch["targets"], temperature).logit_grad_norm.to(lp.dtype)
+        return lp * m, ent * m, lgn * m
     return lp * m, ent * m
 
 
@@ -153,11 +161,11 @@ def update_fidelity(
 
 
 def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
-                           cfg: RLConfig) -> dict[str, float]:
+                           cfg: RLConfig, gmts_lgn: list[np.ndarray] | None = None) -> dict[str, float]:
     """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with >= 5 tokens) and
-    cross-answer Spearman(entropy | gmts, grad_norm) on a few answers (exact per-token norms).
+    cross-answer Spearman(entropy | gmts | gmts_lgn, grad_norm) on a few answers (exact per-token norms).
 
-    entropy/gmts/omega_abs: one array per row (``(L_i,)``), aligned with ``rows``.
+    entropy/gmts/omega_abs (and gmts_lgn when given): one array per row (``(L_i,)``), aligned with ``rows``.
     """
     from gmts_analysis.grads import grad_norms
 
@@ -178,13 +186,16 @@ def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: n
         gn_all.append(gn * w)
     e, g, gn = (np.concatenate(x) if x else np.zeros(0) for x in (ent_all, gm_all, gn_all))
     wv = np.asarray([v for v in within if not math.isnan(v)])
-    return {
+    out = {
         "within_answer_entropy_median": float(np.median(wv)) if len(wv) else float("nan"),
         "cross_answer_entropy": _spearman(e, gn),
         "cross_answer_gmts": _spearman(g, gn),
         "n_answers": len(rows),
         "n_tokens": len(gn),
     }
+    if gmts_lgn is not None:
+        out["cross_answer_gmts_lgn"] = _spearman(np.concatenate(gmts_lgn) if gmts_lgn else np.zeros(0), gn)
+    return out
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -227,8 +238,7 @@ def train(
     from gmts_analysis.models import trainable_parameters
     from gmts_analysis.selection import aggregate_loss, selection_mask, selection_overlap, token_omega
 
-    cfg.check()
-    torch.manual_seed(cfg.seed)
+    cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.seeding)
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -265,12 +275,13 @@ def train(
         mask = batch["mask"]
         group_ids = [r["group_id"] for r in rows]
         with torch.enable_grad():
-            lp, ent = policy_forward(model, batch, cfg.temperature)
+            lp, ent, lgn = policy_forward(model, batch, cfg.temperature, with_lgn=True)
             gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
             sel_kw = {"rho": cfg.rho, "scope": cfg.scope, "group_ids": group_ids, "loss_agg": cfg.loss_agg}
             sels = {
                 "entropy": selection_mask("entropy", ent, adv, mask, **sel_kw),
                 "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
+                "gmts_lgn": selection_mask("gmts_lgn", ent, adv, mask, logit_grad_norm=lgn, **sel_kw),
             }
             if cfg.selection == "random":
                 sels["random"] = selection_mask("random", ent, adv, mask, generator=gen, **sel_kw)
@@ -287,7 +298,7 @@ def train(
                     g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
                     fsel["random"] = selection_mask("random", ent, adv, mask, generator=g2, **sel_kw)
                 rec["fidelity"] = update_fidelity(lp, om, fsel, params)
-                rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step)
+                rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step, lgn)
                 t_diag += time.perf_counter() - td
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -309,6 +320,10 @@ def train(
                 "n_tokens": n_tok,
                 "n_selected": int(selected.sum()),
                 "overlap_entropy_gmts": selection_overlap(sels["entropy"], sels["gmts"]),
+                "overlap_entropy_gmts_lgn": selection_overlap(sels["entropy"], sels["gmts_lgn"]),
+                "overlap_gmts_gmts_lgn": selection_overlap(sels["gmts"], sels["gmts_lgn"]),
+                "frac_tokens_zero_adv": float(zero_adv[m].float().mean()) if n_tok else float("nan"),
+                "waste": {k: float((v & zero_adv).sum()) / max(int(v.sum()), 1) for k, v in sels.items()},
                 "frac_selected_zero_adv": float((selected & zero_adv).sum()) / max(int(selected.sum()), 1),
                 "sample_s": t_sample,
                 "step_s": time.perf_counter() - ts,
@@ -334,14 +349,14 @@ def train(
     }
 
 
-def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int) -> dict[str, float]:
+def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int, lgn=None) -> dict[str, float]:
     """Grad-norm correlations on ``cfg.diag_answers`` answers with A != 0 (seeded choice)."""
     cand = [i for i in range(len(rows)) if adv_np[i] != 0 and int(mask[i].sum()) > 0]
     if not cand or cfg.diag_answers <= 0:
         return {"n_answers": 0}
     rng = np.random.default_rng(stable_seed("rl-diag", cfg.seed, step))
     pick = sorted(rng.choice(cand, size=min(cfg.diag_answers, len(cand)), replace=False).tolist())
-    ents, gms, oms = [], [], []
+    ents, gms, oms, lgs = [], [], [], []
     for i in pick:
         L = int(mask[i].sum())
         e = ent[i, :L].double().cpu().numpy()
@@ -349,4 +364,7 @@ def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int) 
         ents.append(e)
         oms.append(w)
         gms.append(e * w)
-    return grad_norm_correlations(model, [rows[i] for i in pick], ents, gms, oms, cfg)
+        if lgn is not None:
+            lgs.append(lgn[i, :L].double().cpu().numpy() * w)
+    return grad_norm_correlations(model, [rows[i] for i in pick], ents, gms, oms, cfg,
+                                  gmts_lgn=lgs if lgn is not None else None)

@@ -193,10 +193,10 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         if self.token_selection == "entropy":
             return entropies.detach().double()
         if self.token_selection == "random":
-            g = torch.Generator().manual_seed(
-                int(self.args.seed) * 1_000_003 + int(self.state.global_step) * 1009 + int(self._step)
-                + 7919 * int(self.accelerator.process_index)
-            )
+            from gmts_analysis.seeding import torch_generator
+
+            g = torch_generator(int(self.args.seed), "trl-random-selection", int(self.state.global_step),
+                                int(self._step), int(self.accelerator.process_index))
             return random_scores(mask, g)
         settings = self._loss_settings
         loss_agg = settings.loss_agg

@@ -13,7 +13,6 @@ Rollout rows follow SPEC section 7: ``prompt``, ``prompt_ids`` (with ``<bos>``),
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -28,9 +27,10 @@ log = logging.getLogger(__name__)
 
 
 def answer_seed(seed: int, *key: object) -> int:
-    """A 63-bit seed for one answer's sampling noise, stable across runs and platforms."""
-    h = hashlib.sha256("/".join(map(str, (seed,) + key)).encode()).digest()
-    return int.from_bytes(h[:8], "big") >> 1
+    """A 63-bit seed for one answer's sampling noise (:func:`gmts_analysis.seeding.derive_seed`)."""
+    from gmts_analysis.seeding import derive_seed
+
+    return derive_seed(seed, *key)
 
 
 class _GumbelSampler:

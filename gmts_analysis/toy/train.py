@@ -87,8 +87,10 @@ def build_policy(spec: PolicySpec, vocab_size: int, seed: int = 0):
         bos_token_id=SPECIALS.index("<bos>"),
         eos_token_id=SPECIALS.index("<eos>"),
     )
-    torch.manual_seed(seed)
-    model = Qwen2ForCausalLM(config)
+    from gmts_analysis.seeding import seeded_global_rng
+
+    with seeded_global_rng(seed):  # the constructor initialises from the global generator
+        model = Qwen2ForCausalLM(config)
     if model.get_output_embeddings().weight is not model.get_input_embeddings().weight:
         raise RuntimeError("expected tied input/output embeddings")
     return model
@@ -184,7 +186,7 @@ def train_policy(
     size: str | PolicySpec,
     seed: int = 0,
     steps: int | None = None,
-    threads: int | None = 2,
+    threads: int | None = None,
     progress: bool = True,
     log_every: int = 50,
     callback: Callable[[int, torch.nn.Module, float], None] | None = None,
@@ -213,7 +215,7 @@ def train_policy(
 
         raise GmtsError(f"--size: unknown size '{size}' (choose from {', '.join(SIZES)})")
     total = spec.steps if steps is None else int(steps)
-    if threads:
+    if threads:  # only when asked (gmts toy-train asks for 2, as the shipped runs)
         torch.set_num_threads(threads)
     tokenizer = build_char_tokenizer()
     if init_model is None:
@@ -267,7 +269,7 @@ def train_policy(
         "spec": asdict(spec),
         "steps": total,
         "seed": seed,
-        "threads": threads,
+        "threads": torch.get_num_threads(),
         "parameters": count_parameters(model),
         "loss_curve": curve,
         "train_seconds": time.perf_counter() - t0 - t_callback,
