@@ -90,13 +90,14 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
     from gmts_analysis.stats import compute_stats
 
     t0 = time.perf_counter()
-    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed)
+    rho = float(getattr(cfg, "rho", 0.2))
+    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho)
     result.timings["stats_s"] = time.perf_counter() - t0
     if fidelity_enabled(cfg, len(result.tokens)):
         from gmts_analysis.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()
-        stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats))
+        stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats, rho=rho))
         result.timings["fidelity_s"] = time.perf_counter() - t0
     return stats
 

@@ -25,7 +25,7 @@ from gmts_analysis import advantages as adv_mod
 from gmts_analysis.config import ProbeConfig
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.estimators import add_estimator_columns
-from gmts_analysis.objective import settings_of
+from gmts_analysis.objective import clipped_mask, settings_of
 from gmts_analysis.rollouts import Answer
 from gmts_analysis.tables import answers_table, concat_columns, id_column
 
@@ -198,8 +198,18 @@ def probe_answer(
         "head_grad_norm": head_gn.double().cpu().numpy(),
         "reward": np.full(T, answer.reward),
     }
-    if answer.old_logprobs is not None:
-        cols["ratio"] = np.exp(logprob - np.asarray(answer.old_logprobs))
+    if answer.old_logprobs is not None:  # off-policy: the ratio and whether the clip silences the token
+        log_ratio = logprob - np.asarray(answer.old_logprobs, dtype=np.float64)
+        cols["ratio"] = np.exp(log_ratio)
+        loss = settings_of(cfg)
+        seq = loss.importance_sampling_level == "sequence" and T > 0
+        r_eff = np.full(T, np.exp(log_ratio.mean())) if seq else cols["ratio"]
+        cols["clipped"] = clipped_mask(torch.from_numpy(r_eff), torch.full((T,), float(coef.advantage),
+                                                                           dtype=torch.float64), loss).numpy()
+    if answer.ref_logprobs is not None:  # the reference log-prob and TRL's per-token k3 KL estimate (nats)
+        ref = np.asarray(answer.ref_logprobs, dtype=np.float64)
+        cols["ref_logprob"] = ref
+        cols["kl_k3"] = np.exp(ref - logprob) - (ref - logprob) - 1.0
     groups_df = None
     if gn is None:
         cols["grad_norm_logp"] = np.full(T, np.nan)

@@ -307,6 +307,18 @@ def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor,
     return ratio.expand_as(m)
 
 
+def clipped_mask(ratio: Tensor, advantages: Tensor, settings: LossSettings = LossSettings()) -> Tensor:
+    """Boolean, same shape: where the clipped surrogate is flat, so the policy term has no gradient
+    (``A > 0`` and ratio ``> 1 + clip_high``, or ``A < 0`` and ratio ``< 1 - clip_low``; with verl's
+    dual clip also ``A < 0`` and ratio ``> clip_ratio_c``). ``ratio`` and ``advantages`` broadcast."""
+    s = settings
+    A = advantages
+    flat = ((A > 0) & (ratio > 1.0 + s.clip_high)) | ((A < 0) & (ratio < 1.0 - s.clip_low))
+    if s.clip_ratio_c is not None:
+        flat = flat | ((A < 0) & (ratio > s.clip_ratio_c))
+    return flat
+
+
 def omega_tensor(
     logprobs: Tensor | None,
     mask: Tensor,
@@ -351,10 +363,7 @@ def omega_tensor(
         ratio = torch.exp(log_ratio.sum(-1, keepdim=True) / L).expand_as(m)
     else:
         ratio = torch.exp(log_ratio)
-    flat = ((A > 0) & (ratio > 1.0 + s.clip_high)) | ((A < 0) & (ratio < 1.0 - s.clip_low))
-    if s.clip_ratio_c is not None:
-        flat = flat | ((A < 0) & (ratio > s.clip_ratio_c))
-    trust = (~flat).to(torch.float64)
+    trust = (~clipped_mask(ratio, A, s)).to(torch.float64)
     if s.vllm_is_mode is not None:
         if old_logprobs is None or sampling_logprobs is None:
             raise GmtsError(f"the vLLM importance-sampling correction ({s.vllm_is_mode}) needs old_logprobs and "

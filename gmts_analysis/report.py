@@ -5,7 +5,8 @@ nothing is fetched. It shows the run's configuration and model (manifest.json), 
 statistics with their 95% CIs (stats.json), the figures, and an audit view of answers as
 token heatmaps: hovering a token shows its entropy, probability, grad_norm, gmts and
 whether each method's selection keeps it (a click pins the details). Answers are ordered
-so those where entropy and GMTS selections (top 20%, batch scope) disagree most come first.
+so those where entropy and GMTS selections (top rho, the run's ``--rho``, batch scope) disagree
+most come first; they are paged (with a search box), and the page says how many are shown.
 
 Every piece of text from the model, the rollouts or the manifest is HTML-escaped; the
 token data used by the script sits in ``data-`` attributes (escaped) and is written to the
@@ -30,9 +31,13 @@ import pandas as pd
 
 log = logging.getLogger(__name__)
 
-MAX_ANSWERS = 40  # answers in the audit view
-MAX_TOKENS = 400  # tokens shown per answer
-RHO = 0.2
+MAX_ANSWERS = 200  # answers in the audit view (paged, PAGE_SIZE a page; the page says how many)
+MAX_TOKENS = 1000  # tokens shown per answer (an answer cut says so)
+PAGE_SIZE = 20
+RHO = 0.2  # keep fraction of runs that recorded none (stats meta.rho)
+# off-policy columns shown on hover when the run has them: (column, data attribute, label, unit)
+OFF_POLICY_FIELDS = (("ratio", "ra", "ratio", ""), ("ref_logprob", "rl", "ref logprob", " nats"),
+                     ("kl_k3", "kl", "KL term (k3)", " nats"), ("clipped", "cl", "clipped", ""))
 
 
 # characters that reorder or hide text: bidi embeddings/overrides/isolates and marks, C0/C1 controls
@@ -150,15 +155,16 @@ def _short(v: Any, n: int = 300) -> str:
 
 
 def _stats_section(stats: Mapping) -> str:
-    from gmts_analysis.stats import stats_table
+    from gmts_analysis.stats import run_rho_key, stats_table
 
+    rho_label = f"{float(run_rho_key(stats)):g}"
     t = stats_table(stats)
     if t.empty:
         return '<section id="stats"><h2>Statistics</h2><p>No statistics.</p></section>'
     head = (
         "<tr><th>estimator</th><th>within answer ρ<br><small>median (mean [95% CI])</small></th>"
         "<th>n answers</th><th>across answers ρ<br><small>pooled [95% CI]</small></th><th>Kendall τ<sub>b</sub></th>"
-        "<th>within group ρ<br><small>median</small></th><th>top-20% overlap<br><small>batch / group [95% CI]</small></th>"
+        f"<th>within group ρ<br><small>median</small></th><th>top-{rho_label} overlap<br><small>batch / group [95% CI]</small></th>"
         "<th>update fidelity<br><small>cosine / norm ratio</small></th></tr>"
     )
     body = []
@@ -188,7 +194,7 @@ def _stats_section(stats: Mapping) -> str:
         "<p>Within answer: Spearman ρ(score, ‖∇ log p‖) inside each answer (≥ 5 tokens). Across answers: "
         "ρ(score, grad_norm) over all tokens pooled. CIs: 95% percentile bootstrap resampling answers "
         "(groups for within group), never tokens. Overlap: |S<sub>score</sub> ∩ S<sub>grad_norm</sub>| / "
-        "|S<sub>grad_norm</sub>| for the top 20% (group scope pooled over groups).</p>"
+        f"|S<sub>grad_norm</sub>| for the top {rho_label} (group scope pooled over groups).</p>"
         f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
         f"{fid_note}{slices}</section>"
     )
@@ -198,9 +204,12 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
     sl = stats.get(section)
     if not isinstance(sl, Mapping) or not sl:
         return ""
+    from gmts_analysis.stats import run_rho_key
+
+    rk = run_rho_key(stats)
     ests = [s for s in ("entropy", "gmts") if s in stats.get("cross_answer", {})]
     head = f"<tr><th>{_e(title)}</th><th>answers</th>" + "".join(
-        f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ [CI]</th><th>{_e(s)}: top-20%</th>" for s in ests
+        f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ [CI]</th><th>{_e(s)}: top-{rk}</th>" for s in ests
     ) + "</tr>"
     rows = []
     for k, blk in sl.items():
@@ -208,7 +217,7 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
         for s in ests:
             wa = blk.get("within_answer", {}).get(s, {})
             ca = blk.get("cross_answer", {}).get(s, {})
-            tk = blk.get("topk_overlap", {}).get("batch", {}).get(s, {}).get("0.2")
+            tk = blk.get("topk_overlap", {}).get("batch", {}).get(s, {}).get(rk)
             cells += (f"<td>{_fmt(wa.get('median'))}</td><td>{_ci(ca.get('spearman'), ca.get('ci_low'), ca.get('ci_high'))}</td>"
                       f"<td>{_fmt(tk)}</td>")
         rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.get('n_answers'))}</td>{cells}</tr>")
@@ -220,7 +229,8 @@ FIGURE_CAPTIONS = {
     "group_answers": "One group: each answer is its own band of log entropy vs log grad_norm (marker: sign of the advantage).",
     "pooled_hexbin": "All tokens pooled: entropy vs grad_norm next to GMTS vs grad_norm.",
     "topk_overlap": "Overlap of each estimator's top-ρ tokens with the top-ρ by grad_norm; dotted: random.",
-    "update_fidelity": "Cosine and norm ratio of the selected tokens' update vs the full policy gradient (ρ = 0.2).",
+    "update_fidelity": "Cosine and norm ratio of the selected tokens' update vs the full policy gradient "
+    "(ρ: the run's keep fraction).",
     "token_strip": "One answer's tokens coloured by entropy and by grad_norm, with the entropy and GMTS selections.",
 }
 
@@ -262,17 +272,34 @@ def _render_png(name: str, run: Any) -> bytes | None:
     return buf.getvalue()
 
 
+def _flag(v: Any) -> str:
+    """yes / no / – for a boolean-like cell (``clipped``)."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return "yes" if bool(v) else "no"
+
+
+def _search_text(aid: Any, first: Any, prompt: Any, df: pd.DataFrame, rows: np.ndarray) -> str:
+    """What the audit's search box matches for one answer: id, group, prompt and response text."""
+    toks = "".join(str(t) for t in df["token"].to_numpy()[rows]) if "token" in df.columns else ""
+    return f"{aid} {first.get('group_id')} {prompt or ''} {toks}"[:4000]
+
+
 def _pct(s: pd.Series) -> np.ndarray:
     """Batch-wide percentile rank in [0, 1] (NaN -> 0), so colours compare across answers."""
     r = s.rank(pct=True, method="average").fillna(0.0)
     return r.to_numpy(dtype=np.float64)
 
 
-def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int) -> str:
+def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = RHO) -> str:
     from gmts_analysis.plots import display_token
     from gmts_analysis.selection import answer_disagreement, select_top
 
+    RHO = rho  # noqa: N806 (the run's keep fraction)
     df = tokens.reset_index(drop=True)
+    extra = [(c, k, label, unit) for c, k, label, unit in (("omega", "om", "omega", ""),
+                                                            ("logprob", "lp", "logprob", " nats"),
+                                                            *OFF_POLICY_FIELDS) if c in df.columns]
     have_g = "gmts" in df.columns
     sel_e = select_top(df, "entropy", RHO, "batch")
     sel_g = select_top(df, "gmts", RHO, "batch") if have_g else np.zeros(len(df), bool)
@@ -313,7 +340,9 @@ def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answe
                 f'<span class="{cls}" data-pos="{int(t["position"])}" data-tok="{_e(t.get("token"))}" '
                 f'data-en="{_g(t.get("entropy"))}" data-p="{_g(t.get("prob"))}" '
                 f'data-gn="{_g(gn.iloc[i])}" data-gm="{_g(t.get("gmts"))}" '
-                f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
+                + "".join(f'data-{k}="{_flag(t.get(c)) if c == "clipped" else _g(t.get(c))}" '
+                          for c, k, _, _ in extra)
+                +                 f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
                 f'style="background:rgba(31,119,180,{0.85 * level["e"][i]:.3f})">{_e(tok)}</span>'
             )
         cut = f" (first {MAX_TOKENS} of {n_all} tokens)" if n_all > MAX_TOKENS else ""
@@ -321,17 +350,26 @@ def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answe
             f'<details><summary>prompt</summary><pre class="prompt">{_e(prompt)}</pre></details>' if prompt else ""
         )
         blocks.append(
-            f'<div class="answer" data-aid="{_e(aid)}"><div class="ahead"><b>answer {_e(aid)}</b> · group {_e(first.get("group_id"))} · '
+            f'<div class="answer" data-aid="{_e(aid)}" data-text="{_e(_search_text(aid, first, prompt, df, rows))}">'
+            f'<div class="ahead"><b>answer {_e(aid)}</b> · group {_e(first.get("group_id"))} · '
             f"reward {_fmt(reward)} · advantage {_fmt(first.get('advantage'))} · {n_all} tokens{_e(cut)} · "
             f"kept by entropy only: {int(d.get('n_only_entropy', 0))}, by GMTS only: {int(d.get('n_only_gmts', 0))}"
             f"</div>{prompt_html}<div class=\"toks\">{''.join(spans)}</div></div>"
         )
     n_total = df["answer_id"].nunique()
+    hover = "".join(f'<span data-k="{k}" data-label="{_e(label)}" data-unit="{_e(unit)}"></span>'
+                    for _, k, label, unit in extra)
+    more = (f" The {n_total - len(shown)} least disagreeing answers are not in this file: "
+            "write more with gmts figures RUN_DIR --report --max-answers N." if n_total > len(shown) else "")
     return (
         '<section id="audit"><h2>Audit: answers where entropy and GMTS disagree most</h2>'
         f"<p>{len(shown)} of {n_total} answers, ordered by the number of tokens kept by exactly one of the two "
-        f"selections (top {RHO:.0%} of the batch). Underline: kept by entropy; overline: kept by GMTS. "
-        "Hover a token for its values, click to pin them.</p>"
+        f"selections (top {RHO:g} of the batch), {PAGE_SIZE} a page.{_e(more)} Underline: kept by entropy; "
+        "overline: kept by GMTS. Hover a token for its values, click to pin them.</p>"
+        f'<div id="hoverfields" hidden>{hover}</div>'
+        '<div class="controls">search: <input type="search" id="search" placeholder="answer id, group or text"> '
+        '<button type="button" id="prev">previous</button> <span id="pageinfo"></span> '
+        '<button type="button" id="next">next</button></div>'
         '<div class="controls">colour by: '
         '<label><input type="radio" name="mode" value="e" checked> entropy</label> '
         '<label><input type="radio" name="mode" value="n"> grad_norm</label> '
@@ -371,7 +409,14 @@ JS = """
     var box=el.closest('.answer');
     det.textContent='answer '+(box?box.dataset.aid:'?')+' | token '+JSON.stringify(d.tok)+' @ position '+d.pos+' | entropy '+d.en+' nats | prob '+d.p+
       ' | grad_norm '+d.gn+' | gmts '+d.gm+' | entropy keeps: '+(el.classList.contains('se')?'yes':'no')+
-      ' | GMTS keeps: '+(el.classList.contains('sg')?'yes':'no');
+      ' | GMTS keeps: '+(el.classList.contains('sg')?'yes':'no')+extra(d);
+  }
+  var fields=[];
+  document.querySelectorAll('#hoverfields span').forEach(function(f){fields.push(f.dataset);});
+  function extra(d){
+    var s='';
+    fields.forEach(function(f){ if(d[f.k]!==undefined){ s+=' | '+f.label+' '+d[f.k]+f.unit; } });
+    return s;
   }
   var toks=document.querySelectorAll('.toks .t');
   toks.forEach(function(el){
@@ -392,6 +437,24 @@ JS = """
   document.querySelectorAll('input[name=mode]').forEach(function(r){
     r.addEventListener('change',function(){ if(r.checked){recolour(r.value);} });
   });
+  var boxes=Array.prototype.slice.call(document.querySelectorAll('#audit .answer'));
+  var size=20, page=0, query='';
+  var info=document.getElementById('pageinfo'), search=document.getElementById('search');
+  function matching(){
+    return boxes.filter(function(b){ return !query || b.dataset.text.toLowerCase().indexOf(query)>=0; });
+  }
+  function draw(){
+    var m=matching(), pages=Math.max(1,Math.ceil(m.length/size));
+    if(page>=pages){page=pages-1;}
+    boxes.forEach(function(b){b.hidden=true;});
+    m.slice(page*size,(page+1)*size).forEach(function(b){b.hidden=false;});
+    var lo=m.length?page*size+1:0, hi=Math.min(m.length,(page+1)*size);
+    info.textContent='answers '+lo+'-'+hi+' of '+m.length+(query?' matching (of '+boxes.length+' in this report)':'');
+  }
+  document.getElementById('prev').addEventListener('click',function(){ if(page>0){page--;draw();} });
+  document.getElementById('next').addEventListener('click',function(){ page++;draw(); });
+  search.addEventListener('input',function(){ query=search.value.toLowerCase(); page=0; draw(); });
+  draw();
 })();
 """
 
@@ -400,6 +463,7 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
     """The report of a run (a directory, or a run in memory) as one HTML string (see module docstring)."""
     from gmts_analysis.plots import load_run
     from gmts_analysis.runs import RunTables
+    from gmts_analysis.stats import run_rho_key
 
     run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
     # the probe writes the report inside a staging directory: name the run after its final place
@@ -433,7 +497,7 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
         _config_section(run.manifest, run.stats),
         _stats_section(run.stats),
         _figures_section(run.path, run),
-        _audit_section(run.tokens, run.answers, max_answers),
+        _audit_section(run.tokens, run.answers, max_answers, rho=float(run_rho_key(run.stats))),
         f"<script>{JS}</script></body></html>",
     ]
     return "\n".join(parts)

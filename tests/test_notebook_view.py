@@ -109,3 +109,48 @@ def test_show_uses_run_rho_and_repr(tables):
     v = show(r, n=1)
     assert isinstance(v, TokenView) and v._repr_html_() == v.html
     assert "top 0.05" in v.html
+
+
+def test_off_policy_fields_end_to_end(tiny_model_dirs, tmp_path):
+    """A probe given old and reference log-probs: ratio, clip state, reference log-prob and k3 KL in the
+    tokens table (checked against the definitions), on hover in report.html and in the inline view."""
+    import json
+
+    import pandas as pd
+    from conftest import make_rollouts
+
+    from gmts_analysis.cli import main
+
+    r = make_rollouts(tmp_path / "r.jsonl")
+    rng = np.random.default_rng(1)
+    rows = [json.loads(x) for x in r.read_text().splitlines()]
+    for row in rows:
+        n = len(row["response_ids"])
+        row["old_logprobs"] = (-rng.uniform(0.5, 6.0, n)).tolist()
+        row["ref_logprobs"] = (-rng.uniform(0.5, 6.0, n)).tolist()
+    r.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    out = tmp_path / "run"
+    assert main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(r), "--out", str(out),
+                 "--device", "cpu", "-q", "--grad-norm", "none", "--fidelity", "off", "--epsilon", "0.2",
+                 "--epsilon_high", "0.28"]) == 0
+    t = pd.read_parquet(out / "tokens.parquet")
+    old = np.concatenate([x["old_logprobs"] for x in rows])
+    ref = np.concatenate([x["ref_logprobs"] for x in rows])
+    by_id = {x["answer_id"]: i for i, x in enumerate(rows)}
+    t = t.sort_values(["answer_id", "position"], key=lambda c: c.map(by_id) if c.name == "answer_id" else c)
+    ratio = np.exp(t["logprob"].to_numpy() - old)
+    np.testing.assert_allclose(t["ratio"].to_numpy(), ratio, rtol=1e-9)
+    np.testing.assert_allclose(t["ref_logprob"].to_numpy(), ref, rtol=0, atol=0)
+    x = ref - t["logprob"].to_numpy()
+    np.testing.assert_allclose(t["kl_k3"].to_numpy(), np.exp(x) - x - 1, rtol=1e-12)
+    A = t["advantage"].to_numpy()
+    flat = ((A > 0) & (ratio > 1.28)) | ((A < 0) & (ratio < 0.8))
+    assert (t["clipped"].to_numpy() == flat).all() and flat.any() and (~flat).any()
+    assert (t.loc[t["clipped"], "omega"] == 0).all()  # a clipped token carries no policy gradient (kl_beta 0)
+    html_text = (out / "report.html").read_text(encoding="utf-8")
+    for label in ('data-label="ratio"', 'data-label="ref logprob"', 'data-label="KL term (k3)"',
+                  'data-label="clipped"', "data-ra=", "data-rl=", "data-kl=", 'data-cl="yes"', 'data-cl="no"'):
+        assert label in html_text, label
+    view = render_tokens_html(t, None, n=3)
+    for label in ("ratio", "ref_logprob", "KL term (k3)", "clipped"):
+        assert label in view

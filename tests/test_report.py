@@ -8,7 +8,7 @@ import pytest
 from _browser import Browser, find_browser
 from _synthetic import make_run_dir
 
-from gmts_analysis.report import MAX_ANSWERS, write_report
+from gmts_analysis.report import MAX_ANSWERS, PAGE_SIZE, write_report
 from gmts_analysis.selection import answer_disagreement
 
 PLANT = "<script>alert(1)</script>"
@@ -16,7 +16,7 @@ PLANT = "<script>alert(1)</script>"
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    # 12 groups x 4 answers = 48 answers > MAX_ANSWERS; a planted hostile token in answer 0
+    # 12 groups x 4 answers = 48 answers (more than one page); a planted hostile token in answer 0
     return make_run_dir(tmp_path_factory.mktemp("report") / "run", n_groups=12, planted_token=PLANT,
                         domains=("math", "logic"), n_boot=50)
 
@@ -46,10 +46,16 @@ def test_audit_order_and_limit(run):
 
     text = (run / "report.html").read_text(encoding="utf-8")
     shown = re.findall(r'<div class="answer" data-aid="([^"]+)"', text)
-    assert len(shown) == MAX_ANSWERS
+    n = min(MAX_ANSWERS, 48)
+    assert len(shown) == n and f"{n} of 48 answers" in text and f"{PAGE_SIZE} a page" in text
     d = answer_disagreement(load_run(run).tokens)
     assert shown == [str(a) for a in d["answer_id"].head(MAX_ANSWERS)]
     assert d["n_disagree"].is_monotonic_decreasing
+
+
+def test_audit_says_what_it_leaves_out(run, tmp_path):
+    text = write_report(run, out=tmp_path / "r.html", max_answers=10).read_text(encoding="utf-8")
+    assert "10 of 48 answers" in text and "38 least disagreeing answers are not in this file" in text
 
 
 def test_write_report_to_another_path(run, tmp_path):
@@ -78,7 +84,16 @@ def test_report_renders_in_headless_chromium(run, tmp_path):
         page = b.open(run / "report.html")
         assert page.problems() == []
         assert page.eval("document.title").startswith("gmts report")
-        assert page.eval("document.querySelectorAll('.answer').length") == MAX_ANSWERS
+        assert page.eval("document.querySelectorAll('.answer').length") == min(MAX_ANSWERS, 48)
+        visible = "Array.from(document.querySelectorAll('.answer')).filter(e => !e.hidden).length"
+        assert page.eval(visible) == PAGE_SIZE  # paged
+        assert page.eval("document.getElementById('pageinfo').textContent").startswith(f"answers 1-{PAGE_SIZE} of 48")
+        page.eval("document.getElementById('next').click()")
+        assert page.eval("document.getElementById('pageinfo').textContent").startswith(f"answers {PAGE_SIZE + 1}-")
+        page.eval("var s=document.getElementById('search'); s.value='prompt of group g3:'; "
+                  "s.dispatchEvent(new Event('input'))")
+        assert page.eval(visible) == 4  # the four answers of group g3
+        page.eval("var s=document.getElementById('search'); s.value=''; s.dispatchEvent(new Event('input'))")
         assert page.eval("Array.from(document.images).every(i => i.complete && i.naturalWidth > 0)")
         assert page.eval("document.querySelectorAll('figure img').length") >= 5
         # the planted token is shown as text, not executed
