@@ -1,7 +1,7 @@
 """Registry of per-token scores (estimators of a token's gradient magnitude).
 
 Each estimator is a function of the tokens table (a pandas DataFrame with the
-SPEC section 2 columns) that returns one float per row. Adding one is a function
+tokens-table columns of docs/definitions.md) that returns one float per row. Adding one is a function
 and a line in ``ESTIMATORS``. Statistics loop over :func:`available` estimators.
 """
 
@@ -23,6 +23,9 @@ ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
     # name: (columns it needs, function)
     "entropy": (("entropy",), lambda df: df["entropy"]),
     "gmts": (("entropy", "omega"), lambda df: df["entropy"] * _abs_omega(df)),
+    # baseline: the token's coefficient alone (constant inside an answer on-policy); how much of a
+    # ranking comes from |omega| = |w A| without any per-token information
+    "abs_omega": (("omega",), _abs_omega),
     "surprisal": (("logprob",), lambda df: -df["logprob"]),
     "one_minus_prob": (("prob",), lambda df: 1.0 - df["prob"]),
     "rsi": (("logprob", "entropy"), lambda df: -df["logprob"] / df["entropy"].where(df["entropy"] > 0, np.nan)),

@@ -82,11 +82,11 @@ class RunTables:
 def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> RunTables:
     """Read tokens/answers parquet, stats.json, manifest.json (and grad_groups.parquet) of a run directory.
 
-    stats.json is computed (and not written) when absent and ``compute_missing_stats``.
-    Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
+    stats.json is computed (and not written) when absent or of an older version, and
+    ``compute_missing_stats`` (its update_fidelity blocks kept). Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
     """
     from gmts_analysis.io import read_json, read_parquet
-    from gmts_analysis.stats import compute_stats, prepare_tokens
+    from gmts_analysis.stats import compute_stats, is_current, kept_fidelity, prepare_tokens
 
     path = Path(run_dir)
     if not path.is_dir():
@@ -97,10 +97,17 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
     groups = read_parquet(path / "grad_groups.parquet") if (path / "grad_groups.parquet").exists() else None
     stats = read_json(path / "stats.json") if (path / "stats.json").exists() else {}
-    if not stats and compute_missing_stats:
-        stats = json_normalise(compute_stats(tokens, answers))
     manifest = read_json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    if compute_missing_stats and not is_current(stats):  # absent, or an older version: `gmts stats` rewrites it
+        stats = json_normalise(compute_stats(tokens, answers, rho=manifest_rho(manifest), **kept_fidelity(stats)))
     return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)
+
+
+def manifest_rho(manifest: Any) -> float:
+    """The keep fraction a run was made with (manifest ``config.rho``; 0.2 when it has none)."""
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    r = cfg.get("rho") if isinstance(cfg, dict) else None
+    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.2
 
 
 def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
@@ -113,6 +120,8 @@ def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
         out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
     if run.grad_groups is not None:
         out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
-    out.append(io.atomic_write_json(d / "stats.json", run.stats))
+    from gmts_analysis.stats import write_stats
+
+    out += write_stats(d, run.stats)  # stats.json and the estimator ranking estimators.csv
     out.append(io.atomic_write_json(d / "manifest.json", run.manifest))
     return out

@@ -10,29 +10,27 @@ A *selection* keeps the ``k = ceil(rho * n)`` highest scores of each scope, wher
 
 Ties are broken by ``(answer_id, position)`` ascending, so a selection is
 deterministic. Missing scores (NaN) rank below every real score (they are only
-selected when a scope has fewer than ``k`` real scores). ``ceil`` is taken with a
-tolerance of 1e-9 so that, e.g., ``0.3 * 10`` keeps 3 tokens and not 4.
+selected when a scope has fewer than ``k`` real scores). ``k`` comes from
+:func:`gmts_analysis.rank.n_keep` (the one top-k count of the toolkit: ``ceil`` with a
+tolerance of 1e-9 so that, e.g., ``0.3 * 10`` keeps 3 tokens and not 4).
 
 Every function returns a boolean numpy mask aligned with the rows of the table.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
 
 SCOPES = ("batch", "group")
 RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 
 
-def n_keep(rho: float, n: int) -> int:
-    """``ceil(rho * n)`` with a small tolerance against float error, clipped to ``[0, n]``."""
-    return int(min(n, max(0, math.ceil(rho * n - 1e-9))))
 
 
 def _codes(values: pd.Series) -> np.ndarray:
@@ -113,7 +111,7 @@ def select_top(
     starts = np.r_[0, np.flatnonzero(np.diff(sorted_scope)) + 1]
     sizes = np.diff(np.r_[starts, n])
     rank_in_scope = np.arange(n) - np.repeat(starts, sizes)
-    k = np.array([n_keep(rho, int(m)) for m in sizes], dtype=np.int64)
+    k = n_keep(rho, sizes.astype(np.int64))
     keep_sorted = rank_in_scope < np.repeat(k, sizes)
     mask = np.zeros(n, dtype=bool)
     mask[order] = keep_sorted
@@ -207,6 +205,7 @@ from gmts_analysis.selection_tensor import (  # noqa: F401, E402
     NORMALIZERS,
     SELECTIONS,
     aggregate_loss,
+    gmts_lgn_scores,
     gmts_scores,
     loss_weight_tensor,
     random_scores,

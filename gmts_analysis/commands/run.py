@@ -82,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
                 "device": args.device}
     sample_and_probe(cfg, sampling)
     stats = json.loads((out / "stats.json").read_text())
-    print(summary_table(stats, domains))
+    from gmts_analysis.summary import summary_text
+
+    print(summary_text(stats, domains))
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()
@@ -91,34 +93,3 @@ def run(args: argparse.Namespace) -> int:
     n_tokens = int(answers["length"].sum()) if "length" in answers else 0
     print(f"{n_tokens} tokens, {len(answers)} answers in {wall:.0f} s -> {out}/ (report: {out / 'report.html'})")
     return 0
-
-
-def summary_table(stats: dict, domains: list[str]) -> str:
-    """Within-answer median vs cross-answer Spearman for entropy and gmts, overall and per domain."""
-
-    def cells(s: dict) -> list[str]:
-        out = []
-        for est in ("entropy", "gmts"):
-            w = (s.get("within_answer") or {}).get(est) or {}
-            c = (s.get("cross_answer") or {}).get(est) or {}
-            out += [_fmt(w.get("median")), _fmt(c.get("spearman"))]
-        return out
-
-    header = ["scope", "entropy within", "entropy cross", "gmts within", "gmts cross"]
-    rows = [["all", *cells(stats)]]
-    by = stats.get("by_domain") or {}
-    for d in domains:
-        if d in by:
-            rows.append([d, *cells(by[d])])
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["Spearman vs per-token gradient norm (within: median over answers vs grad_norm_logp; "
-             "cross: pooled vs grad_norm)"]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
-    lines.append("  ".join("-" * w for w in widths))
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths)))
-    return "\n".join(lines)
-
-
-def _fmt(v) -> str:
-    return "n/a" if v is None or v != v else f"{v:+.3f}"
