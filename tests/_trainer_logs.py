@@ -27,13 +27,18 @@ TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content']
             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")  # ChatML, as Qwen's
 
 
-def chat_tokenizer():
+# Qwen2.5's shape: a default system message when the conversation has none
+QWEN_TEMPLATE = ("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                 "{% endif %}" + TEMPLATE)
+
+
+def chat_tokenizer(template: str = TEMPLATE):
     """The character tokenizer with ChatML's markers as special tokens and a ChatML chat template."""
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
     tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
-    tok.chat_template = TEMPLATE
+    tok.chat_template = template
     return tok
 
 

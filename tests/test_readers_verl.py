@@ -6,7 +6,7 @@ import json
 import pandas as pd
 import pytest
 
-from _trainer_logs import chat_tokenizer, save_chat_model, write_verl_dumps
+from _trainer_logs import QWEN_TEMPLATE, chat_tokenizer, save_chat_model, write_verl_dumps
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rollouts import ReaderOptions, read_rollouts
@@ -76,3 +76,17 @@ def test_probe_end_to_end_on_a_verl_directory(tmp_path, tok, capsys):
         assert (list(row.prompt_ids) == pids) == restorable
     m = json.loads((out / "manifest.json").read_text())
     assert m["rollouts"]["read"]["context"]["template_not_restored"] == 2
+
+
+def test_verl_template_with_a_default_system_message(tmp_path):
+    """Qwen2.5-style templates add a default system message: the logged text then starts with it,
+    and a prompt with its own system message does not match (not restored, counted)."""
+    tok = chat_tokenizer(QWEN_TEMPLATE)
+    truth = write_verl_dumps(tmp_path / "d", tok)
+    ans = read_rollouts(tmp_path / "d", tok, options=ReaderOptions(max_completion_length=6))
+    assert ans[0].prompt.startswith("system\nYou are a helpful assistant.\nuser\n")  # the text as logged
+    for i, a in enumerate(ans):
+        pids, cids, score, restorable = truth[(a.step, i % 4 + 1)]
+        assert (a.prompt_ids == pids) == restorable and a.response_ids == cids
+    assert ans.report["context"]["template_restored_verl"] == 6
+    assert ans.report["context"]["template_not_restored"] == 2
