@@ -16,8 +16,8 @@ tensors; ``group``: the rows of one group). Padding is never selected. Ties are 
 by (row index, position) ascending, i.e. among equal scores the earlier token in
 row-major order wins; this is docs/definitions.md section 5's ``(answer_id, position)`` rule with rows
 standing for answers (order the rows by answer id to reproduce a table's selection
-exactly). NaN scores rank below every real score. ``ceil`` uses the same 1e-9 tolerance
-as :func:`gmts_analysis.selection.n_keep`.
+exactly). NaN scores rank below every real score. ``k`` is :func:`gmts_analysis.rank.n_keep`,
+the one top-k count of the toolkit.
 
 Scores (:func:`token_scores`): ``entropy``; ``gmts`` = entropy * |omega| with the full
 omega of docs/definitions.md section 4 (:func:`token_omega`); ``gmts_lgn`` = logit_grad_norm * |omega|
@@ -49,9 +49,10 @@ NORMALIZERS = ("all", "selected")
 
 
 def _keep_count(rho: float, n: Tensor) -> Tensor:
-    """``ceil(rho * n - 1e-9)`` clipped to ``[0, n]`` (int64, elementwise)."""
-    k = torch.ceil(rho * n.to(torch.float64) - 1e-9).to(torch.int64)
-    return torch.minimum(torch.clamp(k, min=0), n)
+    """``ceil(rho * n - 1e-9)`` clipped to ``[0, n]`` (int64, elementwise): :func:`gmts_analysis.rank.n_keep`."""
+    from gmts_analysis.rank import n_keep
+
+    return n_keep(rho, n)
 
 
 def group_codes(group_ids: Tensor | Sequence, batch_size: int, device: torch.device | None = None) -> Tensor:
