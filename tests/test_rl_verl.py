@@ -98,3 +98,55 @@ def test_selection_all_keeps_advantages_and_bad_modes_raise():
         apply_token_selection(_verl_batch(0), normalizer="selected", loss_agg_mode="seq-mean-token-sum")
     with pytest.raises(ValueError):
         apply_token_selection(_verl_batch(0), normalizer="bogus")
+
+
+class _Batch(dict):
+    """Stand-in for verl's TensorDict batch (``keys()`` and item access are all the writer uses)."""
+
+
+def test_verl_batch_written_in_our_format_and_probed(tmp_path, tiny_model_dirs):
+    """write_verl_batch turns a DataProto after compute_advantage into rows `gmts probe` reads as is:
+    left-padded prompts and right-padded responses lose exactly their padding."""
+    import json
+
+    import pandas as pd
+
+    from gmts_analysis.cli import main
+    from gmts_analysis.rl.rollout_log import write_verl_batch
+
+    g = torch.Generator().manual_seed(0)
+    bs, P, R = 4, 5, 6
+    plen, rlen = [5, 3, 4, 5], [6, 2, 4, 1]
+    prompts = torch.randint(3, 60, (bs, P), generator=g)
+    responses = torch.randint(3, 60, (bs, R), generator=g)
+    attn = torch.zeros(bs, P + R, dtype=torch.long)
+    for i in range(bs):
+        attn[i, P - plen[i]:P] = 1
+        attn[i, P:P + rlen[i]] = 1
+        prompts[i, :P - plen[i]] = 0  # pad id
+        responses[i, rlen[i]:] = 0
+    rmask = attn[:, P:].float()
+    scores = torch.zeros(bs, R)
+    for i, r in enumerate([1.0, 0.0, 0.5, 1.0]):
+        scores[i, rlen[i] - 1] = r  # verl puts the reward on the last response token
+    adv = torch.tensor([0.7, -0.7, 0.3, -0.3])[:, None] * rmask
+    old = -torch.rand(bs, R, generator=g) * rmask
+    data = SimpleNamespace(batch=_Batch(prompts=prompts, responses=responses, attention_mask=attn,
+                                        token_level_scores=scores, advantages=adv, old_log_probs=old),
+                           non_tensor_batch={"uid": np.array(["a", "a", "b", "b"], dtype=object)})
+    path = write_verl_batch(data, tmp_path / "rollouts", step=3)
+    assert path.name == "rollouts_rank0_00003.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    for i, r in enumerate(rows):
+        assert r["prompt_ids"] == prompts[i, P - plen[i]:].tolist()
+        assert r["response_ids"] == responses[i, :rlen[i]].tolist()
+        assert r["reward"] == [1.0, 0.0, 0.5, 1.0][i] and r["group_id"] == "aabb"[i] and r["step"] == 3
+        assert r["logged_advantage"] == pytest.approx(float(adv[i, 0]))
+        assert r["old_logprobs"] == pytest.approx(old[i, :rlen[i]].tolist())
+    out = tmp_path / "run"
+    assert main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(tmp_path / "rollouts"),
+                 "--out", str(out), "--device", "cpu", "--grad-norm", "none", "--no-figures", "--fidelity", "off",
+                 "--advantage", "logged", "--quiet"]) == 0
+    ans = pd.read_parquet(out / "answers.parquet")
+    assert [list(x) for x in ans["response_ids"]] == [r["response_ids"] for r in rows]
+    assert ans["advantage"].tolist() == pytest.approx([r["logged_advantage"] for r in rows])

@@ -52,6 +52,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.seeding import derive_seed
+
 PREFIX = "gmts/"
 SCORES = ("entropy", "gmts", "gmts_lgn")
 DEFAULT_MAX_TOKENS = 64
@@ -260,14 +262,15 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
                           max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0) -> dict[str, float]:
     """The metrics on one TRL ``GRPOTrainer`` micro-batch (``inputs`` of ``_compute_loss``).
 
-    omega from TRL's own settings: advantages, token weights of ``loss_type``, clip range
-    (``epsilon_low``/``epsilon_high``), old and reference log-probs and ``beta`` when present.
+    omega of the loss TRL trains (:func:`gmts_analysis.objective.trl_loss_settings` of
+    ``trainer.args``, which refuses a setting omega does not model): advantages, the token weight
+    of ``loss_type``, clipping, old, reference and sampling log-probs when present.
     Group labels come from each row's index in the global generation batch
     (``selection_row_ids``, written by ``SelectiveGRPOTrainer``, or ``gmts_row_ids``, written by
     :meth:`GmtsDiagnosticsCallback.attach`): row ``r`` is in group ``r // num_generations``.
     Scope ``batch`` is the micro-batch on this process.
     """
-    from gmts_analysis.rl.trl_trainer import loss_agg_of
+    from gmts_analysis.objective import trl_loss_settings
     from gmts_analysis.selection import token_omega
 
     unwrapped = trainer.accelerator.unwrap_model(model)
@@ -276,14 +279,10 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
         cm = cm * inputs["tool_mask"]
     lp, ent, lgn = completion_quantities(unwrapped, inputs["prompt_ids"], pm, inputs["completion_ids"], cm,
                                          float(trainer.temperature))
-    loss_agg = loss_agg_of(trainer.loss_type)
-    ref = inputs.get("ref_per_token_logps")
+    settings = trl_loss_settings(trainer.args, what="gmts diagnostics")
     omega = token_omega(
-        inputs["advantages"], cm, loss_agg=loss_agg,
-        max_len=trainer.max_completion_length if loss_agg == "seq-mean-token-sum-norm" else None,
-        logprobs=lp, old_logprobs=inputs.get("old_per_token_logps"), ref_logprobs=ref,
-        clip_low=trainer.epsilon_low, clip_high=trainer.epsilon_high,
-        kl_beta=trainer.beta if ref is not None else 0.0,
+        inputs["advantages"], cm, settings=settings, logprobs=lp, old_logprobs=inputs.get("old_per_token_logps"),
+        ref_logprobs=inputs.get("ref_per_token_logps"), sampling_logprobs=inputs.get("sampling_per_token_logps"),
     )
     groups = None
     rows = inputs.get("selection_row_ids", inputs.get("gmts_row_ids"))
@@ -336,6 +335,11 @@ class GmtsDiagnosticsCallback(TrainerCallback):
         self.trainer: Any = None
 
     def attach(self, trainer: Any) -> GmtsDiagnosticsCallback:
+        """Hook into ``trainer`` (see the class docstring); refuses (GmtsError) TRL settings whose
+        omega the toolkit does not model, before training starts."""
+        from gmts_analysis.objective import trl_loss_settings
+
+        trl_loss_settings(trainer.args, what="gmts diagnostics")
         self.trainer = trainer
         inner = trainer._compute_loss
         gen = trainer._generate_and_score_completions
@@ -364,7 +368,7 @@ class GmtsDiagnosticsCallback(TrainerCallback):
         tr = self.trainer
         step = int(tr.state.global_step)
         metrics = trl_batch_diagnostics(tr, model, inputs, rho=self.rho, scope=self.scope,
-                                        max_tokens=self.max_tokens, seed=self.seed * 1_000_003 + step)
+                                        max_tokens=self.max_tokens, seed=derive_seed(self.seed, "rl-diag-answers", step))
         for k, v in metrics.items():
             tr._metrics["train"][k].append(float(v))
         self.history.append((step, metrics))

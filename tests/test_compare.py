@@ -1,0 +1,161 @@
+"""gmts compare: three hand-built runs with a known trend come out ordered by checkpoint with the
+trend and CIs in the table; a settings mismatch is flagged (outputs and stderr); figures and a
+self-contained, escaped HTML page are written; bad input is a one-line error."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pandas as pd
+import pytest
+
+from gmts_analysis.compare import compare_runs, flatten_stats, run_step, stat_rows, write_comparison
+
+ESTIMATORS = ("entropy", "gmts", "gmts_lgn")
+
+
+def _stats(k: int) -> dict:
+    """A stats.json (version-2 keys) whose values move linearly with k."""
+    s: dict = {"meta": {"ci_unit": "group", "n_boot": 100}, "zero_advantage": {"answers": 2 + k, "groups": k,
+               "tokens": 10 * k, "token_share": 0.1 * k}}
+    for blk in ("cross_answer", "cross_answer_informative"):
+        s[blk] = {e: {"spearman": 0.5 + 0.1 * k + 0.01 * i, "kendall": 0.3, "n_tokens": 100,
+                      "ci_low": 0.45 + 0.1 * k + 0.01 * i, "ci_high": 0.55 + 0.1 * k + 0.01 * i}
+                  for i, e in enumerate(ESTIMATORS)}
+    s["within_answer"] = {e: {"median": 0.9, "mean": 0.8 - 0.1 * k, "q25": 0.7, "q75": 0.95, "n_answers": 10,
+                              "ci_low": 0.75 - 0.1 * k, "ci_high": 0.85 - 0.1 * k} for e in ESTIMATORS}
+    s["selection_waste"] = {"batch": {e: {"0.05": 0.2 * k if e == "entropy" else 0.0, "0.2": 0.1 * k}
+                                      for e in ESTIMATORS}}
+    s["selection_waste_ci"] = {"batch": {e: {"0.2": {"ci_low": 0.1 * k - 0.05, "ci_high": 0.1 * k + 0.05}}
+                                         for e in ESTIMATORS}}
+    s["update_fidelity"] = {"gmts": {"cosine": 0.9, "norm_ratio": 0.8}, "all": {"cosine": 1.0, "norm_ratio": 1.0}}
+    return s
+
+
+def _manifest(model: str, **cfg) -> dict:
+    base = {"model": model, "rollouts": "r.jsonl", "out": "/somewhere", "temperature": 1.0, "advantage": "group",
+            "loss_agg": "token-mean", "clip_low": 0.2, "clip_high": 0.28, "grad_norm": "exact", "seed": 0,
+            "quiet": True}
+    base.update(cfg)
+    return {"config": base, "model_path": model, "versions": {}}
+
+
+def _write(d, stats, manifest):
+    d.mkdir(parents=True)
+    (d / "stats.json").write_text(json.dumps(stats))
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    return d
+
+
+def _three(tmp_path):
+    root = tmp_path / "runs"
+    # written out of order; the checkpoint numbers in the model path give the steps
+    for k, step in [(2, 300), (0, 100), (1, 200)]:
+        _write(root / f"probe-{chr(99 - k)}", _stats(k), _manifest(f"/ckpts/checkpoint-{step}"))
+    return root
+
+
+def test_three_runs_known_trend(tmp_path):
+    cmp = compare_runs([_three(tmp_path)])
+    assert cmp.x_label == "step" and [r["x"] for r in cmp.runs] == [100, 200, 300]
+    assert {r["x_source"] for r in cmp.runs} == {"checkpoint path"}
+    assert cmp.mismatches == [] and {r["settings"] for r in cmp.runs} == {"A"}
+    t = cmp.table
+    for e, i in zip(ESTIMATORS, range(3)):
+        d = t[t["statistic"] == f"cross_answer_informative.{e}.spearman"].sort_values("x")
+        assert list(d["x"]) == [100, 200, 300]
+        assert d["value"].tolist() == pytest.approx([0.5 + 0.01 * i, 0.6 + 0.01 * i, 0.7 + 0.01 * i])
+        assert d["ci_low"].tolist() == pytest.approx([0.45 + 0.01 * i, 0.55 + 0.01 * i, 0.65 + 0.01 * i])
+        assert (d["estimator"] == e).all() and (d["series"] == "cross_answer_informative.*.spearman").all()
+        w = t[t["statistic"] == f"within_answer.{e}.mean"].sort_values("x")
+        assert w["value"].tolist() == pytest.approx([0.8, 0.7, 0.6])  # falls as training goes on
+        assert w["ci_high"].tolist() == pytest.approx([0.85, 0.75, 0.65])
+    z = t[t["statistic"] == "zero_advantage.token_share"].sort_values("x")
+    assert z["value"].tolist() == pytest.approx([0.0, 0.1, 0.2]) and z["estimator"].eq("").all()
+    sw = t[t["statistic"] == "selection_waste.batch.entropy.0.2"].sort_values("x")
+    assert sw["value"].tolist() == pytest.approx([0.0, 0.1, 0.2])
+    assert sw["ci_low"].tolist() == pytest.approx([-0.05, 0.05, 0.15])  # from selection_waste_ci
+    assert not t["statistic"].str.startswith("selection_waste_ci").any()
+    # the median has no CI (the CI is of the mean); counts are statistics too, without CIs
+    med = t[t["statistic"] == "within_answer.gmts.median"]
+    assert med["ci_low"].isna().all()
+    # every numeric leaf of stats.json is in the table (minus the CI leaves)
+    n_leaves = sum(1 for p in flatten_stats(_stats(0)) if p[-1] not in ("ci_low", "ci_high"))
+    assert t["statistic"].nunique() == n_leaves
+
+
+def test_outputs_files_figures_and_html(tmp_path):
+    cmp = compare_runs([_three(tmp_path)])
+    out = tmp_path / "cmp"
+    write_comparison(cmp, out)
+    back = pd.read_parquet(out / "compare.parquet")
+    assert len(back) == len(cmp.table)
+    js = json.loads((out / "compare.json").read_text())
+    assert js["x_label"] == "step" and len(js["rows"]) == len(cmp.table) and js["settings_mismatch"] == []
+    pngs = sorted(p.name for p in (out / "figures").glob("*.png"))
+    assert "cross_answer_informative.all.spearman.png" in pngs and "selection_waste.batch.all.0.2.png" in pngs
+    assert all((out / "figures" / p).stat().st_size > 2000 for p in pngs)
+    page = (out / "compare.html").read_text()
+    assert page.count("data:image/png;base64,") == len(pngs)
+    assert "http://" not in page and "https://" not in page and "<script" not in page
+
+
+def test_settings_mismatch_flagged_and_text_escaped(tmp_path, caplog):
+    root = _three(tmp_path)
+    _write(root / "probe-z", _stats(3), _manifest("/ckpts/checkpoint-400<script>", temperature=0.7,
+                                                  grad_norm="sketch"))
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.compare"):
+        cmp = compare_runs([root])
+    keys = {m["key"] for m in cmp.mismatches}
+    assert keys == {"temperature", "grad_norm"}
+    temp = next(m for m in cmp.mismatches if m["key"] == "temperature")
+    assert temp["values"]["probe-z"] == 0.7 and temp["values"]["probe-a"] == 1.0
+    groups = {r["run"]: r["settings"] for r in cmp.runs}
+    assert groups["probe-z"] != groups["probe-a"] == groups["probe-b"]
+    assert any("different settings" in r.message and "temperature" in r.message for r in caplog.records)
+    out = tmp_path / "cmp"
+    write_comparison(cmp, out, figures=False)
+    page = (out / "compare.html").read_text()
+    assert "different settings" in page and "&lt;script&gt;" in page and "<script" not in page
+    assert json.loads((out / "compare.json").read_text())["settings_mismatch"]
+
+
+def test_step_sources_and_order_fallback(tmp_path):
+    assert run_step({"step": 7, "config": {"model": "x/checkpoint-9"}}) == (7, "manifest")
+    assert run_step({"config": {"model": "runs/ckpt_250"}}) == (250, "checkpoint path")
+    assert run_step({"model_path": "/a/global_step40/actor", "config": {}}) == (40, "checkpoint path")
+    assert run_step({"config": {"model": "small"}}) == (None, "order")
+    a = _write(tmp_path / "zz", _stats(0), _manifest("small"))
+    b = _write(tmp_path / "aa", _stats(1), _manifest("tiny"))
+    cmp = compare_runs([a, b])  # given order, not name order
+    assert cmp.x_label == "run" and [r["run"] for r in cmp.runs] == ["zz", "aa"]
+
+
+def test_generic_stats_any_estimator():
+    rows = stat_rows({"cross_answer": {"my_score": {"spearman": 0.3, "ci_low": 0.1, "ci_high": 0.5}},
+                      "new_block": {"my_score": {"value": 2.0, "ci_low": 1.0, "ci_high": 3.0}}}, ["my_score"])
+    by = {r["statistic"]: r for r in rows}
+    assert by["cross_answer.my_score.spearman"]["ci_high"] == 0.5
+    assert by["new_block.my_score.value"]["ci_low"] == 1.0 and by["new_block.my_score.value"]["series"] == "new_block.*.value"
+    assert math.isnan(rows[0]["ci_low"]) is False
+
+
+def test_cli_end_to_end_and_bad_input(tmp_path, capsys):
+    from gmts_analysis.cli import main
+
+    root = _three(tmp_path)
+    assert main(["compare", str(root), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert (tmp_path / "o" / "compare.html").exists()
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("gmts: error:") and "missing" in err[0]
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "stats.json").write_text("{not json")
+    (bad / "manifest.json").write_text("{}")
+    assert main(["compare", str(bad), "--out", str(tmp_path / "o3")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "stats.json" in err[0]
