@@ -26,9 +26,11 @@ from gmts_analysis.readers.formats import (
     FORMATS,
     GMTS_FIELDS,
     RewardSpec,
-    detect_format as _detect_keys,
     normalize_row,
     resolve_trl_rewards,
+)
+from gmts_analysis.readers.formats import (
+    detect_format as _detect_keys,
 )
 from gmts_analysis.readers.sources import (
     check_logprobs,
@@ -427,27 +429,21 @@ def _reward_note(state: _ReadState) -> dict:
 
 
 def _verify(sel: list[Answer], rows: list[dict], verifier: Callable) -> None:
-    """Score answers with a TRL-shaped reward function, called with keywords as TRL calls it."""
-    prompts = [r.get("prompt") for r in rows]
-    comps = [r.get("response") for r in rows]
-    kwargs: dict[str, list] = {}
+    """Score answers with a TRL-shaped reward function, called with keywords as TRL calls it
+    (:func:`gmts_analysis.verifiers.score`); the rows' other columns go along as lists."""
+    from gmts_analysis.verifiers import score
+
+    columns: dict[str, list] = {}
     for r in rows:
         for k in r:
             if k not in ("prompt", "response", "prompt_ids", "response_ids", "reward") and not k.startswith("_"):
-                kwargs.setdefault(k, [])
-    for k in kwargs:
-        kwargs[k] = [r.get(k) for r in rows]
-    try:
-        scores = verifier(prompts=prompts, completions=comps, completion_ids=[a.response_ids for a in sel], **kwargs)
-    except GmtsError:
-        raise
-    except Exception as e:
-        raise GmtsError(f"--verifier: the reward function failed ({type(e).__name__}: {str(e)[:160]})") from None
-    scores = list(scores)
-    if len(scores) != len(sel):
-        raise GmtsError(f"--verifier: returned {len(scores)} rewards for {len(sel)} answers")
+                columns.setdefault(k, [])
+    for k in columns:
+        columns[k] = [r.get(k) for r in rows]
+    scores = score(verifier, [r.get("prompt") for r in rows], [r.get("response") for r in rows],
+                   [a.response_ids for a in sel], columns)
     for a, s in zip(sel, scores):
-        if s is None:
+        if isinstance(s, float) and math.isnan(s):
             raise GmtsError(f"{a.where}: the verifier skipped this answer (returned None); an unscorable answer "
                             "(TRL trains it with advantage 0) is not modelled")
         a.reward = check_reward(s, a.where, "reward (from --verifier)")

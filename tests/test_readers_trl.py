@@ -7,8 +7,8 @@ import math
 
 import pandas as pd
 import pytest
-
 from _trainer_logs import chat_tokenizer, save_chat_model, template_ids, write_trl_completions
+
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rollouts import ReaderOptions, read_rollouts

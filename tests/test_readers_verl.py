@@ -5,8 +5,8 @@ import json
 
 import pandas as pd
 import pytest
-
 from _trainer_logs import QWEN_TEMPLATE, chat_tokenizer, save_chat_model, write_verl_dumps
+
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rollouts import ReaderOptions, read_rollouts
