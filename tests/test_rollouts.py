@@ -207,3 +207,17 @@ def test_empty_vocabulary_tokenizer_refused(tmp_path):
     p = write_jsonl(tmp_path / "r.jsonl", [{"prompt": "a", "response": "b", "reward": 1.0}])
     with pytest.raises(GmtsError, match="line 1: text 'prompt' given but the model's tokenizer has an empty vocabulary"):
         read_rollouts(p, Empty())
+
+
+def test_directory_errors(tmp_path, tok):
+    d = tmp_path / "empty"
+    d.mkdir()
+    with pytest.raises(GmtsError, match="no rollout files in the directory"):
+        read_rollouts(d, tok)
+    (d / "1.jsonl").write_text(GOOD)
+    (d / "2.jsonl").write_text("")
+    with pytest.raises(GmtsError, match=r"2\.jsonl: no rollouts in the file \(empty input\)"):
+        read_rollouts(d, tok)
+    (d / "2.jsonl").write_text('{"input": "q", "output": "a", "score": 1.0}\n')
+    with pytest.raises(GmtsError, match=r"2\.jsonl: a verl file among gmts files"):
+        read_rollouts(d, tok)
