@@ -7,6 +7,17 @@ logits at sequence position ``P + t - 1`` (the shift by one).
 
 All quantities are computed in float32 (float64 when the logits are float64),
 whatever the model's dtype. Entropy is in nats.
+
+One home per formula (everything else in the package calls these):
+
+- the shift: :func:`response_logits` / :func:`response_targets` (one sequence),
+  :func:`response_prefix` (causal truncation: which prefix predicts a token range),
+  :func:`response_positions` / :func:`gather_positions` (right-padded batches);
+- log-probabilities and entropy: :func:`scaled_log_softmax`, :func:`gather_logprobs`,
+  :func:`sequence_logprobs`, :func:`entropy_from_logprobs`;
+- the logit gradient ``c = (e_y - p) / tau`` (:func:`logit_grad`) and its squared norm
+  (:func:`logit_grad_sq`); the output-head gradient norm ``||c|| sqrt(||h||^2 + [bias])``
+  (:func:`head_grad_sq`); all of them per token in :func:`token_quantities`.
 """
 
 from __future__ import annotations
@@ -105,13 +116,14 @@ def logit_grad(logp: Tensor, targets: Tensor, temperature: float = 1.0) -> Tenso
 
 
 def logit_grad_sq(logp: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-    """``||(e_y - p) / tau||^2 = ((1 - p_y)^2 + sum_{v != y} p_v^2) / tau^2``, ``(..., T)``.
+    """``||(e_y - p) / tau||^2 = ((sum_{v != y} p_v)^2 + sum_{v != y} p_v^2) / tau^2``, ``(..., T)``.
 
-    Written so that no large terms cancel: ``1 - p_y = -expm1(log p_y)`` and the sum skips
-    ``y`` (the textbook ``1 - 2 p_y + sum_v p_v^2`` loses all digits when ``p_y`` is near 1)."""
-    lp_y = logp.gather(-1, targets.unsqueeze(-1))
-    p2 = logp.exp().pow(2).scatter(-1, targets.unsqueeze(-1), torch.zeros_like(lp_y))
-    return (torch.expm1(lp_y.squeeze(-1)).pow(2) + p2.sum(-1)) / (temperature * temperature)
+    Written with the non-target probabilities only (``1 - p_y = sum_{v != y} p_v``), so nothing
+    cancels: the textbook ``1 - 2 p_y + sum_v p_v^2`` loses every digit when ``p_y`` is near 1
+    (and ``log p_y`` itself rounds to 0 in float32 there)."""
+    y = targets.unsqueeze(-1)
+    others = logp.exp().scatter(-1, y, torch.zeros_like(y, dtype=logp.dtype))
+    return (others.sum(-1).pow(2) + others.pow(2).sum(-1)) / (temperature * temperature)
 
 
 def head_grad_sq(logit_grad_sq_: Tensor, h: Tensor, bias: bool) -> Tensor:

@@ -60,3 +60,64 @@ def test_shift_by_one():
     assert lp.shape == (2, S - P)
     with pytest.raises(ValueError):
         response_logits(logits, 0)
+
+
+def test_prefix_and_padded_shift_agree_with_response_logits():
+    from gmts_analysis.tokens import gather_positions, response_positions, response_prefix
+
+    g = torch.Generator().manual_seed(0)
+    S, V = 11, 7
+    logits = torch.randn(S, V, generator=g)
+    for P in (1, 4, 10):
+        T = S - P
+        ref = response_logits(logits, P)
+        # causal truncation: tokens [s, e) are the last e - s logits of the prefix of length L
+        for s, e in ((0, T), (0, 1), (T - 1, T), (T // 2, T)):
+            L = response_prefix(P, s, e)
+            assert torch.equal(logits[:L][-(e - s):], ref[s:e])
+        # a right-padded batch of rows with different prompt lengths
+        pos = response_positions(P, T + 2, S)  # 2 padding slots, clamped
+        got = gather_positions(logits[None], pos[None])[0]
+        assert torch.equal(got[:T], ref) and bool((pos[T:] == S - 1).all())
+    with pytest.raises(ValueError):
+        response_prefix(0, 0, 1)
+    with pytest.raises(ValueError):
+        response_positions(0, 3, 5)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.6])
+def test_logit_grad_and_head_grad_against_autograd(tau):
+    from gmts_analysis.tokens import head_grad_sq, logit_grad, logit_grad_sq, scaled_log_softmax
+
+    g = torch.Generator().manual_seed(1)
+    T, d, V = 5, 6, 9
+    h = torch.randn(T, d, generator=g, dtype=torch.float64)
+    head = torch.nn.Linear(d, V, dtype=torch.float64)
+    y = torch.randint(0, V, (T,), generator=g)
+    z = head(h).detach()
+    logp = scaled_log_softmax(z, tau)
+    c = logit_grad(logp, y, tau)
+    lg2 = logit_grad_sq(logp, y, tau)
+    q = token_quantities(z, y, tau, head_input=h, head_bias=True)
+    for t in range(T):
+        zz = z.clone().requires_grad_(True)
+        (gz,) = torch.autograd.grad(gather_logprobs(zz, y, tau)[t], zz)
+        torch.testing.assert_close(c[t], gz[t])
+        gw, gb = torch.autograd.grad(gather_logprobs(head(h), y, tau)[t], [head.weight, head.bias])
+        want = gw.pow(2).sum() + gb.pow(2).sum()
+        torch.testing.assert_close(head_grad_sq(lg2, h, bias=True)[t], want)
+        torch.testing.assert_close(q.head_grad_norm[t], want.sqrt())
+        torch.testing.assert_close(lg2[t], gz[t].pow(2).sum())
+
+
+def test_logit_grad_norm_stable_when_confident():
+    """p_y near 1: the textbook 1 - 2p + sum p^2 cancels to 0 in float32; ours keeps the digits."""
+    z = torch.tensor([[30.0, 0.0, -5.0, 1.0]])
+    y = torch.tensor([0])
+    got = token_quantities(z, y).logit_grad_norm
+    p = torch.softmax(z.double(), -1)
+    truth = ((1 - p[0, 0]) ** 2 + p[0, 1:].pow(2).sum()).sqrt()
+    assert float(truth) > 0 and abs(float(got) / float(truth) - 1) < 1e-4
+    pf = torch.softmax(z, -1)
+    textbook = (1 - 2 * pf[0, 0] + pf.pow(2).sum()).clamp_min(0).sqrt()
+    assert abs(float(textbook) / float(truth) - 1) > 0.5  # what the closed form used to give

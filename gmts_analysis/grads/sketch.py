@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gmts_analysis.models import trainable_parameters
-from gmts_analysis.tokens import compute_dtype, response_prefix, response_targets, token_quantities
+from gmts_analysis.tokens import compute_dtype, head_grad_sq, response_prefix, response_targets, token_quantities
 
 
 def chi2_interval_factors(k: int, level: float = 0.95) -> tuple[float, float]:
@@ -147,7 +147,6 @@ def sketch_grad_norms(
                 hh = h.to(acc)
                 u = cvec @ head_w.to(acc)  # (T, d): d logprob_t / d h_t
                 c2 = q.logit_grad_norm.to(acc).pow(2)
-                h2 = hh.pow(2).sum(-1)
                 # embedding rows that can receive gradient, per embedding module
                 uniq, inv = {}, {}
                 for name, mod in emb_mods.items():
@@ -162,7 +161,8 @@ def sketch_grad_norms(
                     cU = None
                 else:
                     cU = cvec[:, uniq[tied_name]]  # (T, U)
-                    a2 = h2 * (c2 - cU.pow(2).sum(-1)).clamp_min(0.0)
+                    # the head's weight part on rows outside U (closed form), plus its bias part
+                    a2 = head_grad_sq((c2 - cU.pow(2).sum(-1)).clamp_min(0.0), hh, bias=False)
                     if head_bias:
                         a2 = a2 + c2
 
