@@ -121,6 +121,10 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
 
     with io.staged_directory(out, overwrite=overwrite) as tmp:
         write_tables(tmp, run)
+        from gmts_analysis.stats import run_rho_key
+        from gmts_analysis.token_strings import write_token_strings
+
+        write_token_strings(tmp, run.tokens, rho=float(run_rho_key(run.stats)))  # token_strings.csv
         for name, text in (extra_files or {}).items():
             io.atomic_write_text(tmp / name, text)
         if figures:

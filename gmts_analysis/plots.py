@@ -13,6 +13,10 @@ files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
 - ``update_fidelity``: cosine and norm ratio of the selected tokens' update vs the full one.
 - ``token_strip``: one answer's tokens coloured by entropy and by grad_norm, with the
   entropy and GMTS selections under them.
+- ``token_strings``: the token strings carrying the most gradient mass beside those entropy
+  and GMTS select most, overall and per domain (:mod:`gmts_analysis.token_strings`).
+
+Selections use the run's keep fraction (:func:`run_rho`).
 """
 
 from __future__ import annotations
@@ -232,7 +236,7 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
     The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
-    entropy and gmts: 95% CIs from the bootstrap over answers (``topk_overlap_ci``, at rho 0.2).
+    entropy and gmts: 95% CIs from the bootstrap over answers (``topk_overlap_ci``, at every rho).
     """
     tk = stats.get("topk_overlap", {})
     scopes = [s for s in scopes if s in tk]
@@ -265,7 +269,7 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
 
 
 def fig_update_fidelity(stats: dict) -> Figure | None:
-    """Cosine and norm ratio of the selected tokens' update vs the full update (rho 0.2).
+    """Cosine and norm ratio of the selected tokens' update vs the full update (at the run's rho).
 
     Bars for each estimator and the references all (1, 1), oracle (top by grad_norm) and
     random (mean of several draws, with their standard deviation). None without fidelity.
@@ -398,13 +402,27 @@ def _rect(x: float, y: float, face) -> Any:
 # ------------------------------------------------------------------------------ writing
 
 
+def run_rho(run: Run) -> float:
+    """The keep fraction of a run (stats ``meta.rho``, the probe's ``--rho``; 0.2 for older runs)."""
+    from gmts_analysis.stats import run_rho_key
+
+    return float(run_rho_key(run.stats))
+
+
+def _token_strings(run: Run) -> Figure | None:
+    from gmts_analysis.token_strings import fig_token_strings
+
+    return fig_token_strings(run.tokens, rho=run_rho(run))
+
+
 FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "within_vs_cross": lambda r: fig_within_vs_cross(r.tokens, r.stats),
     "group_answers": lambda r: fig_group_answers(r.tokens),
     "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),
     "topk_overlap": lambda r: fig_topk_overlap(r.stats),
     "update_fidelity": lambda r: fig_update_fidelity(r.stats),
-    "token_strip": lambda r: fig_token_strip(r.tokens),
+    "token_strip": lambda r: fig_token_strip(r.tokens, rho=run_rho(r)),
+    "token_strings": _token_strings,
 }
 
 

@@ -232,6 +232,8 @@ FIGURE_CAPTIONS = {
     "update_fidelity": "Cosine and norm ratio of the selected tokens' update vs the full policy gradient "
     "(ρ: the run's keep fraction).",
     "token_strip": "One answer's tokens coloured by entropy and by grad_norm, with the entropy and GMTS selections.",
+    "token_strings": "Which token strings carry the gradient mass, beside those entropy and GMTS select most "
+    "(overall and per domain; table: token_strings.csv).",
 }
 
 

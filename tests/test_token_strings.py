@@ -65,3 +65,23 @@ def test_no_grad_norm(tokens, tmp_path):
     with pytest.raises(GmtsError, match="grad_norm"):
         token_strings_table(t)
     assert write_token_strings(tmp_path, t) is None and fig_token_strings(t) is None
+
+
+def test_rendered_with_the_run(tmp_path):
+    """The run's figures include token_strings (at the run's rho), and a run directory written by
+    finalize has token_strings.csv."""
+    from _synthetic import make_tables
+
+    from gmts_analysis.finalize import write_run_dir
+    from gmts_analysis.runs import RunTables
+    from gmts_analysis.stats import compute_stats
+
+    t, a = make_tables(n_groups=3, group_size=4, seed=2, domains=("math", "logic"))
+    stats = compute_stats(t, a, n_boot=0, rho=0.1)
+    run = RunTables(tokens=t, answers=a, stats=stats, manifest={"config": {"rho": 0.1}})
+    out = write_run_dir(run, tmp_path / "run", figures=True)
+    back = pd.read_csv(out / "token_strings.csv", keep_default_na=False)
+    expect = token_strings_table(t, 0.1)
+    assert back["kept_gmts"].tolist() == expect["kept_gmts"].tolist()
+    assert (out / "figures" / "token_strings.png").exists()
+    assert "token_strings" in (out / "report.html").read_text(encoding="utf-8")
