@@ -52,9 +52,17 @@ from gmts_analysis.errors import GmtsError
 
 log = logging.getLogger(__name__)
 
-IGNORED_SETTINGS = frozenset({
-    "model", "model_path", "step", "out", "overwrite", "quiet", "figures", "chunk_size", "max_memory",
-    "answers_per_chunk", "device", "format", "strict", "debug", "resume", "workers", "report", "threads",
+def _job_fields() -> frozenset:
+    import dataclasses
+
+    from gmts_analysis.config import JobSettings
+
+    return frozenset(f.name for f in dataclasses.fields(JobSettings)) - {"rollouts"}
+
+
+# job settings never change a number (gmts_analysis.config.JobSettings), except the rollouts probed
+IGNORED_SETTINGS = _job_fields() | frozenset({
+    "model_path", "step", "checkpoint", "chunk_size", "max_memory", "device", "format", "debug", "threads",
     "func", "command",
 })
 PRIMARY_KEYS = ("spearman", "mean", "value")
@@ -301,6 +309,63 @@ def _run_names(dirs: Sequence[Path]) -> list[str]:
     if len(set(names)) == len(names):
         return names
     return [str(Path(d.parent.name) / d.name) if names.count(d.name) > 1 else d.name for d in dirs]
+
+
+# ----------------------------------------------------------------------------- probing a checkpoint series
+
+
+def checkpoint_series(model: str) -> list[str] | None:
+    """The checkpoints named by ``--model``: a comma-separated list, or a directory holding
+    checkpoint directories (each with a config.json) that is not itself a model (sorted by the
+    step in their names, then by name); ``None`` for a single model."""
+    if "," in model:
+        items = [m.strip() for m in model.split(",") if m.strip()]
+        if len(items) < 2:
+            raise GmtsError(f"--model {model!r}: a checkpoint list needs at least two names separated by commas")
+        return items
+    p = Path(model)
+    if p.is_dir() and not (p / "config.json").exists():
+        subs = [d for d in p.iterdir() if d.is_dir() and (d / "config.json").exists()]
+        if not subs:
+            raise GmtsError(f"--model {model}: neither a model (no config.json) nor a directory of checkpoints")
+
+        def key(d: Path) -> tuple:
+            m = None
+            for m in STEP_PATTERN.finditer(d.name):
+                pass
+            return (0, int(m.group(1)), d.name) if m else (1, 0, d.name)
+
+        return [str(d) for d in sorted(subs, key=key)]
+    return None
+
+
+def _checkpoint_name(path: str, i: int, names: Sequence[str]) -> str:
+    base = Path(path.rstrip("/")).name or f"model{i}"
+    return base if names.count(base) == 1 else f"{i:03d}_{base}"
+
+
+def probe_series(cfg: Any, models: Sequence[str], figures: bool = True) -> Path:
+    """``gmts probe --model A,B,...``: one probe of the same rollouts per checkpoint, written to
+    ``cfg.out/<checkpoint name>`` (resumable each, as any probe), the step of each recorded in
+    its manifest when the name carries one (``checkpoint-100``), then the comparison of all of
+    them in ``cfg.out/compare``. Returns ``cfg.out/compare``."""
+    import dataclasses
+
+    from gmts_analysis.job import run_probe
+
+    out = Path(cfg.out)
+    bases = [Path(m.rstrip("/")).name for m in models]
+    dirs = []
+    for i, m in enumerate(models):
+        sub = out / _checkpoint_name(m, i, bases)
+        step, _ = run_step({"model_path": m, "config": {}})
+        extra = {"checkpoint": m, **({"step": step} if step is not None else {})}
+        log.info("checkpoint %d/%d: %s -> %s", i + 1, len(models), m, sub)
+        run_probe(dataclasses.replace(cfg, model=m, out=str(sub)), extra=extra)
+        dirs.append(sub)
+    if os.environ.get("RANK", "0") == "0":  # under torchrun every rank probes; rank 0 compares
+        write_comparison(compare_runs(dirs), out / "compare", figures=figures)
+    return out / "compare"
 
 
 # ----------------------------------------------------------------------------- figures and files

@@ -8,7 +8,7 @@ For a selection S of response tokens the policy-gradient update restricted to S 
 tensor once). The full policy gradient is g_all (every token selected). For each selection
 we report ``cosine(g_S, g_all)`` and ``norm_ratio = ||g_S|| / ||g_all||``.
 
-Selections (top-``rho`` in ``scope``, SPEC section 5) are made from the tokens table:
+Selections (top-``rho`` in ``scope``, docs/definitions.md section 5) are made from the tokens table:
 one per estimator, plus the references ``all`` (every token; cosine and ratio 1 by
 construction), ``oracle`` (top by grad_norm) and ``random`` (uniform scores; the mean of
 ``n_random`` draws, their standard deviations under ``random_std``).
@@ -235,7 +235,7 @@ def update_fidelity(
     memory_budget_bytes: int = DEFAULT_BUDGET,
     progress: bool = False,
 ) -> dict[str, dict[str, float]]:
-    """The ``update_fidelity`` block of stats.json (SPEC section 6).
+    """The ``update_fidelity`` block of stats.json (docs/definitions.md section 6).
 
     model: the policy (any device/dtype; left unchanged). batches: iterable of
     ``(answer_id, input_ids (S,) LongTensor on the model's device, prompt_len)``, one per answer

@@ -1,4 +1,4 @@
-"""The per-answer kernel: one answer's per-token quantities (SPEC section 2), nothing else.
+"""The per-answer kernel: one answer's per-token quantities (docs/definitions.md section 2), nothing else.
 
 ``probe_answer`` computes, for one answer, the closed forms (log-prob, entropy, logit-gradient
 norm, head norm), omega from the answer's batch-level coefficients, and the exact (or
@@ -52,7 +52,7 @@ class AnswerCoefficients:
 
 
 def answer_coefficients(answers: Sequence[Answer], cfg: ProbeConfig) -> list[AnswerCoefficients]:
-    """Advantages and aggregation weights from the whole batch (SPEC section 3)."""
+    """Advantages and aggregation weights from the whole batch (docs/definitions.md section 3)."""
     steps = [a.step for a in answers]
     has_steps = any(s is not None for s in steps)
     with warnings.catch_warnings(record=True) as caught:

@@ -34,7 +34,7 @@ KL term (k3 estimator ``k_t = exp(ref_t - lp_t) - (ref_t - lp_t) - 1``, ``g_t = 
 = 1 - exp(ref_t - lp_t)``), weight ``beta``. It is never multiplied by ``c`` (TRL adds it
 after the vLLM correction)::
 
-    plain (verl, SPEC):                 omega_t += -beta * W_t * g_t  = beta W_t (pi_ref/pi - 1)
+    plain (verl, definitions):                 omega_t += -beta * W_t * g_t  = beta W_t (pi_ref/pi - 1)
     TRL use_bias_correction_kl, token:   loss term k_t * r_t:  omega_t += -beta * W_t * r_t * (g_t + k_t)
     TRL use_bias_correction_kl, sequence: loss term k_t * s:
                                          omega_t += -beta * s * (W_t g_t + sum_u W_u k_u / L_i)

@@ -32,7 +32,7 @@ _CONST = 1e-12  # a centred rank vector with a smaller sum of squares is constan
 
 def n_keep(rho: float, n: Any) -> Any:
     """``ceil(rho * n - 1e-9)`` clipped to ``[0, n]``: how many tokens a top-``rho`` selection
-    of ``n`` tokens keeps (SPEC section 5 of docs/definitions.md).
+    of ``n`` tokens keeps (docs/definitions.md section 5).
 
     n: an int (returns an int), a numpy array or a torch tensor (returns int64 of that kind,
     elementwise; a tensor stays on its device). Float ``n`` (weighted copies) are allowed.

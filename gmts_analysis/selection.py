@@ -1,10 +1,10 @@
-"""Top-k token selection by scope (SPEC section 5), as pure functions of the tokens table.
+"""Top-k token selection by scope (docs/definitions.md section 5), as pure functions of the tokens table.
 
 A *selection* keeps the ``k = ceil(rho * n)`` highest scores of each scope, where
 ``n`` is the number of tokens in the scope:
 
 - scope ``batch``: all response tokens of the batch pooled. The batch is every
-  answer that shares a ``step`` (SPEC section 3); without a ``step`` column the whole
+  answer that shares a ``step`` (docs/definitions.md section 3); without a ``step`` column the whole
   table is one batch.
 - scope ``group``: each group (answers to one prompt) separately, inside its batch.
 

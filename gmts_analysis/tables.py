@@ -1,5 +1,5 @@
 """The probe's tables: column order of ``tokens.parquet`` and the one-row-per-answer table
-(SPEC sections 2 and 8), and how per-answer column dicts become one DataFrame."""
+(docs/definitions.md sections 2 and 8), and how per-answer column dicts become one DataFrame."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from gmts_analysis.rollouts import Answer
 
 
-# contract columns of tokens.parquet, in order (SPEC section 2)
+# contract columns of tokens.parquet, in order (docs/definitions.md section 2)
 TOKEN_COLUMNS = (
     "answer_id", "group_id", "position", "token_id", "token", "logprob", "prob", "entropy",
     "logit_grad_norm", "advantage", "loss_weight", "omega", "grad_norm_logp", "grad_norm", "gmts",

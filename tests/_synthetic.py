@@ -29,7 +29,7 @@ def make_tables(
     steps: int | None = None,
     planted_token: str | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(tokens, answers)`` tables following SPEC section 2 and 8 (on-policy, token-mean)."""
+    """``(tokens, answers)`` tables following docs/definitions.md section 2 and 8 (on-policy, token-mean)."""
     rng = np.random.default_rng(seed)
     tok_rows = []
     ans_rows = []
@@ -118,7 +118,7 @@ def make_run_dir(
     planted_token: str | None = None,
     **kw,
 ) -> Path:
-    """A complete synthetic run directory (SPEC section 8) at ``path``."""
+    """A complete synthetic run directory (docs/definitions.md section 8) at ``path``."""
     from gmts_analysis.io import atomic_write_json, atomic_write_parquet
     from gmts_analysis.stats import compute_stats
 

@@ -1,4 +1,4 @@
-"""The command line surface: every SPEC subcommand exists; `python -m gmts_analysis` is the same CLI."""
+"""The command line surface: every documented subcommand (docs/definitions.md section 9) exists; `python -m gmts_analysis` is the same CLI."""
 
 import subprocess
 import sys

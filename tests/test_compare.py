@@ -159,3 +159,44 @@ def test_cli_end_to_end_and_bad_input(tmp_path, capsys):
     assert main(["compare", str(bad), "--out", str(tmp_path / "o3")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "stats.json" in err[0]
+
+
+def test_probe_over_checkpoints_one_run_each_and_the_comparison(tmp_path, capsys):
+    """gmts probe --model DIR (a directory of checkpoints): one run per checkpoint on the same
+    rollouts, steps from the checkpoint names, the comparison in OUT/compare; and the same with a
+    comma-separated --model list."""
+    from gmts_analysis.cli import main
+    from gmts_analysis.testing import save_tiny_model
+
+    ck = tmp_path / "ckpts"
+    for step, seed in [(20, 1), (10, 0)]:
+        save_tiny_model("qwen2", ck / f"checkpoint-{step}", seed=seed)
+    rows = []
+    for g in range(2):
+        for a in range(3):
+            rows.append({"prompt_ids": [1, 5 + g, 7, 9], "response_ids": [10 + a, 11, 12 + g, 13, 14, 2],
+                         "reward": float((a + g) % 2), "group_id": f"g{g}"})
+    roll = tmp_path / "r.jsonl"
+    roll.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "series"
+    rc = main(["probe", "--model", str(ck), "--rollouts", str(roll), "--out", str(out), "--no-figures", "--quiet",
+              "--fidelity", "off"])
+    assert rc == 0
+    for step in (10, 20):
+        m = json.loads((out / f"checkpoint-{step}" / "manifest.json").read_text())
+        assert m["step"] == step and m["checkpoint"].endswith(f"checkpoint-{step}")
+        assert (out / f"checkpoint-{step}" / "stats.json").exists()
+    js = json.loads((out / "compare" / "compare.json").read_text())
+    assert js["x_label"] == "step" and [r["x"] for r in js["runs"]] == [10, 20]
+    assert {r["x_source"] for r in js["runs"]} == {"manifest"} and js["settings_mismatch"] == []
+    # two different models on the same rollouts: the statistics differ between the runs
+    t = pd.read_parquet(out / "compare" / "compare.parquet")
+    g = t[t["statistic"] == "cross_answer.entropy.spearman"].sort_values("x")["value"].tolist()
+    assert len(g) == 2 and g[0] != g[1]
+    # a comma-separated list gives the same steps
+    out2 = tmp_path / "series2"
+    models = f"{ck / 'checkpoint-10'},{ck / 'checkpoint-20'}"
+    assert main(["probe", "--model", models, "--rollouts", str(roll), "--out", str(out2), "--no-figures", "-q",
+                 "--fidelity", "off"]) == 0
+    js2 = json.loads((out2 / "compare" / "compare.json").read_text())
+    assert [r["x"] for r in js2["runs"]] == [10, 20]

@@ -1,6 +1,6 @@
 """TRL drop-in (optional extra [trl]): SelectiveGRPOTrainer runs 2 steps on CPU for each selection
 mode; with selection none it reproduces stock GRPOTrainer exactly; the masks it hands to TRL are
-the exact-k selections of SPEC section 5 on TRL's own entropies and advantages."""
+the exact-k selections of docs/definitions.md section 5 on TRL's own entropies and advantages."""
 
 from __future__ import annotations
 

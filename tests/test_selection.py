@@ -1,4 +1,4 @@
-"""Top-k selection by scope (SPEC section 5) on hand-made tables."""
+"""Top-k selection by scope (docs/definitions.md section 5) on hand-made tables."""
 
 from __future__ import annotations
 

@@ -110,7 +110,7 @@ def test_on_policy_gmts_is_entropy_abs_advantage_weight(loss_agg):
     ent = torch.rand(B, T, generator=g) * 3
     adv = torch.randn(B, generator=g)
     lengths = mask.sum(-1).numpy()
-    w = loss_weights(lengths, loss_agg)  # the lead's numpy reference (SPEC section 3)
+    w = loss_weights(lengths, loss_agg)  # the lead's numpy reference (docs/definitions.md section 3)
     want = ent.double() * adv.abs().double()[:, None] * torch.from_numpy(w)[:, None] * mask
     got = gmts_scores(ent, adv, mask, loss_agg=loss_agg)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)

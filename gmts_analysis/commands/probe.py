@@ -33,7 +33,10 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = from_args(ProbeConfig, args, config_file=getattr(args, "config", None),
                     aliases=dict(getattr(args, "aliases", None) or {}))
-    out = run_probe(cfg)
+    from gmts_analysis.compare import checkpoint_series, probe_series
+
+    series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
+    out = run_probe(cfg) if series is None else probe_series(cfg, series, figures=cfg.figures)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the run
         print(f"wrote {out}", file=sys.stderr)
     return 0

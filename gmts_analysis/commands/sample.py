@@ -10,7 +10,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "sample",
         help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
         description="Sample --group-size answers to each of --num-prompts held-out prompts of each toy "
-        "domain, score them with the domain's verifier and write SPEC rollouts (JSONL). "
+        "domain, score them with the domain's verifier and write rollouts (docs/definitions.md section 7) (JSONL). "
         "The same seed gives the same file.",
     )
     p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "

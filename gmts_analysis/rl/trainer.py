@@ -15,7 +15,7 @@ One training step:
 5. one AdamW step (gradient clipped to ``max_grad_norm``).
 
 The update is strictly on-policy: one gradient step per fresh batch, so the importance ratio
-is 1, the PPO clip is inactive and omega = w * A exactly (SPEC section 4); GMTS is then
+is 1, the PPO clip is inactive and omega = w * A exactly (docs/definitions.md section 4); GMTS is then
 entropy * |A| * w. No KL penalty, no reference model.
 
 Per-step diagnostics (cheap, every step): the overlap ``|S_entropy ∩ S_gmts| / |S_gmts|`` of

@@ -90,7 +90,7 @@ class SelectiveGRPOConfig(GRPOConfig):
 
 
 def loss_agg_of(loss_type: str) -> str:
-    """The SPEC aggregation whose token weights ``w`` match TRL's ``loss_type``."""
+    """The aggregation (docs/definitions.md section 3) whose token weights ``w`` match TRL's ``loss_type``."""
     if loss_type in _SEQ_MEAN:
         return "seq-mean-token-mean"
     if loss_type == "dr_grpo":

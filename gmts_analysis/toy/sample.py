@@ -5,7 +5,7 @@ generator seeded per answer (``seed``, domain, prompt index, answer index): this
 exact sampling from ``softmax(z / tau)``, and an answer's draws do not depend on which
 other answers share its batch. ``temperature == 0`` decodes greedily.
 
-Rollout rows follow SPEC section 7: ``prompt``, ``prompt_ids`` (with ``<bos>``),
+Rollout rows follow docs/definitions.md section 7: ``prompt``, ``prompt_ids`` (with ``<bos>``),
 ``response`` (text, no special tokens), ``response_ids`` (cut after the first
 ``<eos>``, which is kept), ``reward``, ``group_id``, ``answer_id``, plus ``domain``,
 ``difficulty`` and ``truncated`` (no ``<eos>`` within ``max_new_tokens``).
@@ -140,7 +140,7 @@ def sample_rollouts(
 ) -> list[dict]:
     """``num_prompts`` prompts of ``domain`` (seeded), ``group_size`` sampled answers each, verified.
 
-    Returns SPEC rollout rows in order (prompt-major); ``group_id`` is
+    Returns rollout rows (docs/definitions.md section 7) in order (prompt-major); ``group_id`` is
     ``"<domain>-<prompt index:04d>"`` and ``answer_id`` ``"<group_id>-<answer index>"``.
     The same arguments give the same rows.
     """
