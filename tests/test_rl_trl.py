@@ -136,6 +136,10 @@ def test_conflicting_settings_raise(tmp_path):
         _train(SelectiveGRPOTrainer, _args(tmp_path, token_selection="gmts", top_entropy_quantile=0.2))
     with pytest.raises(ValueError):
         _train(SelectiveGRPOTrainer, _args(tmp_path, token_selection="bogus"))
+    from gmts_analysis.errors import GmtsError
+
+    with pytest.raises(GmtsError, match="cispo"):  # omega of a loss it does not model: refused for gmts
+        _train(SelectiveGRPOTrainer, _args(tmp_path, token_selection="gmts", loss_type="cispo"))
 
 
 def _read_jsonl(path):

@@ -121,11 +121,6 @@ class SelectiveGRPOTrainer(GRPOTrainer):
             from gmts_analysis.rl.rollout_log import log_rollouts
 
             log_rollouts(self, a.rollouts_dir)
-        self._loss_settings = None
-        if self.token_selection in ("gmts", "gmts_lgn"):  # omega of the loss TRL trains; refuses what it does not model
-            from gmts_analysis.objective import trl_loss_settings
-
-            self._loss_settings = trl_loss_settings(a, what=f"token_selection='{self.token_selection}'")
         self._sel_inputs: dict | None = None
         self._sel_logps: torch.Tensor | None = None
         self._sel_lgn: torch.Tensor | None = None
@@ -149,6 +144,11 @@ class SelectiveGRPOTrainer(GRPOTrainer):
                     raise ValueError("selection_normalizer='selected' cannot be combined with an entropy bonus")
             # any value below 1 makes TRL call get_high_entropy_mask, which returns our selection
             self.top_entropy_quantile = 0.5
+        self._loss_settings = None
+        if self.token_selection in ("gmts", "gmts_lgn"):  # omega of the loss TRL trains; refuses what it does not model
+            from gmts_analysis.objective import trl_loss_settings
+
+            self._loss_settings = trl_loss_settings(a, what=f"token_selection='{self.token_selection}'")
 
     # -- bookkeeping: each row's index in the global generation batch, before TRL shuffles it
     def _generate_and_score_completions(self, inputs):
