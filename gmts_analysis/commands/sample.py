@@ -1,4 +1,5 @@
-"""``gmts sample``: sample answer groups from a policy on a toy domain and write rollouts."""
+"""``gmts sample``: sample answer groups from a policy (on toy domains, or on a prompts file for any
+checkpoint), score them with a verifier and write rollouts with their ids."""
 
 from __future__ import annotations
 
@@ -15,9 +16,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
                    "(default tiny)")
-    p.add_argument("--domains", nargs="+", required=True, metavar="DOMAIN",
+    p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
                    help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts (groups) to sample per domain (default 8)")
+    p.add_argument("--prompts", default=None, metavar="FILE",
+                   help="instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': text or "
+                   "chat messages, plus the verifier's columns such as 'solution')")
+    p.add_argument("--verifier", default=None, metavar="NAME|module:function",
+                   help="with --prompts: reward function (math, a toy domain, or module:function / file.py:function, "
+                   "called as TRL calls reward functions); without it no reward is written")
+    p.add_argument("--chat-template", default="auto", choices=("auto", "on", "off"),
+                   help="with --prompts: auto = message prompts through the chat template (generation prompt added), "
+                   "text as is; on = text prompts as one user message too; off = no template (default auto)")
+    p.add_argument("--num-prompts", type=int, default=None,
+                   help="prompts (groups) to sample per domain (default 8); with --prompts: the first N (default all)")
     p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default 8)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
     p.add_argument("--max-new-tokens", type=int, default=96, help="generation budget per answer (default 96)")
@@ -41,6 +52,12 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.toy.domains import get_domain
     from gmts_analysis.toy.sample import sample_rollouts, write_rollouts
 
+    if (args.domains is None) == (args.prompts is None):
+        raise GmtsError("gmts sample: give exactly one of --domains (toy domains) or --prompts FILE")
+    if args.prompts is not None:
+        return _run_prompts(args)
+    if args.num_prompts is None:
+        args.num_prompts = 8
     domains = [d for x in args.domains for d in x.split(",") if d.strip()]
     for d in domains:
         get_domain(d)
@@ -73,4 +90,49 @@ def run(args: argparse.Namespace) -> int:
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
                                    args.out, len(rows), args.num_prompts * len(domains), mean)
+    return 0
+
+
+def _run_prompts(args: argparse.Namespace) -> int:
+    """``gmts sample --prompts FILE``: any checkpoint, its chat template, a TRL-style verifier."""
+    import logging
+    import math
+    from pathlib import Path
+
+    import torch
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.io import check_output_location
+    from gmts_analysis.models import load_model
+    from gmts_analysis.sampling import read_prompts, sample_prompts
+    from gmts_analysis.toy.sample import write_rollouts
+    from gmts_analysis.verifiers import resolve_verifier
+
+    if args.num_prompts is not None and args.num_prompts < 1:
+        raise GmtsError("--num-prompts must be >= 1")
+    if args.group_size < 1 or args.batch_size < 1:
+        raise GmtsError("--group-size and --batch-size must be >= 1")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.max_new_tokens < 1:
+        raise GmtsError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
+    check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
+    rows = read_prompts(args.prompts, args.num_prompts)
+    verifier = resolve_verifier(args.verifier)
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    if tokenizer is None:
+        raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+    with torch.inference_mode():
+        answers = sample_prompts(model, tokenizer, rows, args.group_size, verifier=verifier,
+                                 temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                                 chat_template=args.chat_template, batch_size=args.batch_size,
+                                 progress=not args.quiet, where=str(args.prompts))
+    write_rollouts(args.out, answers)
+    msg = f"{args.out}: {len(answers)} answers to {len(rows)} prompts"
+    if verifier is not None:
+        msg += f", mean reward {sum(a['reward'] for a in answers) / len(answers):.3f}"
+    logging.getLogger("gmts").info("%s", msg)
     return 0

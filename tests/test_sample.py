@@ -1,0 +1,129 @@
+"""gmts sample --prompts: any checkpoint, its chat template, G answers per prompt, a TRL-style verifier,
+ids written exactly as the policy saw and produced them; and the toy path still works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gmts_analysis.cli import main
+from gmts_analysis.errors import GmtsError
+
+TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+@pytest.fixture(scope="module")
+def chat_policy(tmp_path_factory):
+    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    tok.chat_template = TEMPLATE
+    model = build_tiny_model("qwen2", vocab_size=len(tok), seed=0)
+    model.config.bos_token_id, model.config.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    model.config.pad_token_id = model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    d = tmp_path_factory.mktemp("chat_policy")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d, tok
+
+
+VERIFIER = '''
+def reward(prompts, completions, completion_ids, solution, **kw):
+    out = []
+    for c, ids, s in zip(completions, completion_ids, solution):
+        text = c[-1]["content"] if isinstance(c, list) else c
+        assert isinstance(ids, list)
+        out.append(None if s is None else float(len(text) % 2 == int(s)))
+    return out
+'''
+
+
+def _prompts(tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "2+3="}], "solution": "1"},
+            {"prompt": "7*6=", "solution": "0"},
+            {"prompt": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "9-4="}],
+             "solution": None}]
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    v = tmp_path / "verify.py"
+    v.write_text(VERIFIER)
+    return rows, p, v
+
+
+def _read(p):
+    return [json.loads(line) for line in p.read_text().splitlines()]
+
+
+def test_sample_prompts_file_with_chat_template(tmp_path, chat_policy):
+    mdir, tok = chat_policy
+    rows, p, v = _prompts(tmp_path)
+    out = tmp_path / "r.jsonl"
+    argv = ["sample", "--model", str(mdir), "--prompts", str(p), "--group-size", "3", "--max-new-tokens", "12",
+            "--verifier", f"{v}:reward", "--seed", "5", "--quiet"]
+    assert main(argv + ["--out", str(out)]) == 0
+    got = _read(out)
+    assert len(got) == 9 and [g["group_id"] for g in got] == ["p00000"] * 3 + ["p00001"] * 3 + ["p00002"] * 3
+    for g in got:
+        src = rows[int(g["group_id"][1:])]
+        if isinstance(src["prompt"], list):
+            want = tok.apply_chat_template(src["prompt"], add_generation_prompt=True, tokenize=True)
+            want = want["input_ids"] if hasattr(want, "keys") else want
+            assert g["prompt_ids"] == list(want)
+            assert g["response"][0]["role"] == "assistant"
+        else:
+            assert g["prompt_ids"] == tok(src["prompt"])["input_ids"]
+        ids = g["response_ids"]
+        assert 1 <= len(ids) <= 12 and tok.eos_token_id not in ids[:-1]
+        assert g["truncated"] == (ids[-1] != tok.eos_token_id)
+        text = g["response"][-1]["content"] if isinstance(g["response"], list) else g["response"]
+        assert text == tok.decode(ids, skip_special_tokens=True)
+        if src["solution"] is None:
+            assert g["reward"] == 0.0 and g["unscorable"] is True
+        else:
+            assert g["reward"] == float(len(text) % 2 == int(src["solution"]))
+    # seeded per answer: the same file again, whatever the batch size
+    out2 = tmp_path / "r2.jsonl"
+    assert main(argv + ["--out", str(out2), "--batch-size", "2"]) == 0
+    assert _read(out2) == got
+    # and probing reads the ids as written
+    import pandas as pd
+
+    run = tmp_path / "run"
+    assert main(["probe", "--model", str(mdir), "--rollouts", str(out), "--out", str(run), "--device", "cpu",
+                 "--grad-norm", "none", "--no-figures", "--fidelity", "off", "--quiet"]) == 0
+    ans = pd.read_parquet(run / "answers.parquet").set_index("answer_id")
+    for g in got:
+        assert list(ans.loc[g["answer_id"], "prompt_ids"]) == g["prompt_ids"]
+        assert list(ans.loc[g["answer_id"], "response_ids"]) == g["response_ids"]
+
+
+def test_sample_prompts_errors(tmp_path, chat_policy):
+    from gmts_analysis.sampling import prompt_ids, read_prompts
+
+    mdir, tok = chat_policy
+    rows, p, v = _prompts(tmp_path)
+    assert main(["sample", "--model", str(mdir), "--out", str(tmp_path / "x.jsonl")]) == 2  # neither source
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1"}\n')
+    with pytest.raises(GmtsError, match="row 1: field 'prompt'"):
+        read_prompts(bad)
+    with pytest.raises(GmtsError, match="chat-template off"):
+        prompt_ids(tok, rows[0]["prompt"], "off")
+    assert prompt_ids(tok, "7*6=", "on") == _template_ids(tok, "7*6=")
+
+
+def _template_ids(tok, text):
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_toy_domain_path_still_works(tmp_path):
+    out = tmp_path / "toy.jsonl"
+    assert main(["sample", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "2", "--group-size", "2",
+                 "--max-new-tokens", "8", "--out", str(out), "--quiet"]) == 0
+    rows = _read(out)
+    assert len(rows) == 4 and all(r["reward"] in (0.0, 1.0) for r in rows)
