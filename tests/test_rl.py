@@ -82,7 +82,7 @@ def test_update_fidelity_all_is_one_and_selection_gradient_is_the_loss_gradient(
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
 
 
-@pytest.mark.parametrize("selection", ["all", "entropy", "gmts", "random"])
+@pytest.mark.parametrize("selection", ["all", "entropy", "gmts", "gmts_lgn", "random"])
 def test_train_steps_select_exact_k_and_move_the_policy(selection):
     torch.manual_seed(0)
     model, tok = _model(), _tok()
@@ -98,6 +98,9 @@ def test_train_steps_select_exact_k_and_move_the_policy(selection):
         assert s["n_selected"] == want
         assert 0.0 <= s["overlap_entropy_gmts"] <= 1.0
         assert s["loss"] == pytest.approx(s["loss"])  # finite
+        assert set(s["waste"]) >= {"entropy", "gmts", "gmts_lgn"}
+        if selection in s["waste"]:  # the trained arm's waste is the share of its picks with A = 0
+            assert s["waste"][selection] == pytest.approx(s["frac_selected_zero_adv"])
     diag = rec["steps"][1]
     assert diag["fidelity"]["gmts"]["norm_ratio"] > 0
     assert diag["grad_norm_corr"]["n_answers"] >= 0
@@ -141,6 +144,28 @@ def test_experiment_resume_summary_and_cli(tmp_path):
     assert s["n_seeds"] == 2 and s["min"] <= s["mean"] <= s["max"]
     assert s["mean"] == pytest.approx(np.mean(s["values"]))
     assert set(summarise(r1["runs"], ["logic"])) == {"all", "gmts"}
+
+    # reading an experiment back from its run files, also a partial one
+    from gmts_analysis.rl.experiment import load_experiment, results_table, zero_std_share
+    from gmts_analysis.rl.plots import plot_final_pass1, plot_selection_diagnostics
+
+    back = load_experiment(out)
+    assert back["complete"] and back["summary"] == r1["summary"] and len(back["runs"]) == 4
+    zs = zero_std_share(back)
+    assert zs["n_steps"] == 4 and 0.0 <= zs["min"] <= zs["mean"] <= zs["max"] <= 1.0
+    want = np.mean([s["frac_groups_zero_std"] for r in r1["runs"] for s in r["steps"]])
+    assert zs["mean"] == pytest.approx(want)
+    rows = results_table({"c": back})
+    assert {r["arm"] for r in rows} == {"all", "gmts"}
+    g = next(r for r in rows if r["arm"] == "gmts")
+    assert g["mean"] == pytest.approx(r1["summary"]["gmts"]["mean"]["mean"])
+    assert g["delta_vs_all"] == pytest.approx(g["mean"] - r1["summary"]["all"]["mean"]["mean"])
+    assert plot_final_pass1({"c": back}, tmp_path / "f.png").stat().st_size > 1000
+    assert plot_selection_diagnostics({"c": back}, tmp_path / "d.png").stat().st_size > 1000
+    out.unlink()
+    (tmp_path / "exp.runs" / "gmts-s1.json").unlink()
+    part = load_experiment(out)
+    assert not part["complete"] and len(part["runs"]) == 3 and part["summary"]["gmts"]["mean"]["n_seeds"] == 1
 
     # the command line, on a checkpoint saved to disk the way a user's is
     ckpt = save_tiny_model("qwen2", tmp_path / "policy", seed=0)

@@ -160,3 +160,68 @@ def run_experiment(
     result = to_json(result)
     atomic_write_json(out, result)
     return result
+
+
+def load_experiment(out: str | Path) -> dict:
+    """The experiment dict of :func:`run_experiment` rebuilt from the run files on disk
+    (``<out stem>.runs/*.json``), so a partial or interrupted experiment can be read: ``runs``
+    holds every finished run, ``summary`` summarises them, ``complete`` says whether
+    ``<out>.json`` (written only when every run ended) exists."""
+    from gmts_analysis.io import read_json
+
+    out = Path(out)
+    rdir = out.with_suffix("").with_name(out.stem + ".runs")
+    if not rdir.is_dir():
+        raise GmtsError(f"{rdir}: no run directory for experiment {out}")
+    init = read_json(rdir / "initial.json") if (rdir / "initial.json").exists() else None
+    runs = []
+    for p in sorted(rdir.glob("*-s*.json")):
+        rec = read_json(p)
+        if init is not None and _shared(rec["config"]) != init["config"]:
+            log.warning("%s: configuration differs from initial.json; left out", p)
+            continue
+        runs.append(rec)
+    if not runs:
+        raise GmtsError(f"{rdir}: no finished run yet")
+    cfg = init["config"] if init is not None else to_json(_shared(runs[0]["config"]))
+    sels = [s for s in ("all", "entropy", "gmts", "gmts_lgn", "random") if any(r["config"]["selection"] == s for r in runs)]
+    return {
+        "config": cfg,
+        "selections": sels,
+        "seeds": sorted({r["config"]["seed"] for r in runs}),
+        "initial_pass1": init["pass1"] if init is not None else runs[0]["evals"][0]["pass1"],
+        "runs": runs,
+        "summary": summarise(runs, cfg["domains"]),
+        "timing_s": {"sum_of_runs": float(sum(r["timing_s"]["total"] for r in runs))},
+        "complete": out.exists(),
+    }
+
+
+def zero_std_share(result: dict, first_step_only: bool = False) -> dict[str, float]:
+    """Share of training groups whose rewards are all equal (so A = 0 for every answer):
+    ``{"mean", "min", "max", "n_steps"}`` over every logged step of every run (or step 1 only,
+    which every arm samples from the same initial policy)."""
+    v = [s["frac_groups_zero_std"] for r in result["runs"] for s in r["steps"]
+         if not first_step_only or s["step"] == 1]
+    a = np.asarray(v, dtype=float)
+    return {"mean": float(a.mean()), "min": float(a.min()), "max": float(a.max()), "n_steps": int(a.size)}
+
+
+def results_table(results: dict[str, dict]) -> list[dict]:
+    """Rows ``{condition, arm, n_seeds, mean, std, min, max, delta_vs_all, <domain>: "m ± s"}``
+    of final pass@1 (mean over domains; std ddof 1 over seeds), one per condition and arm;
+    ``results``: ``{condition label: experiment dict}`` (conditions without an ``all`` arm take
+    the ``all`` arm of the first condition that has one, which does not depend on rho or scope)."""
+    base = next((r["summary"]["all"]["mean"]["mean"] for r in results.values() if "all" in r["summary"]), None)
+    rows = []
+    for label, res in results.items():
+        for arm, block in res["summary"].items():
+            m = block["mean"]
+            row = {"condition": label, "arm": arm, "n_seeds": m["n_seeds"], "mean": m["mean"], "std": m["std"],
+                   "min": m["min"], "max": m["max"],
+                   "delta_vs_all": m["mean"] - base if base is not None else float("nan")}
+            for d in res["config"]["domains"]:
+                row[d] = f"{block[d]['mean']:.3f} ± {block[d]['std']:.3f}" if block[d]["n_seeds"] > 1 else f"{block[d]['mean']:.3f}"
+            rows.append(row)
+    return rows
+

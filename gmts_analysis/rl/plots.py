@@ -4,6 +4,10 @@
   per arm (mean over seeds) with a band from the lowest to the highest seed.
 - :func:`plot_diagnostics`: per-step diagnostics averaged over seeds: training reward, the
   overlap of entropy and GMTS selections, mean entropy, share of selected tokens with A = 0.
+- :func:`plot_selection_diagnostics`: the live selection diagnostics along training, pooled
+  over every run: share of groups with all-equal rewards, selection waste of entropy, GMTS and
+  gmts_lgn at the run's rho, overlaps of the selections.
+- :func:`plot_final_pass1`: final pass@1 per arm and condition, every seed as a dot.
 """
 
 from __future__ import annotations
@@ -12,14 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-COLORS = {"all": "#4d4d4d", "entropy": "#1f77b4", "gmts": "#d62728", "random": "#2ca02c"}
+COLORS = {"all": "#4d4d4d", "entropy": "#1f77b4", "gmts": "#d62728", "gmts_lgn": "#9467bd", "random": "#2ca02c"}
+ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
 
 
 def _runs_by_arm(result: dict) -> dict[str, list[dict]]:
     arms: dict[str, list[dict]] = {}
     for r in result["runs"]:
         arms.setdefault(r["config"]["selection"], []).append(r)
-    order = [a for a in ("all", "entropy", "gmts", "random") if a in arms] + sorted(set(arms) - set(COLORS))
+    order = [a for a in ARMS if a in arms] + sorted(set(arms) - set(COLORS))
     return {a: sorted(arms[a], key=lambda r: r["config"]["seed"]) for a in order}
 
 
@@ -95,9 +100,10 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
 
 
 SPARSE = [
-    ("fidelity", "cosine", ("entropy", "gmts", "random"), "update fidelity: cosine(g_S, g_all)"),
-    ("fidelity", "norm_ratio", ("entropy", "gmts", "random"), "update fidelity: |g_S| / |g_all|"),
-    ("grad_norm_corr", None, ("cross_answer_entropy", "cross_answer_gmts"), "cross-answer Spearman vs grad_norm"),
+    ("fidelity", "cosine", ("entropy", "gmts", "gmts_lgn", "random"), "update fidelity: cosine(g_S, g_all)"),
+    ("fidelity", "norm_ratio", ("entropy", "gmts", "gmts_lgn", "random"), "update fidelity: |g_S| / |g_all|"),
+    ("grad_norm_corr", None, ("cross_answer_entropy", "cross_answer_gmts", "cross_answer_gmts_lgn"),
+     "informative cross-answer Spearman vs grad_norm"),
     ("grad_norm_corr", None, ("within_answer_entropy_median",), "within-answer Spearman(entropy, |grad logp|)"),
 ]
 
@@ -105,6 +111,7 @@ SPARSE = [
 def _plot_sparse(axes, result: dict) -> None:
     """Diagnostics logged every ``diag_every`` steps, pooled over every run."""
     colors = {"entropy": COLORS["entropy"], "gmts": COLORS["gmts"], "random": COLORS["random"],
+              "gmts_lgn": COLORS["gmts_lgn"], "cross_answer_gmts_lgn": COLORS["gmts_lgn"],
               "cross_answer_entropy": COLORS["entropy"], "cross_answer_gmts": COLORS["gmts"],
               "within_answer_entropy_median": COLORS["entropy"]}
     for ax, (block, field, names, title) in zip(axes, SPARSE):
@@ -131,6 +138,101 @@ def _plot_sparse(axes, result: dict) -> None:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+
+
+def _pooled(results: dict[str, dict], get) -> tuple[list[int], list[list[float]]]:
+    by_step: dict[int, list[float]] = {}
+    for res in results.values():
+        for r in res["runs"]:
+            for s in r["steps"]:
+                v = get(s)
+                if v is not None and np.isfinite(v):
+                    by_step.setdefault(s["step"], []).append(float(v))
+    steps = sorted(by_step)
+    return steps, [by_step[k] for k in steps]
+
+
+def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Path:
+    """Live selection diagnostics along training, one column per condition (``{label: experiment}``),
+    pooled over arms and seeds (mean and min-max per step): share of groups with all-equal
+    rewards and of tokens with A = 0; selection waste (share of the top-rho picks with A = 0)
+    of entropy, GMTS and gmts_lgn; overlaps |S_entropy ∩ S_gmts| / |S_gmts| and
+    |S_gmts ∩ S_gmts_lgn| / |S_gmts_lgn|."""
+    from matplotlib.figure import Figure
+
+    from gmts_analysis.io import atomic_write_bytes
+
+    labels = list(results)
+    fig = Figure(figsize=(4.2 * len(labels), 8.4))
+    axes = fig.subplots(3, len(labels), squeeze=False)
+    for j, label in enumerate(labels):
+        one = {label: results[label]}
+        ax = axes[0][j]
+        for key, name, c in (("frac_groups_zero_std", "groups with all-equal rewards", "#444444"),
+                             ("frac_tokens_zero_adv", "tokens with A = 0", "#999999")):
+            st, v = _pooled(one, lambda s, k=key: s.get(k))
+            if st:
+                ax.plot(st, _smooth(np.array([np.mean(x) for x in v])), color=c, label=name, lw=1.5)
+        ax.set_title(f"{label}: zero-advantage share", fontsize=9)
+        ax.axhline(0.4, color="k", lw=0.6, ls=":")
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
+        ax = axes[1][j]
+        for sc in ("entropy", "gmts", "gmts_lgn"):
+            st, v = _pooled(one, lambda s, k=sc: (s.get("waste") or {}).get(k))
+            if st:
+                m = _smooth(np.array([np.mean(x) for x in v]))
+                ax.plot(st, m, color=COLORS[sc], label=sc, lw=1.5)
+        ax.set_title(f"{label}: selection waste (picks with A = 0)", fontsize=9)
+        ax.set_ylim(-0.02, 1)
+        ax.legend(fontsize=7)
+        ax = axes[2][j]
+        for key, name, c in (("overlap_entropy_gmts", "entropy vs gmts", COLORS["gmts"]),
+                             ("overlap_gmts_gmts_lgn", "gmts vs gmts_lgn", COLORS["gmts_lgn"])):
+            st, v = _pooled(one, lambda s, k=key: s.get(k))
+            if st:
+                ax.plot(st, _smooth(np.array([np.mean(x) for x in v])), color=c, label=name, lw=1.5)
+        ax.set_title(f"{label}: selection overlap", fontsize=9)
+        ax.set_ylim(0, 1.02)
+        ax.legend(fontsize=7)
+        for a in axes[:, j]:
+            a.set_xlabel("training step")
+            a.grid(alpha=0.3)
+    fig.suptitle("live selection diagnostics along training, every step, pooled over arms and seeds "
+                 "(moving average of 5 steps)", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, path, atomic_write_bytes)
+
+
+def plot_final_pass1(results: dict[str, dict], path: str | Path) -> Path:
+    """Final pass@1 (mean over domains) per arm, one panel per condition: every seed a dot, the
+    mean a bar; the untrained policy as a dotted line."""
+    from matplotlib.figure import Figure
+
+    from gmts_analysis.io import atomic_write_bytes
+
+    labels = list(results)
+    fig = Figure(figsize=(3.6 * len(labels), 3.4))
+    axes = fig.subplots(1, len(labels), squeeze=False, sharey=True)
+    for ax, label in zip(axes[0], labels):
+        res = results[label]
+        arms = [a for a in ARMS if a in res["summary"]]
+        for i, a in enumerate(arms):
+            b = res["summary"][a]["mean"]
+            ax.bar(i, b["mean"], color=COLORS[a], alpha=0.35, width=0.7)
+            ax.plot([i] * len(b["values"]), b["values"], "o", color=COLORS[a], ms=4)
+        init = float(np.mean(list(res["initial_pass1"].values())))
+        ax.axhline(init, color="k", ls=":", lw=1, label="untrained")
+        ax.set_xticks(range(len(arms)))
+        ax.set_xticklabels(arms, rotation=30, fontsize=8)
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+        lo = min(min(res["summary"][a]["mean"]["values"]) for a in arms)
+        ax.set_ylim(min(lo, init) - 0.05, None)
+    axes[0][0].set_ylabel("final pass@1 (T=1, held-out; mean of domains)")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, path, atomic_write_bytes)
 
 
 def _smooth(x: np.ndarray, k: int = 5) -> np.ndarray:
