@@ -59,15 +59,9 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.objective import VERL_LOSS_AGG  # noqa: F401  (verl loss_agg_mode -> our aggregation)
 from gmts_analysis.selection import select_tokens, selection_overlap, token_scores
 
-VERL_LOSS_AGG = {
-    "token-mean": "token-mean",
-    "seq-mean-token-mean": "seq-mean-token-mean",
-    "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-    "seq-mean-token-sum": "seq-mean-token-sum",
-    "token-sum": "token-sum",
-}
 
 
 def verl_selection_mask(
