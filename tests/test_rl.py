@@ -97,13 +97,16 @@ def test_train_steps_select_exact_k_and_move_the_policy(selection):
         want = s["n_tokens"] if selection == "all" else math.ceil(cfg.rho * s["n_tokens"] - 1e-9)
         assert s["n_selected"] == want
         assert 0.0 <= s["overlap_entropy_gmts"] <= 1.0
-        assert s["loss"] == pytest.approx(s["loss"])  # finite
+        assert math.isfinite(s["loss"])
         assert set(s["waste"]) >= {"entropy", "gmts", "gmts_lgn"}
         if selection in s["waste"]:  # the trained arm's waste is the share of its picks with A = 0
             assert s["waste"][selection] == pytest.approx(s["frac_selected_zero_adv"])
     diag = rec["steps"][1]
     assert diag["fidelity"]["gmts"]["norm_ratio"] > 0
-    assert diag["grad_norm_corr"]["n_answers"] >= 0
+    # the diagnostics take diag_answers answers among those with A != 0 (every answer of a group
+    # whose rewards differ): 4 groups of 4 here
+    n_mixed = round((1.0 - diag["frac_groups_zero_std"]) * 4)
+    assert diag["grad_norm_corr"]["n_answers"] == min(cfg.diag_answers, 4 * n_mixed)
     if any(s["grad_norm"] > 0 for s in rec["steps"]):
         assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     json.dumps(rec, allow_nan=True)
