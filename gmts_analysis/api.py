@@ -28,7 +28,11 @@ if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
+    from gmts_analysis.notebook_view import TokenView
+
 DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+#: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
+PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")
 
 
 class Run(RunTables):
@@ -74,6 +78,22 @@ class Run(RunTables):
         return atomic_write_text(path, html)
 
 
+    def show(self, n: int = 5, **kw: Any) -> "TokenView":
+        """An inline token heatmap (renders in a notebook cell): the ``n`` answers where entropy and
+        GMTS rank tokens most differently, with the report's hover values. Keywords: those of
+        :func:`gmts_analysis.notebook_view.render_tokens_html` (``rho`` defaults to the run's)."""
+        from gmts_analysis.notebook_view import show
+
+        return show(self, n, **kw)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's rich display of a run: its size and the inline heatmap of the top 3 answers."""
+        import html
+
+        head = f"<div><b>{html.escape(repr(self))}</b></div>"  # repr escapes control and bidi characters
+        return head + (self.show(3).html if len(self.tokens) else "")
+
+
 def figure_names() -> list[str]:
     """Names accepted by :meth:`Run.figure`."""
     from gmts_analysis.plots import FIGURES
@@ -100,7 +120,8 @@ def _dtype_name(model: "torch.nn.Module") -> str:
     return names[dt]
 
 
-def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict) -> tuple[Any, Any, str, ProbeOptions]:
+def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict,
+           offline: bool = False) -> tuple[Any, Any, str, ProbeOptions]:
     """``(model, tokenizer, model_path, options)``: load a name, or take a loaded model as it is
     (its device and dtype; never moved or cast: ``device``/``dtype`` options must then agree)."""
     import torch
@@ -109,7 +130,7 @@ def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict) -> tuple
 
     if isinstance(model, (str, os.PathLike)):
         name = os.fspath(model)
-        m, tok = load_model(name, opts.device, opts.dtype)
+        m, tok = load_model(name, opts.device, opts.dtype, offline=offline)
         return m, tokenizer if tokenizer is not None else tok, resolve_model_path(name), opts
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
         raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
@@ -145,7 +166,7 @@ def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int 
         p = Path(rollouts)
         answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
         return answers, {"path": str(p), "sha256": input_sha256(p), "format": opts.format,
-                         "read": answers.report}
+                         "read": getattr(answers, "report", None)}
     if hasattr(rollouts, "to_dict") and hasattr(rollouts, "columns"):
         rows, kind = rollouts.to_dict(orient="records"), "DataFrame"
     elif isinstance(rollouts, Sequence) and not isinstance(rollouts, (str, bytes)):
@@ -154,40 +175,58 @@ def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int 
         raise GmtsError(f"rollouts: expected a path, a DataFrame or a list of row dicts, got {type(rollouts).__name__}")
     answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=opts.format,
                                  options=reader_opts)
-    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format}
+    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format,
+                     "read": getattr(answers, "report", None)}
 
 
 def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, **options: Any) -> Run:
     """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
 
-    model: a local directory, a hub id (cached; never downloaded), ``tiny``/``small``, or a
+    model: a local directory, a hub id (see :func:`gmts_analysis.models.load_model`), ``tiny``/``small``, or a
     loaded causal LM (``torch.nn.Module``; pass ``tokenizer=`` for text rollouts; it stays on
     its device and dtype, in eval mode during the probe, its mode restored after).
     rollouts: a .jsonl/.parquet path, a DataFrame, or a list of row dicts
     (docs/definitions.md section 7). options: the ``gmts probe`` flags in snake_case
     (``grad_norm="sketch"``, ``loss_agg="seq-mean-token-mean"``, ...); an unknown name is
     refused with a :class:`GmtsError` naming it. progress: tqdm bars on stderr.
+
+    Of the job settings of ``gmts probe`` (:data:`PROBE_SETTINGS`): ``quiet`` turns the bars
+    off, ``offline`` forbids hub downloads, ``out`` also saves the run there (with
+    ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict`` and ``answers_per_chunk``
+    change nothing here (in one process an answer that fails raises at once; nothing is
+    recorded in chunks).
     """
     from gmts_analysis import kernel
     from gmts_analysis.finalize import finish_result
     from gmts_analysis.models import context_length
     from gmts_analysis.rollouts import validate_against_model
+    from gmts_analysis.validate import check_answers, validate_options
 
+    settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
+    progress = progress and not settings.get("quiet", False)
     opts = options_from_kwargs(options)
-    model, tokenizer, model_path, opts = _model(model, tokenizer, opts, options)
+    validate_options(opts)
+    model, tokenizer, model_path, opts = _model(model, tokenizer, opts, options, bool(settings.get("offline")))
     answers, source = _answers(rollouts, tokenizer, opts, context_length(model))
+    check_answers(answers, model_path)
     vocab = model.get_input_embeddings().weight.shape[0]
     n_cut = validate_against_model(answers, vocab, context_length(model), opts.truncate)
     was_training = model.training
     model.eval()
     try:
+        if opts.mask_truncated_completions:
+            kernel.mark_unterminated(answers, tokenizer, model)
         coefs = kernel.answer_coefficients(answers, opts)
         result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress)
         tables = finish_result(opts, model, model_path, answers, result,
                                extra={"job": "gmts_analysis.probe", "rollouts": source, "n_truncated": n_cut})
     finally:
         model.train(was_training)
-    return Run(**{f.name: getattr(tables, f.name) for f in dataclasses.fields(RunTables)})
+    run = Run(**{f.name: getattr(tables, f.name) for f in dataclasses.fields(RunTables)})
+    if settings.get("out") is not None:
+        run.save(settings["out"], figures=bool(settings.get("figures", True)),
+                 overwrite=bool(settings.get("overwrite", False)))
+    return run
 
 
 # ----------------------------------------------------------------------------------- sample

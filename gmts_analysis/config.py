@@ -158,7 +158,10 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
     """
     import difflib
 
+    from gmts_analysis.options import resolve_aliases
+
     names = option_names()
+    kwargs = resolve_aliases(kwargs, names)
     jobs = {f.name for f in dataclasses.fields(JobSettings)}
     for k in kwargs:
         if k in names:

@@ -420,6 +420,30 @@ def _alias_sets(parser: argparse.ArgumentParser, argv: list[str], dest: str) -> 
     return False
 
 
+def resolve_aliases(kwargs: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
+    """Keyword options with TRL/verl names (:data:`ALIASES`) renamed to ours, values mapped, and
+    ``fill`` applied (``epsilon=0.3`` also sets ``clip_high`` unless given), for the Python API.
+    An alias and its option given together are refused (:class:`GmtsError`)."""
+    out = {k: v for k, v in kwargs.items() if k not in ALIAS_BY_NAME or k in names}
+    for k, v in kwargs.items():
+        al = ALIAS_BY_NAME.get(k)
+        if al is None or k in names or al.dest not in names:
+            continue
+        if al.dest in kwargs:
+            raise GmtsError(f"options {k} and {al.dest} name the same setting: give one")
+        if al.values is not None:
+            key = str(v).strip().lower()
+            if key not in al.values:
+                raise GmtsError(f"option {k}={v!r}: choose from {', '.join(al.values)}")
+            v = al.values[key]
+        out[al.dest] = v
+        for dest in al.fill:
+            if dest in names and dest not in kwargs and not any(
+                    a.dest == dest and a.name in kwargs for a in ALIASES):
+                out[dest] = v
+    return out
+
+
 def alias_table_markdown() -> str:
     """The alias table as markdown (docs/cli.md)."""
     lines = ["| name | our option | from |", "|---|---|---|"]
