@@ -124,7 +124,7 @@ def test_probe_records_mapped_settings(tiny_model_dirs, tmp_path):
     """`gmts probe` with a TRL command line and a YAML file: the run uses and records the mapped settings."""
     r = make_rollouts(tmp_path / "r.jsonl")
     cfg = tmp_path / "trl.yaml"
-    cfg.write_text("scale_rewards: batch\nloss_agg_mode: seq-mean-token-mean\ntop_entropy_quantile: 0.3\n")
+    cfg.write_text("scale_rewards: batch\nloss_agg_mode: seq-mean-token-mean\ntop_entropy_quantile: 0.25\n")
     out = tmp_path / "run"
     rc = main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(r), "--out", str(out),
                "--device", "cpu", "-q", "--no_figures", "--fidelity", "off", "--grad_norm", "none",
@@ -133,11 +133,15 @@ def test_probe_records_mapped_settings(tiny_model_dirs, tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     c = m["config"]
     assert (c["advantage"], c["loss_agg"], c["rho"], c["clip_low"], c["clip_high"], c["kl_beta"]) == (
-        "batch", "seq-mean-token-mean", 0.3, 0.25, 0.25, 0.0)
+        "batch", "seq-mean-token-mean", 0.25, 0.25, 0.25, 0.0)
     assert m["aliases"] == {"trl.yaml: scale_rewards": "advantage", "trl.yaml: loss_agg_mode": "loss_agg",
                             "trl.yaml: top_entropy_quantile": "rho", "--epsilon": "clip_low, clip_high",
                             "--beta": "kl_beta"}
     assert m["config_file"] == str(cfg)
+    # the user's rho: recorded in stats.json and added to the fixed grid of top-k fractions
+    s = json.loads((out / "stats.json").read_text())
+    assert s["meta"]["rho"] == "0.25" and s["meta"]["rhos"] == ["0.05", "0.1", "0.2", "0.25", "0.3", "0.5"]
+    assert "0.25" in s["topk_overlap"]["batch"]["entropy"] and "0.2" in s["topk_overlap"]["batch"]["entropy"]
 
 
 # ----------------------------------------------------------------- --help
@@ -278,3 +282,36 @@ def test_alias_table_documented():
     doc = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
     for a in ALIASES:
         assert re.search(rf"`--{a.name}`", doc), a.name
+
+
+def test_api_takes_trl_names():
+    from gmts_analysis.config import options_from_kwargs
+
+    o = options_from_kwargs(dict(epsilon=0.3, scale_rewards=True, top_entropy_quantile=0.1, kl_loss_coef=0.02))
+    assert (o.clip_low, o.clip_high, o.advantage, o.rho, o.kl_beta) == (0.3, 0.3, "group", 0.1, 0.02)
+    assert options_from_kwargs(dict(epsilon=0.3, epsilon_high=0.4)).clip_high == 0.4
+    with pytest.raises(GmtsError, match="same setting"):
+        options_from_kwargs(dict(beta=0.1, kl_beta=0.2))
+    with pytest.raises(GmtsError, match="scale_rewards"):
+        options_from_kwargs(dict(scale_rewards="sometimes"))
+
+
+def test_mark_unterminated_as_trl():
+    """TRL: a completion is truncated when its last id is neither an EOS id nor the pad id."""
+    from types import SimpleNamespace
+
+    from gmts_analysis.config import ProbeOptions
+    from gmts_analysis.kernel import answer_coefficients, mark_unterminated
+    from gmts_analysis.rollouts import Answer
+
+    tok = SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7], pad_token_id=None))
+    ans = [Answer(answer_id=i, group_id="g", prompt_ids=[1], response_ids=r, reward=float(i % 2))
+           for i, r in enumerate([[5, 6, 2], [5, 6, 9], [5, 7], [4, 0], [8, 8, 8, 8]])]
+    assert mark_unterminated(ans, tok, model) == 2
+    assert [a.extra["unterminated"] for a in ans] == [False, True, False, False, True]
+    opts = ProbeOptions(mask_truncated_completions=True)
+    w = [c.loss_weight for c in answer_coefficients(ans, opts)]
+    assert w == pytest.approx([1 / 7, 0.0, 1 / 7, 1 / 7, 0.0])  # token-mean over the 7 kept tokens
+    with pytest.raises(GmtsError, match="no EOS"):
+        mark_unterminated(ans, SimpleNamespace(), None)

@@ -154,3 +154,18 @@ def test_off_policy_fields_end_to_end(tiny_model_dirs, tmp_path):
     view = render_tokens_html(t, None, n=3)
     for label in ("ratio", "ref_logprob", "KL term (k3)", "clipped"):
         assert label in view
+
+
+def test_run_show_and_repr_html(tables, tmp_path):
+    """The API's Run displays itself in a notebook: a header and the heatmap, with the run's rho."""
+    from gmts_analysis.api import Run
+    from gmts_analysis.stats import compute_stats
+
+    tokens, answers = tables
+    run = Run(tokens=tokens, answers=answers, stats=compute_stats(tokens, answers, n_boot=0, rho=0.1),
+              manifest={"config": {"rho": 0.1}})
+    h = run._repr_html_()
+    assert h.startswith("<div><b>Run(") and 'class="gmts-view"' in h and "top 0.1" in h
+    assert "<script" not in h.lower() and "\u202e" not in h
+    v = run.show(2, colour="entropy")
+    assert len(re.findall(r"<b>answer ", v.html)) == 2 and "Background: entropy" in v.html
