@@ -6,6 +6,10 @@ files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
 
 - ``within_vs_cross``: per-answer Spearman(s, grad_norm_logp) distribution beside the
   pooled cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy and gmts.
+- ``decomposition``: cross-answer Spearman over all vs informative tokens (omega != 0) and the
+  selection waste, for entropy, gmts, abs_omega, surprisal and logit_grad_norm, with CIs.
+- ``estimators``: every estimator ranked by within-answer and informative cross-answer
+  agreement with the exact gradient (seaborn violins of the per-answer correlations).
 - ``group_answers``: one group's answers, log entropy vs log grad_norm, one colour per
   answer, marker by advantage sign.
 - ``pooled_hexbin``: entropy vs grad_norm next to gmts vs grad_norm (log-log hexbins).
@@ -104,13 +108,16 @@ def fig_within_vs_cross(
     """Per-answer Spearman distributions beside pooled cross-answer values (the paper's figure).
 
     For each estimator: a violin and the per-answer points of Spearman(s, grad_norm_logp)
-    inside answers, with the mean and its 95% CI (bootstrap over answers); next to it the
-    pooled Spearman(s, grad_norm) across all tokens with its cluster-bootstrap 95% CI.
+    inside answers (the same informative answers for every estimator,
+    :func:`gmts_analysis.stats.within_values`), with the mean and its 95% CI (cluster bootstrap,
+    ``meta.ci_unit``); next to it the pooled Spearman(s, grad_norm) across all tokens with its
+    95% CI. The informative-token value is in :func:`fig_decomposition`.
     """
-    from gmts_analysis.stats import TARGET_WITHIN, per_cluster_spearman, prepare_tokens
+    from gmts_analysis.stats import within_values, prepare_tokens
 
     df = prepare_tokens(tokens)
     ests = [s for s in estimators if s in df.columns]
+    per_answer = within_values(df, ests)
     stats = stats or {}
     per = 2.4 if len(ests) <= 3 else 1.45
     fig = Figure(figsize=(min(18.0, 2.6 + per * max(1, len(ests))), 4.6), layout="constrained")
@@ -120,7 +127,7 @@ def fig_within_vs_cross(
     rng = np.random.default_rng(0)
     for i, s in enumerate(ests):
         c = _color(s, i)
-        rhos = per_cluster_spearman(df, s, TARGET_WITHIN, "answer_id").dropna().to_numpy()
+        rhos = per_answer[s].to_numpy(dtype=float)
         x0 = i - 0.18
         if len(rhos) >= 2:
             vp = ax.violinplot([rhos], positions=[x0], widths=0.3, showextrema=False)
@@ -143,7 +150,7 @@ def fig_within_vs_cross(
             ax.annotate(f"{r:.2f}", (i + 0.2, r), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
         ax.annotate(f"median {np.median(rhos):.2f}\n(n={len(rhos)})" if len(rhos) else "n=0",
                     (x0, -1.0), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
-    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers (pooled): 95% CI")
+    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers (all tokens pooled): 95% CI")
     ax.axhline(0, color="grey", lw=0.6, ls=":")
     ax.set_xticks(range(len(ests)), ests)
     ax.set_xlim(-0.6, len(ests) - 0.4)
@@ -236,7 +243,8 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
     The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
-    entropy and gmts: 95% CIs from the bootstrap over answers (``topk_overlap_ci``, at every rho).
+    entropy and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
+    is taken among tokens with grad_norm > 0; scopes without one are left out (the title says how many).
     """
     tk = stats.get("topk_overlap", {})
     scopes = [s for s in scopes if s in tk]
@@ -260,10 +268,11 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
                                 capsize=4, lw=1.2)
         ax.plot([0, 0.55], [0, 0.55], ls=":", color="grey", label="random (= ρ)")
         ax.set_xlabel("kept fraction ρ")
-        ax.set_title(f"scope: {scope}", fontsize=10)
+        n_ex = (stats.get("topk_scopes_excluded") or {}).get(scope)
+        ax.set_title(f"scope: {scope}" + (f" ({n_ex} without gradient left out)" if n_ex else ""), fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("|S ∩ S_true| / |S_true|  (S_true: top by grad_norm)")
+    axes[0].set_ylabel("|S ∩ S_true| / |S_true|  (S_true: top by grad_norm > 0)")
     axes[-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
@@ -399,6 +408,133 @@ def _rect(x: float, y: float, face) -> Any:
     return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
 
 
+DECOMPOSITION_ESTIMATORS = ("entropy", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
+
+
+def _errbar(ax, x: float, d: Any, key: str, **kw) -> float:
+    """A point with its 95% CI from a stats entry ``{key, ci_low, ci_high}``; returns the value."""
+    d = d if isinstance(d, dict) else {}
+    v, lo, hi = _num(d.get(key)), _num(d.get("ci_low")), _num(d.get("ci_high"))
+    if np.isfinite(v):
+        yerr = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if np.isfinite(lo) and np.isfinite(hi) else None
+        ax.errorbar([x], [v], yerr=yerr, capsize=3, **kw)
+    return v
+
+
+def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_ESTIMATORS,
+                      rho: str | None = None) -> Figure:
+    """How much of an estimator's cross-answer failure is picking tokens without gradient.
+
+    Left: cross-answer Spearman(s, grad_norm) over all tokens (open marker) and over informative
+    tokens, omega != 0 (filled), with 95% CIs. Right: the share of a top-``rho`` selection spent
+    on tokens with omega = 0 (``selection_waste``), batch and group scope, with 95% CIs. A score
+    whose gap closes on informative tokens fails by wasted picks; one that stays low fails on
+    magnitude. Every number comes from ``stats`` (version 2).
+    """
+    from gmts_analysis.stats import run_rho_key
+
+    rk = rho or run_rho_key(stats)
+    ca, ci = stats.get("cross_answer") or {}, stats.get("cross_answer_informative") or {}
+    ests = [s for s in estimators if s in ca]
+    fig = Figure(figsize=(3.0 + 1.5 * max(1, len(ests)), 4.4), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
+    if not ests or not ci:
+        return _empty(fig, ax1, "no informative-token statistics (stats.json version 2 needed)")
+    for i, s in enumerate(ests):
+        c = _color(s, i)
+        a = _errbar(ax1, i - 0.13, ca.get(s), "spearman", fmt="o", color=c, mfc="white", mec=c, ms=7)
+        b = _errbar(ax1, i + 0.13, ci.get(s), "spearman", fmt="o", color=c, mec="black", ms=7)
+        if np.isfinite(a) and np.isfinite(b):
+            ax1.annotate("", (i + 0.13, b), (i - 0.13, a), arrowprops={"arrowstyle": "->", "color": "grey", "lw": 0.8})
+        for x, v, ha in ((i - 0.13, a, "right"), (i + 0.13, b, "left")):
+            if np.isfinite(v):
+                ax1.annotate(f"{v:.2f}", (x, v), xytext=(-6 if ha == "right" else 6, 0), textcoords="offset points",
+                             ha=ha, va="center", fontsize=7)
+    ax1.errorbar([], [], fmt="o", color="grey", mfc="white", label="all tokens")
+    ax1.errorbar([], [], fmt="o", color="grey", mec="black", label="informative tokens (ω ≠ 0)")
+    ax1.set_xticks(range(len(ests)), ests, rotation=20, ha="right", fontsize=8)
+    ax1.set_xlim(-0.6, len(ests) - 0.4)
+    ax1.set_ylim(min(-0.05, ax1.get_ylim()[0]), 1.05)
+    ax1.axhline(0, color="grey", lw=0.6, ls=":")
+    ax1.set_ylabel("cross-answer Spearman ρ with grad_norm")
+    ax1.legend(fontsize=7, frameon=False, loc="lower right")
+    ax1.set_title("Across answers: all vs informative tokens", fontsize=9)
+    sw, swc = stats.get("selection_waste") or {}, stats.get("selection_waste_ci") or {}
+    scopes = [sc for sc in ("batch", "group") if sc in sw]
+    width = 0.8 / max(1, len(scopes))
+    for j, sc in enumerate(scopes):
+        for i, s in enumerate(ests):
+            v = _num((sw[sc].get(s) or {}).get(rk))
+            if not np.isfinite(v):
+                continue
+            x = i - 0.4 + width * (j + 0.5)
+            ax2.bar([x], [100 * v], width=width * 0.9, color=_color(s, i), alpha=1.0 if sc == "batch" else 0.45,
+                    edgecolor="black", lw=0.4, label=f"{sc} scope" if i == 0 else None, hatch=None if sc == "batch" else "//")
+            b = ((swc.get(sc) or {}).get(s) or {}).get(rk) or {}
+            lo, hi = _num(b.get("ci_low")), _num(b.get("ci_high"))
+            if np.isfinite(lo) and np.isfinite(hi):
+                ax2.errorbar([x], [100 * v], yerr=[[100 * max(v - lo, 0)], [100 * max(hi - v, 0)]], color="black",
+                             capsize=2, lw=0.8)
+            ax2.annotate(f"{100 * v:.0f}%", (x, 100 * v), xytext=(0, 2), textcoords="offset points", ha="center",
+                         va="bottom", fontsize=6)
+    share = _num((stats.get("zero_advantage") or {}).get("token_share"))
+    if np.isfinite(share):
+        ax2.axhline(100 * share, color="grey", ls="--", lw=0.8, label=f"tokens with ω = 0: {100 * share:.0f}%")
+    ax2.set_xticks(range(len(ests)), ests, rotation=20, ha="right", fontsize=8)
+    ax2.set_ylabel(f"% of a top-{float(rk):g} selection with ω = 0")
+    ax2.set_ylim(0, 100)
+    ax2.legend(fontsize=7, frameon=False, loc="upper right")
+    ax2.set_title("Selection waste (picks without gradient)", fontsize=9)
+    return fig
+
+
+def fig_estimators(tokens: pd.DataFrame, stats: dict) -> Figure:
+    """Every estimator, ranked (``estimators.csv``): the distribution of its per-answer Spearman
+    with grad_norm_logp over the common answer set (seaborn violins and points), and its
+    informative cross-answer Spearman with grad_norm, both with 95% CIs."""
+    import seaborn as sns
+
+    from gmts_analysis.stats import estimator_table, prepare_tokens, within_values
+
+    table = estimator_table(stats)
+    df = prepare_tokens(tokens)
+    ests = [s for s in table["estimator"] if s in df.columns]
+    fig = Figure(figsize=(10.0, 1.2 + 0.42 * max(3, len(ests))), layout="constrained")
+    ax1, ax2 = fig.subplots(1, 2, sharey=True, width_ratios=[1.6, 1.0])
+    if not ests:
+        return _empty(fig, ax1, "no estimators")
+    vals = within_values(df, ests)
+    long = vals.melt(id_vars=["answer_id"], value_vars=ests, var_name="estimator", value_name="rho")
+    palette = {s: _color(s, i) for i, s in enumerate(ests)}
+    if len(vals):
+        sns.violinplot(data=long, x="rho", y="estimator", hue="estimator", order=ests, palette=palette, ax=ax1,
+                       cut=0, inner=None, linewidth=0.5, density_norm="width", legend=False)
+        sns.stripplot(data=long, x="rho", y="estimator", order=ests, color="black", size=1.5, alpha=0.35, ax=ax1,
+                      jitter=0.2)
+    t = table.set_index("estimator")
+    for i, s in enumerate(ests):
+        m, lo, hi = t.loc[s, "within_mean"], t.loc[s, "within_ci_low"], t.loc[s, "within_ci_high"]
+        if np.isfinite(m):
+            ax1.errorbar([m], [i], xerr=[[max(m - lo, 0)], [max(hi - m, 0)]] if np.isfinite(lo) else None, fmt="D",
+                         color="white", mec="black", ms=5, capsize=3, ecolor="black", zorder=5)
+        c, clo, chi = t.loc[s, "cross_inf_spearman"], t.loc[s, "cross_inf_ci_low"], t.loc[s, "cross_inf_ci_high"]
+        if np.isfinite(c):
+            ax2.errorbar([c], [i], xerr=[[max(c - clo, 0)], [max(chi - c, 0)]] if np.isfinite(clo) else None,
+                         fmt="o", color=palette[s], mec="black", capsize=3)
+            ax2.annotate(f"{c:.3f}", (c, i), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7)
+    n = int(t["n_answers"].iloc[0]) if len(t) and np.isfinite(t["n_answers"].iloc[0]) else len(vals)
+    ax1.set_yticks(range(len(ests)), [f"{int(t.loc[s, 'rank'])}. {s}" for s in ests], fontsize=8)
+    ax1.set_ylabel("")
+    ax1.set_xlabel(f"within answers: ρ vs ‖∇ log p‖ ({n} answers; ◇ mean, 95% CI)", fontsize=8)
+    lo_x = float(np.nanmin(long["rho"])) if len(long) else 0.0
+    ax1.set_xlim(min(0.0, lo_x) - 0.05, 1.02)
+    ax1.axvline(0, color="grey", lw=0.6, ls=":")
+    ax2.set_xlabel("across answers, ω ≠ 0: ρ vs grad_norm (95% CI)", fontsize=8)
+    ax2.grid(alpha=0.3, axis="x")
+    fig.suptitle("Estimators ranked by agreement with the exact gradient", fontsize=10)
+    return fig
+
+
 # ------------------------------------------------------------------------------ writing
 
 
@@ -417,6 +553,8 @@ def _token_strings(run: Run) -> Figure | None:
 
 FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "within_vs_cross": lambda r: fig_within_vs_cross(r.tokens, r.stats),
+    "decomposition": lambda r: fig_decomposition(r.stats),
+    "estimators": lambda r: fig_estimators(r.tokens, r.stats),
     "group_answers": lambda r: fig_group_answers(r.tokens),
     "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),
     "topk_overlap": lambda r: fig_topk_overlap(r.stats),

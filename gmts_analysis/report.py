@@ -141,7 +141,7 @@ def _config_section(manifest: Mapping, stats: Mapping) -> str:
     counts = (
         f"{_fmt(meta.get('n_answers'))} answers in {_fmt(meta.get('n_groups'))} groups, "
         f"{_fmt(meta.get('n_tokens'))} response tokens; bootstrap: {_fmt(meta.get('n_boot'))} resamples "
-        f"of answers, seed {_fmt(meta.get('seed'))}"
+        f"of {meta.get('ci_unit') or 'answer'}s, seed {_fmt(meta.get('seed'))}"
     )
     full = (f'<details><summary>Full manifest.json</summary><table class="kv">{"".join(rows)}</table></details>'
             if rows else "<p>No manifest.json in this run.</p>")
@@ -154,6 +154,41 @@ def _short(v: Any, n: int = 300) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
+def _findings_section(stats: Mapping) -> str:
+    """What the run shows, in sentences generated from its stats (:func:`gmts_analysis.summary.findings`)."""
+    from gmts_analysis.summary import findings
+
+    items = "".join(f"<li>{_e(x)}</li>" for x in findings(stats))
+    return f'<section id="findings"><h2>What this run shows</h2><ul class="findings">{items}</ul></section>' if items else ""
+
+
+def _ranking_table(stats: Mapping) -> str:
+    """The estimator ranking (the run's estimators.csv) as an HTML table."""
+    from gmts_analysis.stats import estimator_table, run_rho_key
+
+    t = estimator_table(stats)
+    if t.empty:
+        return ""
+    rk = f"{float(run_rho_key(stats)):g}"
+    head = ("<tr><th>rank</th><th>estimator</th><th>within answer ρ<br><small>mean [95% CI]</small></th>"
+            "<th>across answers, ω ≠ 0<br><small>ρ [95% CI]</small></th><th>across answers, all tokens<br>"
+            f"<small>ρ [95% CI]</small></th><th>waste, top-{rk} batch<br><small>[95% CI]</small></th></tr>")
+    rows = []
+    for _, r in t.iterrows():
+        cls = ' class="key"' if r["estimator"] in ("entropy", "gmts") else ""
+        rows.append(
+            f"<tr{cls}><td>{int(r['rank'])}</td><td>{_e(r['estimator'])}</td>"
+            f"<td>{_ci(r['within_mean'], r['within_ci_low'], r['within_ci_high'])}</td>"
+            f"<td>{_ci(r['cross_inf_spearman'], r['cross_inf_ci_low'], r['cross_inf_ci_high'])}</td>"
+            f"<td>{_ci(r['cross_spearman'], r['cross_ci_low'], r['cross_ci_high'])}</td>"
+            f"<td>{_ci(r['waste_batch'], r['waste_batch_ci_low'], r['waste_batch_ci_high'])}</td></tr>"
+        )
+    body = "".join(rows)
+    return ("<h3>Estimators ranked by agreement with the exact gradient</h3><p>Rank: by the sum of the ranks by "
+            "within-answer mean ρ and by informative cross-answer ρ (the run's <code>estimators.csv</code>).</p>"
+            f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{body}</tbody></table></div>')
+
+
 def _stats_section(stats: Mapping) -> str:
     from gmts_analysis.stats import run_rho_key, stats_table
 
@@ -161,10 +196,14 @@ def _stats_section(stats: Mapping) -> str:
     t = stats_table(stats)
     if t.empty:
         return '<section id="stats"><h2>Statistics</h2><p>No statistics.</p></section>'
+    meta = stats.get("meta") or {}
+    unit = meta.get("ci_unit") or "answer"
     head = (
         "<tr><th>estimator</th><th>within answer ρ<br><small>median (mean [95% CI])</small></th>"
-        "<th>n answers</th><th>across answers ρ<br><small>pooled [95% CI]</small></th><th>Kendall τ<sub>b</sub></th>"
+        "<th>n answers</th><th>across answers ρ<br><small>all tokens [95% CI]</small></th>"
+        "<th>across answers ρ<br><small>ω ≠ 0 [95% CI]</small></th><th>Kendall τ<sub>b</sub><br><small>all</small></th>"
         f"<th>within group ρ<br><small>median</small></th><th>top-{rho_label} overlap<br><small>batch / group [95% CI]</small></th>"
+        f"<th>top-{rho_label} waste<br><small>batch / group</small></th>"
         "<th>update fidelity<br><small>cosine / norm ratio</small></th></tr>"
     )
     body = []
@@ -175,9 +214,11 @@ def _stats_section(stats: Mapping) -> str:
             f"<td>{_fmt(r['within_median'])} ({_ci(r['within_mean'], r['within_ci_low'], r['within_ci_high'])})</td>"
             f"<td>{_fmt(r['n_answers'])}</td>"
             f"<td>{_ci(r['cross_spearman'], r['cross_ci_low'], r['cross_ci_high'])}</td>"
+            f"<td>{_ci(r['cross_inf_spearman'], r['cross_inf_ci_low'], r['cross_inf_ci_high'])}</td>"
             f"<td>{_fmt(r['cross_kendall'])}</td><td>{_fmt(r['group_median'])}</td>"
             f"<td>{_ci(r['topk_batch'], r['topk_batch_ci_low'], r['topk_batch_ci_high'])} / "
             f"{_ci(r['topk_group'], r['topk_group_ci_low'], r['topk_group_ci_high'])}</td>"
+            f"<td>{_fmt(r['waste_batch'])} / {_fmt(r['waste_group'])}</td>"
             f"<td>{_fmt(r['fidelity_cosine'])} / {_fmt(r['fidelity_norm_ratio'])}</td></tr>"
         )
     fid = stats.get("update_fidelity") or {}
@@ -188,15 +229,21 @@ def _stats_section(stats: Mapping) -> str:
     fid_note = f"<p>Update fidelity references (cosine / norm ratio): {refs}</p>" if refs else (
         "<p>Update fidelity was not computed for this run (it needs the model).</p>"
     )
+    excl = stats.get("topk_scopes_excluded") or {}
+    excl_note = f" {_fmt(excl.get('group'))} groups without any gradient are left out of the group-scope overlap." \
+        if excl.get("group") else ""
     slices = "".join(_slice_table(stats, sec, title) for sec, title in (("by_domain", "domain"), ("by_step", "step")))
     return (
         '<section id="stats"><h2>Statistics</h2>'
-        "<p>Within answer: Spearman ρ(score, ‖∇ log p‖) inside each answer (≥ 5 tokens). Across answers: "
-        "ρ(score, grad_norm) over all tokens pooled. CIs: 95% percentile bootstrap resampling answers "
-        "(groups for within group), never tokens. Overlap: |S<sub>score</sub> ∩ S<sub>grad_norm</sub>| / "
-        f"|S<sub>grad_norm</sub>| for the top {rho_label} (group scope pooled over groups).</p>"
+        f"<p>Within answer: Spearman ρ(score, ‖∇ log p‖) inside each answer, over the same informative answers "
+        f"(ω ≠ 0, ≥ {_fmt(meta.get('min_tokens', 5))} tokens, non-constant target) for every score. Across answers: "
+        "ρ(score, grad_norm) pooled over all tokens, and over informative tokens (ω ≠ 0) only. CIs: 95% "
+        f"percentile cluster bootstrap resampling {_e(unit)}s, never tokens. Overlap: "
+        "|S<sub>score</sub> ∩ S<sub>true</sub>| / |S<sub>true</sub>|, S<sub>true</sub> the top "
+        f"{rho_label} by grad_norm among tokens with grad_norm &gt; 0 (group scope pooled over groups).{excl_note} "
+        "Waste: the share of a selection made of tokens with ω = 0.</p>"
         f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
-        f"{fid_note}{slices}</section>"
+        f"{fid_note}{_ranking_table(stats)}{slices}</section>"
     )
 
 
@@ -226,6 +273,10 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
 
 FIGURE_CAPTIONS = {
     "within_vs_cross": "Inside an answer entropy tracks the gradient norm; pooled across answers it does not, GMTS does.",
+    "decomposition": "Across answers over all tokens vs over informative tokens (ω ≠ 0), and the share of each "
+    "selection spent on tokens without gradient: how much of a score's failure is wasted picks, how much magnitude.",
+    "estimators": "Every per-token score ranked by agreement with the exact gradient: per-answer correlations "
+    "(same answers for every score) and the informative cross-answer correlation, with 95% CIs.",
     "group_answers": "One group: each answer is its own band of log entropy vs log grad_norm (marker: sign of the advantage).",
     "pooled_hexbin": "All tokens pooled: entropy vs grad_norm next to GMTS vs grad_norm.",
     "topk_overlap": "Overlap of each estimator's top-ρ tokens with the top-ρ by grad_norm; dotted: random.",
@@ -493,10 +544,12 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
             "token's policy-gradient term (grad_norm = |ω| · ‖∇ log p‖), and GMTS = entropy · |ω|.</p>"
         ),
         (
-            '<nav><a href="#config">run</a> · <a href="#stats">statistics</a> · <a href="#figures">figures</a> · '
+            '<nav><a href="#config">run</a> · <a href="#findings">findings</a> · <a href="#stats">statistics</a> · '
+            '<a href="#figures">figures</a> · '
             '<a href="#audit">audit</a></nav>'
         ),
         _config_section(run.manifest, run.stats),
+        _findings_section(run.stats),
         _stats_section(run.stats),
         _figures_section(run.path, run),
         _audit_section(run.tokens, run.answers, max_answers, rho=float(run_rho_key(run.stats))),

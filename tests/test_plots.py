@@ -36,6 +36,27 @@ def test_figure_functions_return_figures(tables):
     assert {"entropy", "grad_norm", "entropy keeps", "GMTS keeps"} <= texts
 
 
+def test_decomposition_and_estimator_figures_draw_the_stats(tables):
+    tokens, _, stats = tables
+    fig = plots.fig_decomposition(stats)
+    ax1, ax2 = fig.axes[:2]
+    labels = [t.get_text() for t in ax1.get_xticklabels()]
+    assert labels == [s for s in plots.DECOMPOSITION_ESTIMATORS if s in stats["cross_answer"]]
+    texts = {t.get_text() for t in ax1.texts}
+    for s in ("entropy", "gmts"):  # both Spearman values are written next to their points
+        assert f"{stats['cross_answer'][s]['spearman']:.2f}" in texts
+        assert f"{stats['cross_answer_informative'][s]['spearman']:.2f}" in texts
+    bars = {t.get_text() for t in ax2.texts}
+    assert f"{100 * stats['selection_waste']['batch']['entropy']['0.2']:.0f}%" in bars
+    assert "version 2" in plots.fig_decomposition({"cross_answer": {"entropy": {}}}).axes[0].texts[0].get_text()
+    est = plots.fig_estimators(tokens, stats)
+    ticks = [t.get_text() for t in est.axes[0].get_yticklabels()]
+    from gmts_analysis.stats import estimator_table
+
+    assert ticks == [f"{r} {s}" for r, s in zip(estimator_table(stats)["rank"].astype(str) + ".",
+                                                 estimator_table(stats)["estimator"])]
+
+
 def test_pickers_follow_the_data(tables):
     tokens, _, _ = tables
     g = plots.pick_group(tokens)
