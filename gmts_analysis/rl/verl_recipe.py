@@ -63,7 +63,6 @@ from gmts_analysis.objective import VERL_LOSS_AGG  # noqa: F401  (verl loss_agg_
 from gmts_analysis.selection import select_tokens, selection_overlap, token_scores
 
 
-
 def verl_selection_mask(
     old_entropys: torch.Tensor,
     advantages: torch.Tensor,
