@@ -96,12 +96,26 @@ def test_options_change_numbers(path_run, fresh_llama, rollouts_file):
 def test_unknown_option_and_job_setting_refused(fresh_llama, rollouts_file):
     with pytest.raises(gmts.GmtsError, match="unknown option 'tempreature'.*did you mean 'temperature'"):
         gmts.probe(str(fresh_llama), str(rollouts_file), tempreature=0.5)
-    with pytest.raises(gmts.GmtsError, match="'out' is a job setting"):
-        gmts.probe(str(fresh_llama), str(rollouts_file), out="x")
+    with pytest.raises(gmts.GmtsError, match="'config_file' is a job setting"):
+        gmts.probe(str(fresh_llama), str(rollouts_file), config_file="x.yaml")
     with pytest.raises(gmts.GmtsError, match="grad_norm='fast'"):
         gmts.probe(str(fresh_llama), str(rollouts_file), grad_norm="fast")
     with pytest.raises(gmts.GmtsError, match="rollouts"):
         gmts.probe(str(fresh_llama), 42)
+
+
+def test_in_memory_model_without_a_path_and_out_setting(tmp_path):
+    """A model built in memory (no checkpoint, no name) on id rollouts; ``out=`` also saves it."""
+    from gmts_analysis.testing import build_tiny_model
+
+    model = build_tiny_model("gpt2", seed=11)
+    assert model.get_input_embeddings().weight.shape[0] == 64
+    rows = _rows(make_rollouts(tmp_path / "r.jsonl", n_groups=2, group_size=2, seed=5, vocab=64))
+    run = gmts.probe(model, rows, quiet=True, out=tmp_path / "saved", figures=False, **FAST)
+    assert run.manifest["model_path"] == "<in-memory model>"
+    assert (run.tokens["grad_norm_logp"] > 0).all()
+    assert run.path == tmp_path / "saved" and gmts.load_run(run.path).equals(run)
+    assert not (run.path / "report.html").exists()
 
 
 def test_save_load_roundtrip(path_run, tmp_path):
