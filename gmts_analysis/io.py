@@ -135,8 +135,11 @@ def read_parquet(path: str | os.PathLike) -> "Any":
 # someone else's file, and gmts never replaces or empties a directory that holds one
 RUN_ENTRIES = frozenset({
     "tokens.parquet", "answers.parquet", "grad_groups.parquet", "stats.json", "manifest.json", "errors.jsonl",
-    "report.html", "figures", "rollouts.jsonl", "run.json", "chunks", "parts",
+    "report.html", "figures", "rollouts.jsonl", "run.json", "chunks", "parts", "estimators.csv",
 })
+# a finished run lists its own top-level entries here (written by staged_directory), so that files
+# added to runs later are recognised without updating RUN_ENTRIES
+RUN_LISTING = ".gmts-files"
 POLICY_ENTRIES = frozenset({
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "card.json", "README.md", "chat_template.jinja",
@@ -162,8 +165,18 @@ def _is_policy_marker(d: Path) -> bool:
 
 
 def foreign_entries(d: str | os.PathLike, allowed: frozenset = RUN_ENTRIES) -> list[str]:
-    """Names at the top of ``d`` that gmts does not write into a directory of this kind."""
-    return sorted(c.name for c in Path(d).iterdir() if c.name not in allowed and not _TMP_NAME.match(c.name))
+    """Names at the top of ``d`` that gmts does not write into a directory of this kind
+    (``allowed``, plus what the directory's own :data:`RUN_LISTING` says gmts wrote there)."""
+    d = Path(d)
+    listed: set[str] = {RUN_LISTING}
+    try:
+        names = json.loads((d / RUN_LISTING).read_text(encoding="utf-8"))
+        if isinstance(names, list):
+            listed.update(n for n in names if isinstance(n, str))
+    except (OSError, ValueError):
+        pass
+    return sorted(c.name for c in d.iterdir()
+                  if c.name not in allowed and c.name not in listed and not _TMP_NAME.match(c.name))
 
 
 def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
@@ -346,6 +359,8 @@ def staged_directory(out: str | os.PathLike, overwrite: bool = False, kind: str 
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: honour the umask like mkdir
+        if kind == "run":  # what we wrote: recognised as ours later, whatever new files runs gain
+            atomic_write_json(tmp / RUN_LISTING, sorted(c.name for c in tmp.iterdir() if not _TMP_NAME.match(c.name)))
         old = None
         if out.exists():
             check_ours(out, kind)  # re-checked: the block may have run for hours

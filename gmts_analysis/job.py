@@ -75,7 +75,15 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
 def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     """``gmts run``: sample (``sampling``: domains, num_prompts, group_size, temperature,
     max_new_tokens, seed, device) with ``cfg.model``, then :func:`run_probe` on the rows into
-    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``."""
+    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. The whole job, sampling
+    included, holds the run directory's lock (a second job on ``--out`` stops at once)."""
+    from gmts_analysis import io
+
+    with io.exclusive_lock(cfg.out):
+        return _sample_and_probe(cfg, sampling)
+
+
+def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     import dataclasses
 
     out = Path(cfg.out)

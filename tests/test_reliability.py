@@ -383,3 +383,26 @@ def test_report_shows_control_and_bidi_characters_visibly():
         assert f"&lt;U+{cp}&gt;" in s
     assert not any(ch in s for ch in "\u202e\u2066\u200f\x00\x1b\x85\ud800")
     assert "\n" in s and "\t" in s and "&lt;m&gt;" in s
+
+
+def test_outputs_of_stats_compare_and_sample_under_a_file_are_one_line(finished_run, tmp_path):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["stats", str(finished_run), "--out", str(f / "stats.json"), "--quiet"]),
+                          "a_file")
+    assert_one_line_error(*run_cli(["compare", str(finished_run), "--out", str(f / "cmp"), "--quiet"]), "a_file")
+    assert_one_line_error(*run_cli(["sample", "--domains", "arithmetic", "--out", str(f / "r.jsonl"), "--quiet"]),
+                          "a_file")
+    assert_one_line_error(*run_cli(["sample", "--domains", "arithmetic", "--out", str(tmp_path), "--quiet"]),
+                          "is a directory")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_toy_train_overwrite_never_replaces_a_directory_that_is_not_a_policy(tmp_path):
+    d = tmp_path / "policy"
+    d.mkdir()
+    (d / "thesis.tex").write_text("mine")
+    line = assert_one_line_error(*run_cli(["toy-train", "--size", "tiny", "--out", str(d), "--overwrite",
+                                           "--steps", "1", "--quiet"]), "did not write")
+    assert "--overwrite" not in line and (d / "thesis.tex").read_text() == "mine"

@@ -34,7 +34,10 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.compare import compare_runs, write_comparison
 
+    from gmts_analysis.io import check_output_location
+
     log = logging.getLogger("gmts_analysis.compare")
+    check_output_location(args.out, whole_dir=False)
     cmp = compare_runs(args.runs)
     paths = write_comparison(cmp, args.out, figures=not args.no_figures)
     log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",

@@ -44,6 +44,15 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
+    from gmts_analysis.validate import validate_tokens_file
+
+    validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
+    if args.out:
+        from gmts_analysis.io import check_output_location
+
+        if Path(args.out).is_dir():
+            raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. stats.json)")
+        check_output_location(Path(args.out).parent, flag=f"--out {args.out}: directory", whole_dir=False)
     tokens = read_parquet(run_dir / "tokens.parquet")
     answers = read_parquet(run_dir / "answers.parquet") if (run_dir / "answers.parquet").exists() else None
     old = read_json(run_dir / "stats.json") if (run_dir / "stats.json").exists() else {}

@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if n_eval < 1:
         raise GmtsError("--eval-prompts must be >= 1")
     out = args.out or str(data_dir() / "policies" / args.size)
-    with staged_directory(out, overwrite=args.overwrite) as tmp:
+    with staged_directory(out, overwrite=args.overwrite, kind="policy") as tmp:
         model, tok, info = train_policy(args.size, args.seed, args.steps, args.threads, progress=not args.quiet)
         evaluation = evaluate_pass_at_1(model, tok, n_prompts=n_eval, progress=not args.quiet)
         card = save_policy(tmp, model, tok, info, evaluation)
