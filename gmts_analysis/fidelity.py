@@ -248,13 +248,17 @@ def update_fidelity(
     estimators = list(estimators)
     masks = fidelity_selections(tokens, estimators, rho, scope, n_random, seed)
     grads = selection_gradients(model, batches, tokens, masks, temperature, memory_budget_bytes, progress)
-    g_all = grads["all"]
-    out: dict[str, dict] = {}
-    for k, g in grads.items():
-        if not k.startswith("random_"):
-            out[k] = compare(g, g_all)
+    return fidelity_block(grads, [k for k in masks if not k.startswith("random_")], n_random)
+
+
+def fidelity_block(grads: dict[str, torch.Tensor], names: list[str], n_random: int, prefix: str = "") -> dict:
+    """The ``update_fidelity`` block from the selections' gradients ``grads`` (keys ``prefix + name``):
+    ``{name: compare(g_name, g_all)}`` for ``names``, and ``random`` / ``random_std`` (mean and
+    standard deviation over the ``random_<j>`` draws)."""
+    g_all = grads[prefix + "all"]
+    out = {k: compare(grads[prefix + k], g_all) for k in names}
     if n_random > 0:
-        rnd = [compare(grads[f"random_{j}"], g_all) for j in range(n_random)]
+        rnd = [compare(grads[f"{prefix}random_{j}"], g_all) for j in range(n_random)]
         out["random"] = {m: _nanmean([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
         out["random_std"] = {m: _nanstd([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
     return out
@@ -332,13 +336,7 @@ def fidelity_for_run(
                                 memory_budget_bytes, progress=not getattr(cfg, "quiet", True))
 
     def block(prefix: str) -> dict:
-        g_all = grads[prefix + "all"]
-        out = {k: compare(grads[prefix + k], g_all) for k in keys_overall if not k.startswith("random_")}
-        if n_random > 0:
-            rnd = [compare(grads[f"{prefix}random_{j}"], g_all) for j in range(n_random)]
-            out["random"] = {m: _nanmean([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
-            out["random_std"] = {m: _nanstd([r[m] for r in rnd]) for m in ("cosine", "norm_ratio")}
-        return out
+        return fidelity_block(grads, [k for k in keys_overall if not k.startswith("random_")], n_random, prefix)
 
     overall = block("")
     if stats is not None:

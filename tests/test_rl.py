@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from gmts_analysis.rl.trainer import RLConfig, collate, policy_forward, train, update_fidelity
+from gmts_analysis.rl.trainer import RLConfig, batch_fidelity, collate, policy_forward, train
 from gmts_analysis.tokens import response_logits, response_targets, sequence_logprobs, token_quantities
 
 
@@ -70,7 +70,7 @@ def test_update_fidelity_all_is_one_and_selection_gradient_is_the_loss_gradient(
         lp, ent = policy_forward(model, batch)
         sel = select_tokens(ent, batch["mask"], 0.3)
         om = token_omega(adv, batch["mask"]).float()
-        fid = update_fidelity(lp, om, {"all": batch["mask"].bool(), "sel": sel}, params)
+        fid = batch_fidelity(lp, om, {"all": batch["mask"].bool(), "sel": sel}, params)
         # the training loss (on-policy, normalizer all) has gradient -sum_S omega grad logp
         loss = aggregate_loss(-adv[:, None] * torch.exp(lp - lp.detach()), batch["mask"], sel, "all")
         g_loss = torch.autograd.grad(loss, params, retain_graph=True)

@@ -50,7 +50,7 @@ from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, stabl
 log = logging.getLogger(__name__)
 
 __all__ = ["ALL_DOMAINS", "SELECTION_ARMS", "RLConfig", "collate", "evaluate", "policy_forward", "stable_seed",
-           "train", "update_fidelity"]
+           "train", "batch_fidelity"]
 
 
 # ----------------------------------------------------------------------------- batches
@@ -128,46 +128,38 @@ def evaluate(model, tokenizer, cfg: RLConfig) -> dict[str, float]:
 # ----------------------------------------------------------------------------- diagnostics
 
 
-def _spearman(x: np.ndarray, y: np.ndarray) -> float:
-    from scipy.stats import spearmanr
-
-    ok = ~(np.isnan(x) | np.isnan(y))
-    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
-        return float("nan")
-    return float(spearmanr(x[ok], y[ok]).statistic)
-
-
-def update_fidelity(
+def batch_fidelity(
     logprobs: torch.Tensor, omega: torch.Tensor, selections: dict[str, torch.Tensor], params: list
 ) -> dict[str, dict[str, float]]:
-    """``{name: {cosine, norm_ratio}}`` of ``g_S = grad sum_S omega * logp`` against ``g_all``.
+    """``{name: {cosine, norm_ratio}}`` of ``g_S = grad sum_S omega * logp`` against ``g_all`` on a
+    training batch's tensors (the run-directory version is :func:`gmts_analysis.fidelity.update_fidelity`;
+    both compare with :func:`gmts_analysis.fidelity.compare`).
 
     logprobs: ``(B, T)`` differentiable (graph retained); omega ``(B, T)`` (0 on padding).
     """
+    from gmts_analysis.fidelity import compare
+
     def flat_grad(weights: torch.Tensor) -> torch.Tensor:
         gs = torch.autograd.grad((weights * logprobs).sum(), params, retain_graph=True, allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1).double() for g, p in zip(gs, params)])
 
     om = omega.to(logprobs.dtype)
     g_all = flat_grad(om)
-    n_all = float(g_all.norm())
-    out = {}
-    for name, sel in selections.items():
-        g = flat_grad(om * sel.to(om.dtype))
-        n = float(g.norm())
-        cos = float(g @ g_all) / (n * n_all) if n > 0 and n_all > 0 else float("nan")
-        out[name] = {"cosine": cos, "norm_ratio": n / n_all if n_all > 0 else float("nan")}
-    return out
+    return {name: compare(flat_grad(om * sel.to(om.dtype)), g_all) for name, sel in selections.items()}
 
 
 def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
                            cfg: RLConfig, gmts_lgn: list[np.ndarray] | None = None) -> dict[str, float]:
-    """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with >= 5 tokens) and
-    cross-answer Spearman(entropy | gmts | gmts_lgn, grad_norm) on a few answers (exact per-token norms).
+    """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with at least
+    :data:`gmts_analysis.rank.MIN_TOKENS` tokens) and cross-answer Spearman(entropy | gmts | gmts_lgn,
+    grad_norm) on a few answers (exact per-token norms), with :func:`gmts_analysis.rank.spearman`.
+    The caller passes informative answers only (A != 0), so the ``cross_answer_*`` values are the
+    informative-token numbers (``cross_answer_informative`` of stats.json), not ``cross_answer``.
 
     entropy/gmts/omega_abs (and gmts_lgn when given): one array per row (``(L_i,)``), aligned with ``rows``.
     """
     from gmts_analysis.grads import grad_norms
+    from gmts_analysis.rank import spearman, within_spearman
 
     within, ent_all, gm_all, gn_all = [], [], [], []
     device = next(model.parameters()).device
@@ -179,8 +171,7 @@ def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: n
             log.debug("exact grad norms failed (%s); using the loop", err)
             gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="loop").norms
         gn = gn.numpy()
-        if len(gn) >= 5:
-            within.append(_spearman(e, gn))
+        within.append(within_spearman(e, gn))  # NaN below the minimum tokens
         ent_all.append(e)
         gm_all.append(g)
         gn_all.append(gn * w)
@@ -188,13 +179,13 @@ def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: n
     wv = np.asarray([v for v in within if not math.isnan(v)])
     out = {
         "within_answer_entropy_median": float(np.median(wv)) if len(wv) else float("nan"),
-        "cross_answer_entropy": _spearman(e, gn),
-        "cross_answer_gmts": _spearman(g, gn),
+        "cross_answer_entropy": spearman(e, gn),
+        "cross_answer_gmts": spearman(g, gn),
         "n_answers": len(rows),
         "n_tokens": len(gn),
     }
     if gmts_lgn is not None:
-        out["cross_answer_gmts_lgn"] = _spearman(np.concatenate(gmts_lgn) if gmts_lgn else np.zeros(0), gn)
+        out["cross_answer_gmts_lgn"] = spearman(np.concatenate(gmts_lgn) if gmts_lgn else np.zeros(0), gn)
     return out
 
 
@@ -297,7 +288,7 @@ def train(
                 if "random" not in fsel:
                     g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
                     fsel["random"] = selection_mask("random", ent, adv, mask, generator=g2, **sel_kw)
-                rec["fidelity"] = update_fidelity(lp, om, fsel, params)
+                rec["fidelity"] = batch_fidelity(lp, om, fsel, params)
                 rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step, lgn)
                 t_diag += time.perf_counter() - td
             opt.zero_grad(set_to_none=True)
