@@ -195,7 +195,8 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
                                    help=md.get("help_off") or f"skip: {kw['help']} (default: done)")
                 continue
             flags = [md["short"], flag] if md.get("short") else [flag]
-            where.add_argument(*flags, action="store_true", help=f"{kw['help']} (default: off)", dest=f.name)
+            h = kw["help"] if "(default" in kw["help"] else f"{kw['help']} (default: off)"
+            where.add_argument(*flags, action="store_true", help=h, dest=f.name)
             continue
         typ = {"int": int, "float": float, int: int, float: float}.get(f.type, str)
         kw["type"] = typ
@@ -207,7 +208,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
             kw["required"] = True
         else:
             kw["default"] = f.default
-            if "default" not in kw["help"]:
+            if "(default" not in kw["help"]:
                 kw["help"] += f" (default: {'none' if f.default is None else f.default})"
         where.add_argument(flag, **kw)
 
