@@ -25,7 +25,6 @@ prompt the assistant message, as TRL logs it), ``response_ids``, ``reward``, ``g
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -42,9 +41,10 @@ CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 
 def row_seed(seed: int, *key: object) -> int:
-    """A 63-bit seed of one answer's sampling noise, stable across runs and platforms."""
-    h = hashlib.sha256("/".join(map(str, (seed,) + key)).encode()).digest()
-    return int.from_bytes(h[:8], "big") >> 1
+    """A 63-bit seed of one answer's sampling noise (:func:`gmts_analysis.seeding.derive_seed`)."""
+    from gmts_analysis.seeding import derive_seed
+
+    return derive_seed(seed, "sample-prompts", *key)
 
 
 def _is_messages(p: Any) -> bool:
