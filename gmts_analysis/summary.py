@@ -19,8 +19,6 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-RHO = "0.2"
-
 
 def _v(d: Any, *keys: str) -> float:
     for k in keys:
@@ -127,7 +125,11 @@ def _ranking_sentence(stats: Mapping[str, Any]) -> str | None:
 
 def findings(stats: Mapping[str, Any]) -> list[str]:
     """Plain-text sentences that state what the run's statistics show (see module docstring)."""
+    from gmts_analysis.stats import run_rho_key
+
     out: list[str] = []
+    rk = run_rho_key(stats)  # the run's keep fraction (--rho), a stats key such as "0.2"
+    keep = f"{100 * float(rk):g}%"
     meta = stats.get("meta") or {}
     za = stats.get("zero_advantage") or {}
     unit = meta.get("ci_unit", "group")
@@ -166,13 +168,13 @@ def findings(stats: Mapping[str, Any]) -> list[str]:
             if scope not in sw:
                 continue
             vals = ", ".join(
-                f"{s} {_ci(dict(value=_v(sw, scope, s, RHO), **(swc.get(scope, {}).get(s, {}).get(RHO) or {})), 'value', pct=True)}"
+                f"{s} {_ci(dict(value=_v(sw, scope, s, rk), **(swc.get(scope, {}).get(s, {}).get(rk) or {})), 'value', pct=True)}"
                 for s in ("entropy", "gmts") if s in sw[scope]
             )
             parts.append(f"{scope} scope: {vals}")
-        out.append(f"Share of a top-20% selection spent on tokens with omega = 0 ({'; '.join(parts)}).")
+        out.append(f"Share of a top-{keep} selection spent on tokens with omega = 0 ({'; '.join(parts)}).")
         if "group" in sw:
-            g = [_v(sw, "group", s, RHO) for s in sw["group"]]
+            g = [_v(sw, "group", s, rk) for s in sw["group"]]
             if g and max(g) - min(g) < 1e-12 and g[0] > 0:
                 out.append(f"Per group every score spends the same {_pct(g[0])}: a group without gradient still gets "
                            "its quota of picks.")
@@ -182,14 +184,14 @@ def findings(stats: Mapping[str, Any]) -> list[str]:
         parts = []
         for s in ("entropy", "gmts"):
             vals = " / ".join(
-                _ci(dict(value=_v(tk, scope, s, RHO), **(tkc.get(scope, {}).get(s, {}).get(RHO) or {})), "value")
+                _ci(dict(value=_v(tk, scope, s, rk), **(tkc.get(scope, {}).get(s, {}).get(rk) or {})), "value")
                 for scope in ("batch", "group") if scope in tk and s in tk[scope]
             )
             parts.append(f"{s} {vals}")
         n_ex = int(_v(excl, "group")) if "group" in excl else 0
         note = f"; {n_ex} groups without gradient left out" if n_ex else ""
         out.append(
-            "Top-20% overlap with the top 20% by grad_norm (batch / group scope): " + ", ".join(parts) + note + "."
+            f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note + "."
         )
     r = _ranking_sentence(stats)
     if r:
@@ -201,3 +203,20 @@ def summary_text(stats: Mapping[str, Any], slices: Sequence[str] | None = None, 
     """The table of :func:`summary_table` followed by :func:`findings`, wrapped at ``width``."""
     words = "\n".join(textwrap.fill(s, width=width, break_on_hyphens=False) for s in findings(stats))
     return summary_table(stats, slices) + "\n\n" + words
+
+
+README_BEGIN = "<!-- gmts-results:begin (generated from data/example_run/stats.json by gmts_analysis.summary.update_readme) -->"
+README_END = "<!-- gmts-results:end -->"
+
+
+def readme_block(stats: Mapping[str, Any], slices: Sequence[str] | None = None) -> str:
+    """The README's results block: :func:`summary_text` in a code fence between the markers."""
+    return f"{README_BEGIN}\n```\n{summary_text(stats, slices)}\n```\n{README_END}"
+
+
+def update_readme(readme: str, stats: Mapping[str, Any], slices: Sequence[str] | None = None) -> str:
+    """``readme`` (the text) with its results block replaced by :func:`readme_block` of ``stats``."""
+    a, b = readme.find(README_BEGIN), readme.find(README_END)
+    if a < 0 or b < a:
+        raise ValueError("README has no generated results block (markers missing)")
+    return readme[:a] + readme_block(stats, slices) + readme[b + len(README_END):]
