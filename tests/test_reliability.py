@@ -406,3 +406,14 @@ def test_toy_train_overwrite_never_replaces_a_directory_that_is_not_a_policy(tmp
     line = assert_one_line_error(*run_cli(["toy-train", "--size", "tiny", "--out", str(d), "--overwrite",
                                            "--steps", "1", "--quiet"]), "did not write")
     assert "--overwrite" not in line and (d / "thesis.tex").read_text() == "mine"
+
+
+def test_an_unwritable_location_is_refused_before_anything(model_dir, rollouts, tmp_path, monkeypatch):
+    real = os.access
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == ro else real(p, mode))
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(probe(model_dir, rollouts, ro / "run")), "not writable")
+    assert_one_line_error(*run_cli(probe(model_dir, rollouts, ro / "a" / "b")), "not writable")
+    assert_untouched(before, snapshot(tmp_path))
