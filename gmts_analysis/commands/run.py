@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grad-norm", default="exact", choices=("exact", "sketch", "none"),
                    help="per-token gradient norm (default: exact)")
     p.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default: cpu)")
+    p.add_argument("--rho", type=float, default=0.2, metavar="FRACTION",
+                   help="keep fraction of the token selections quoted by the report, update fidelity and the "
+                   "summary (TRL's top_entropy_quantile) (default: 0.2)")
     p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
     p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
@@ -72,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProbeConfig(model=args.model, rollouts=None, out=str(out), device=args.device,
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
                       figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
-                      answers_per_chunk=args.answers_per_chunk)
+                      answers_per_chunk=args.answers_per_chunk, rho=args.rho,
+                      aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)
     io.check_output_location(out, {"--model": resolve_model_path(args.model)})
