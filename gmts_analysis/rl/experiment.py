@@ -105,7 +105,7 @@ def run_experiment(
         def load():
             model, tok = load_model(base.policy, base.device)
             if tok is None:
-                raise GmtsError(f"--policy {base.policy}: the checkpoint ships no tokenizer")
+                raise GmtsError(f"--model {base.policy}: the checkpoint ships no tokenizer")
             return model, tok
 
     for sel in selections:
