@@ -289,7 +289,7 @@ def fidelity_for_run(
 
     answers: the probe's :class:`gmts_analysis.rollouts.Answer` objects (answers missing from
     ``tokens``, e.g. failed or empty ones, are skipped); tokens: the probe's tokens table;
-    cfg: the :class:`gmts_analysis.config.ProbeConfig` (temperature, seed, quiet).
+    cfg: the :class:`gmts_analysis.config.ProbeOptions` (temperature, seed; ``quiet`` when a job passes its config).
     estimators: default every estimator present. With ``stats`` (the dict of
     :func:`gmts_analysis.stats.compute_stats`), the per-domain and per-step blocks are filled
     in place too (``stats["by_domain"][d]["update_fidelity"]``), in the same pass over the

@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 
 from gmts_analysis import advantages as adv_mod
-from gmts_analysis.config import ProbeConfig
+from gmts_analysis.config import ProbeOptions
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.estimators import add_estimator_columns
 from gmts_analysis.objective import clipped_mask, settings_of
@@ -51,7 +51,7 @@ class AnswerCoefficients:
     loss_weight: float
 
 
-def answer_coefficients(answers: Sequence[Answer], cfg: ProbeConfig) -> list[AnswerCoefficients]:
+def answer_coefficients(answers: Sequence[Answer], cfg: ProbeOptions) -> list[AnswerCoefficients]:
     """Advantages and aggregation weights from the whole batch (docs/definitions.md section 3)."""
     steps = [a.step for a in answers]
     has_steps = any(s is not None for s in steps)
@@ -124,7 +124,7 @@ class TokenText:
         return out
 
 
-def _chunk_size(cfg: ProbeConfig) -> int | str:
+def _chunk_size(cfg: ProbeOptions) -> int | str:
     cs = cfg.chunk_size
     if cs in (None, "auto"):
         return "auto"
@@ -141,7 +141,7 @@ def probe_answer(
     model: torch.nn.Module,
     answer: Answer,
     coef: AnswerCoefficients,
-    cfg: ProbeConfig,
+    cfg: ProbeOptions,
     token_text: TokenText | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms."""
@@ -244,7 +244,7 @@ def probe_answers(
     model: torch.nn.Module,
     tokenizer: Any,
     answers: Sequence[Answer],
-    cfg: ProbeConfig,
+    cfg: ProbeOptions,
     coefs: Sequence[AnswerCoefficients] | None = None,
     progress: bool = True,
 ) -> ProbeResult:
