@@ -315,3 +315,15 @@ def test_mark_unterminated_as_trl():
     assert w == pytest.approx([1 / 7, 0.0, 1 / 7, 1 / 7, 0.0])  # token-mean over the 7 kept tokens
     with pytest.raises(GmtsError, match="no EOS"):
         mark_unterminated(ans, SimpleNamespace(), None)
+
+
+def test_figures_report_max_answers(tmp_path):
+    """The report's note on answers it leaves out names a command that exists."""
+    from _synthetic import make_run_dir
+
+    run = make_run_dir(tmp_path / "run", n_groups=3, figures=False, report=False, n_boot=0)
+    assert main(["figures", str(run), "--report", "--max-answers", "5", "-q"]) == 0
+    text = (run / "report.html").read_text(encoding="utf-8")
+    assert len(re.findall(r'<div class="answer" ', text)) == 5
+    assert "gmts figures RUN_DIR --report --max-answers N" in text
+    assert main(["figures", str(run), "--report", "--max-answers", "0"]) == 2

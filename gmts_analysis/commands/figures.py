@@ -18,7 +18,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--to", default=None, metavar="DIR", help="output folder (default RUN_DIR/figures)")
-    p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html")
+    p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html (default: off)")
+    p.add_argument("--max-answers", type=int, default=None, metavar="N",
+                   help="answers in the report's audit view, most disagreeing first (default: 200)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
@@ -44,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
     paths = render_all(run_dir, to=args.to)
     log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
     if args.report:
-        from gmts_analysis.report import write_report
+        from gmts_analysis.report import MAX_ANSWERS, write_report
 
-        log.info("wrote %s", write_report(run_dir))
+        n = MAX_ANSWERS if args.max_answers is None else args.max_answers
+        if n < 1:
+            raise GmtsError(f"--max-answers must be >= 1, got {n}")
+        log.info("wrote %s", write_report(run_dir, max_answers=n))
     return 0
