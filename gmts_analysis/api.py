@@ -135,7 +135,8 @@ def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict,
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
         raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
     dev = next(model.parameters()).device
-    if "device" in given and given["device"] != "auto" and resolve_device(given["device"]) != dev:
+    want = resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
+    if (want.type, want.index or 0) != (dev.type, dev.index or 0):
         raise GmtsError(f"option device={given['device']!r}: the model is on {dev} (move it yourself; the "
                         "probe never moves a loaded model)")
     dtype = _dtype_name(model)
