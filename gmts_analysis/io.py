@@ -135,7 +135,7 @@ def read_parquet(path: str | os.PathLike) -> "Any":
 # someone else's file, and gmts never replaces or empties a directory that holds one
 RUN_ENTRIES = frozenset({
     "tokens.parquet", "answers.parquet", "grad_groups.parquet", "stats.json", "manifest.json", "errors.jsonl",
-    "report.html", "figures", "rollouts.jsonl", "run.json", "chunks", "parts", "estimators.csv",
+    "report.html", "figures", "rollouts.jsonl", "run.json", "chunks", "parts", "estimators.csv", "token_strings.csv",
 })
 # a finished run lists its own top-level entries here (written by staged_directory), so that files
 # added to runs later are recognised without updating RUN_ENTRIES
