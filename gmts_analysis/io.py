@@ -251,9 +251,15 @@ def clean_stale_siblings(out: Path) -> list[Path]:
     """Remove staging (``.<name>.XXXXXXXX.partial``) and replaced (``.<name>.old-PID``) directories
     left beside ``out`` by a killed job. Call only while holding :func:`exclusive_lock` on ``out``."""
     pat = re.compile(r"^\." + re.escape(out.name) + r"\.([A-Za-z0-9_]{8}\.partial|old-\d+)$")
-    removed = []
+    removed: list[Path] = []
     if not out.parent.is_dir():
         return removed
+    olds = sorted(c for c in out.parent.iterdir() if re.fullmatch(r"\." + re.escape(out.name) + r"\.old-\d+", c.name)
+                  and c.is_dir() and not c.is_symlink())
+    if olds and not out.exists() and not out.is_symlink():
+        # killed between moving the previous directory aside and renaming the new one in: put it back
+        os.replace(olds[0], out)
+        log.warning("%s: restored the previous directory (%s) left aside by an interrupted job", out, olds[0].name)
     for c in out.parent.iterdir():
         if pat.match(c.name) and c.is_dir() and not c.is_symlink():
             shutil.rmtree(c, ignore_errors=True)

@@ -417,3 +417,15 @@ def test_an_unwritable_location_is_refused_before_anything(model_dir, rollouts, 
     assert_one_line_error(*run_cli(probe(model_dir, rollouts, ro / "run")), "not writable")
     assert_one_line_error(*run_cli(probe(model_dir, rollouts, ro / "a" / "b")), "not writable")
     assert_untouched(before, snapshot(tmp_path))
+
+
+def test_a_run_left_aside_by_a_killed_replacement_is_restored(model_dir, rollouts, tmp_path):
+    out = tmp_path / "run"
+    assert run_cli(probe(model_dir, rollouts, out))[0] == 0
+    before = (out / "tokens.parquet").read_bytes()
+    os.replace(out, tmp_path / ".run.old-4242")  # killed between the two renames of staged_directory
+    (tmp_path / ".run.abcd1234.partial").mkdir()
+    rc, err = run_cli(probe(model_dir, rollouts, out))
+    assert rc == 0 and "already complete" in err, err
+    assert (out / "tokens.parquet").read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "run"]
