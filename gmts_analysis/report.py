@@ -272,7 +272,8 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
 
 
 FIGURE_CAPTIONS = {
-    "within_vs_cross": "Inside an answer entropy tracks the gradient norm; pooled across answers it does not, GMTS does.",
+    "within_vs_cross": "Per-answer Spearman with ‖∇ log p‖ (same answers for every score) beside the Spearman with "
+    "grad_norm over all tokens pooled, with 95% CIs.",
     "decomposition": "Across answers over all tokens vs over informative tokens (ω ≠ 0), and the share of each "
     "selection spent on tokens without gradient: how much of a score's failure is wasted picks, how much magnitude.",
     "estimators": "Every per-token score ranked by agreement with the exact gradient: per-answer correlations "

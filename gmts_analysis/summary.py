@@ -77,9 +77,10 @@ def summary_table(stats: Mapping[str, Any], slices: Sequence[str] | None = None,
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     n_within = _v(stats, "within_answer", "entropy", "n_answers")
     lines = [
-        "Spearman with the per-token gradient norm. within: median over the same "
-        f"{_num(n_within, 0)} informative answers, vs grad_norm_logp; cross: all tokens pooled, vs grad_norm; "
-        "cross inf.: only tokens with omega != 0; omega=0: share of tokens without gradient",
+        textwrap.fill(
+            "Spearman with the per-token gradient norm. within: median over the same "
+            f"{_num(n_within, 0)} informative answers, vs grad_norm_logp; cross: all tokens pooled, vs grad_norm; "
+            "cross inf.: only tokens with omega != 0; omega=0: share of tokens without gradient", width=100),
         "  ".join(h.ljust(w) for h, w in zip(header, widths)),
         "  ".join("-" * w for w in widths),
     ]

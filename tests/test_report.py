@@ -127,3 +127,34 @@ def test_report_without_figures_manifest_or_gradients(tmp_path):
     text = write_report(tmp_path).read_text(encoding="utf-8")
     assert "No manifest.json" in text and text.count("data:image/png;base64,") >= 3
     assert len(re.findall(r'<div class="answer" ', text)) == 6
+
+
+def test_report_says_what_the_run_shows(run):
+    from gmts_analysis.report import render_report
+    from gmts_analysis.runs import read_run
+    from gmts_analysis.summary import findings
+
+    html = render_report(run)
+    st = read_run(run).stats
+    assert 'id="findings"' in html and "Estimators ranked by agreement" in html
+    import html as _html
+
+    for sentence in findings(st):  # every generated sentence, escaped
+        assert _html.escape(sentence, quote=True) in html
+
+
+def test_readme_results_block_is_generated_from_the_example_run():
+    import json
+    from pathlib import Path
+
+    from gmts_analysis.summary import README_BEGIN, README_END, readme_block
+
+    root = Path(__file__).resolve().parent.parent
+    run = root / "data" / "example_run"
+    if not (run / "stats.json").exists():
+        pytest.skip("no example run")
+    stats = json.loads((run / "stats.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
+    readme = (root / "README.md").read_text()
+    block = readme[readme.index(README_BEGIN): readme.index(README_END) + len(README_END)]
+    assert block == readme_block(stats, manifest.get("domains"))
