@@ -113,7 +113,7 @@ def fig_within_vs_cross(
     ``meta.ci_unit``); next to it the pooled Spearman(s, grad_norm) across all tokens with its
     95% CI. The informative-token value is in :func:`fig_decomposition`.
     """
-    from gmts_analysis.stats import within_values, prepare_tokens
+    from gmts_analysis.stats import prepare_tokens, within_values
 
     df = prepare_tokens(tokens)
     ests = [s for s in estimators if s in df.columns]
