@@ -43,12 +43,16 @@ def assert_one_line_error(rc: int, err: str, *needles: str) -> str:
     return errors[0]
 
 
+# answers.parquet columns gmts computes (other columns carry the rollouts' own extra fields as given)
+ANSWER_FLOATS = ("reward", "advantage", "loss_weight")
+
+
 def assert_finite_run(out: Path, grad_norm_none: bool) -> pd.DataFrame:
-    """A finished run directory whose token and answer float columns are all finite."""
+    """A finished run directory whose token float columns and computed answer columns are all finite."""
     for f in ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json", "errors.jsonl"):
         assert (out / f).is_file(), f
     t = pd.read_parquet(out / "tokens.parquet")
-    a = pd.read_parquet(out / "answers.parquet")
+    a = pd.read_parquet(out / "answers.parquet")[list(ANSWER_FLOATS)]
     allowed = NAN_OK_ALWAYS + (NAN_OK_NONE if grad_norm_none else ())
     for name, df in (("tokens", t), ("answers", a)):
         for c in df.columns:

@@ -4,7 +4,8 @@ For every input, one of two outcomes and nothing else:
 
 - exit 2 with exactly one stderr line ``gmts: error: ...`` (the last line), no traceback; or
 - exit 0 with a finished run whose float columns are all finite (``grad_norm(_logp)`` may be
-  NaN under ``--grad-norm none``, ``rsi`` where the entropy is 0, by definition);
+  NaN under ``--grad-norm none``, ``rsi`` where the entropy is 0, by definition; answers.parquet's
+  extra columns carry the rollouts' own fields as given);
 
 and in both cases no file outside ``--out`` is created, changed or removed (the temporary
 directory holding the inputs is snapshotted before and after).
@@ -241,7 +242,7 @@ _OVERRIDES = {
     "prompt": _texts | _scalars, "response": _texts | _scalars, "prompt_ids": _ids | _scalars,
     "response_ids": _ids | _scalars, "reward": _floats | _scalars, "group_id": _scalars, "answer_id": _scalars,
     "step": _scalars, "domain": _scalars, "old_logprobs": st.lists(_floats, max_size=4) | _scalars,
-    "ref_logprobs": st.lists(_floats, max_size=4) | _scalars,
+    "ref_logprobs": st.lists(_floats, max_size=4) | _scalars, "extra_field": _scalars,
 }
 
 
