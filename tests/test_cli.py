@@ -44,3 +44,34 @@ def test_unknown_option_value_is_a_usage_error(capsys):
         main(["probe", "--model", "x", "--rollouts", "y", "--out", "z", "--advantage", "median"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["probe", "--model", "tiny", "--rollouts", "NOPE.jsonl", "--out", "{tmp}/o"], "NOPE.jsonl"),
+    (["run", "--model", "tiny", "--domains", "poetry", "--out", "{tmp}/o"], "poetry"),
+    (["sample", "--domains", "poetry", "--out", "{tmp}/r.jsonl"], "poetry"),
+    (["stats", "{tmp}/nope"], "nope"),
+    (["figures", "{tmp}/nope"], "nope"),
+    (["merge", "{tmp}/nope"], "nope"),
+    (["compare", "{tmp}/nope", "--out", "{tmp}/c"], "nope"),
+    (["probe", "--model", "tiny", "--rollouts", "x", "--out", "o", "--grad-norm", "bogus"], "invalid choice"),
+    (["stats"], "RUN_DIR"),
+    (["no-such-command"], "invalid choice"),
+])
+def test_every_subcommand_error_is_one_line_exit_2(argv, needle, tmp_path, capsys):
+    """``gmts: error: ...`` naming what is wrong, the last and only error line, exit 2, no traceback."""
+    try:
+        rc = main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    except SystemExit as e:  # usage errors
+        rc = e.code
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert rc == 2 and "Traceback" not in err, err
+    assert [x for x in lines if x.startswith("gmts: error:")] == [lines[-1]] and needle in lines[-1], err
+
+
+def test_debug_flag_before_or_after_the_subcommand():
+    p = build_parser()
+    assert p.parse_args(["--debug", "stats", "x"]).debug is True
+    assert p.parse_args(["stats", "x", "--debug"]).debug is True
+    assert p.parse_args(["stats", "x"]).debug is False
