@@ -188,3 +188,18 @@ def test_shipped_data_is_package_data():
     from gmts_analysis.runs import read_run
 
     assert len(read_run(example_run_dir(), compute_missing_stats=False).answers) == 192
+
+
+def test_text_rollouts_with_a_loaded_model_and_its_tokenizer(fresh_llama):
+    """Text rows are tokenized with the tokenizer passed in: prompt with special tokens, response without."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(fresh_llama)
+    tok = AutoTokenizer.from_pretrained(fresh_llama)
+    rows = [{"prompt": "2+3=", "response": r, "reward": float(i % 2), "group_id": "g"}
+            for i, r in enumerate(["5", "6", "5 ok", "7"])]
+    run = gmts.probe(model, rows, tokenizer=tok, quiet=True, **FAST)
+    want = [tok(r["response"], add_special_tokens=False)["input_ids"] for r in rows]
+    assert [list(x) for x in run.answers["response_ids"]] == want
+    assert list(run.answers["prompt_ids"][0]) == tok("2+3=", add_special_tokens=True)["input_ids"]
+    assert len(run.tokens) == sum(map(len, want))
