@@ -272,8 +272,9 @@ _HELD_LOCKS: dict[str, int] = {}  # lock path -> depth held by this process (the
 
 
 def lock_path(out: str | os.PathLike) -> Path:
-    """The lock file of a run directory: a hidden sibling (it survives the directory's renames)."""
-    out = Path(out)
+    """The lock file of a run directory: a hidden sibling (it survives the directory's renames).
+    Symbolic links are resolved first, so two spellings of one directory share one lock."""
+    out = Path(os.path.realpath(out))
     return out.parent / f".{out.name}.gmts-lock"
 
 
@@ -298,7 +299,7 @@ def exclusive_lock(out: str | os.PathLike) -> Iterator[Path]:
             _HELD_LOCKS[key] -= 1
         return
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise GmtsError(f"{out}: cannot create its parent directory ({e.strerror or e})") from None
     while True:

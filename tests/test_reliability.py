@@ -429,3 +429,10 @@ def test_a_run_left_aside_by_a_killed_replacement_is_restored(model_dir, rollout
     assert rc == 0 and "already complete" in err, err
     assert (out / "tokens.parquet").read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "run"]
+
+
+def test_two_spellings_of_one_directory_share_one_lock(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    assert gio.lock_path(tmp_path / "link" / "run") == gio.lock_path(tmp_path / "real" / "run")
+    assert gio.lock_path(tmp_path / "real" / "run/") == gio.lock_path(tmp_path / "real" / "." / "run")
