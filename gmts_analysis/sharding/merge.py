@@ -18,12 +18,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gmts_analysis import io
 from gmts_analysis import finalize as finalize_mod
-from gmts_analysis import kernel, tables
+from gmts_analysis import io, kernel, tables
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.sharding import state
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.sharding import state
 
 log = logging.getLogger("gmts_analysis.sharding")
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from gmts_analysis import io, kernel
 from gmts_analysis.config import ProbeConfig
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.sharding import merge, state
 from gmts_analysis.sharding.context import (
     DistContext,
@@ -33,7 +34,6 @@ from gmts_analysis.sharding.context import (
 )
 from gmts_analysis.sharding.shard import shard_answers
 from gmts_analysis.sharding.worker import probe_share
-from gmts_analysis.errors import GmtsError
 from gmts_analysis.verifiers import resolve_verifier
 
 log = logging.getLogger("gmts_analysis.sharding")
@@ -85,6 +85,18 @@ def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int
     return model, tokenizer, model_path, answers, n_cut, t_load
 
 
+@contextlib.contextmanager
+def _log_level(name: str, level: int) -> Any:
+    """Set logger ``name``'s level for the block, then restore it."""
+    lg = logging.getLogger(name)
+    old = lg.level
+    lg.setLevel(level)
+    try:
+        yield lg
+    finally:
+        lg.setLevel(old)
+
+
 def _on_main(ctx: DistContext, fn: Any) -> Any:
     """Run ``fn`` on rank 0 and give every rank its result; a GmtsError is raised on every rank."""
     msg = None
@@ -113,10 +125,10 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
     ctx = ctx or context_from_env()
     check_inputs(cfg)
     out = Path(cfg.out)
-    if not ctx.is_main:  # progress and info lines on rank 0 only
-        logging.getLogger("gmts_analysis.probe").setLevel(logging.ERROR)
-        logging.getLogger("gmts_analysis.sharding").setLevel(logging.WARNING)
     with process_group(ctx), contextlib.ExitStack() as held:
+        if not ctx.is_main:  # progress and info lines on rank 0 only (levels restored on exit)
+            held.enter_context(_log_level("gmts_analysis.kernel", logging.ERROR))
+            held.enter_context(_log_level("gmts_analysis.sharding", logging.WARNING))
         t_start = time.perf_counter()
         # rank 0 holds the run directory's lock for the whole job: a second job on it stops here
         _on_main(ctx, lambda: str(held.enter_context(io.exclusive_lock(out))))

@@ -28,10 +28,10 @@ import torch
 
 from gmts_analysis import kernel, tables
 from gmts_analysis.config import ProbeConfig
-from gmts_analysis.sharding import state
-from gmts_analysis.sharding.context import DistContext
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rollouts import Answer
+from gmts_analysis.sharding import state
+from gmts_analysis.sharding.context import DistContext
 
 log = logging.getLogger("gmts_analysis.sharding")
 
