@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_rollouts
 
 import gmts_analysis as gmts
-from conftest import make_rollouts
 from gmts_analysis.cli import main
 
 # sketch-free, fidelity-free and figure-free keeps every probe here well under a second
@@ -166,8 +166,9 @@ def test_shipped_data_is_package_data():
     package-data globs of pyproject.toml, so a wheel or a non-editable install carries it."""
     import fnmatch
     import importlib.resources
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from gmts_analysis.models import resolve_model_path
     from gmts_analysis.resources import data_dir, example_run_dir

@@ -16,12 +16,12 @@ from gmts_analysis import finalize as finalize_mod
 from gmts_analysis import kernel as probe_mod
 from gmts_analysis.cli import main
 from gmts_analysis.config import ProbeConfig
+from gmts_analysis.models import load_model
+from gmts_analysis.rollouts import Answer, read_rollouts
 from gmts_analysis.sharding import merge as merge_mod
 from gmts_analysis.sharding import shard_answers
 from gmts_analysis.sharding.shard import answer_cost
 from gmts_analysis.sharding.worker import InjectedFailure
-from gmts_analysis.models import load_model
-from gmts_analysis.rollouts import Answer, read_rollouts
 
 FAST = ("--grad-norm", "none")
 
