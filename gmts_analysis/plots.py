@@ -8,6 +8,7 @@ files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
   pooled cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy and gmts.
 - ``decomposition``: cross-answer Spearman over all vs informative tokens (omega != 0) and the
   selection waste, for entropy, gmts, abs_omega, surprisal and logit_grad_norm, with CIs.
+- ``decomposition_slices``: the same per domain (or step), beside each slice's zero-advantage share.
 - ``estimators``: every estimator ranked by within-answer and informative cross-answer
   agreement with the exact gradient (seaborn violins of the per-answer correlations).
 - ``group_answers``: one group's answers, log entropy vs log grad_norm, one colour per
@@ -488,6 +489,49 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     return fig
 
 
+def fig_decomposition_slices(stats: dict, section: str | None = None,
+                             estimators: Sequence[str] = ("entropy", "gmts")) -> Figure | None:
+    """The decomposition per domain (or per step): for each slice, the share of tokens with
+    omega = 0 (bars, right axis) and each estimator's cross-answer Spearman over all tokens (open)
+    and over informative tokens (filled), with 95% CIs. None when the run has no slices."""
+    section = section or next((k for k in ("by_domain", "by_step") if stats.get(k)), None)
+    sl = stats.get(section) if section else None
+    if not sl:
+        return None
+    names = list(sl)
+    ests = [e for e in estimators if e in (stats.get("cross_answer") or {})]
+    fig = Figure(figsize=(2.2 + 1.6 * len(names), 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    ax2 = ax.twinx()
+    share = [100 * _num((sl[k].get("zero_advantage") or {}).get("token_share")) for k in names]
+    ax2.bar(range(len(names)), share, width=0.75, color="#dddddd", zorder=0, label="tokens with ω = 0")
+    for x, v in enumerate(share):
+        if np.isfinite(v):
+            ax2.annotate(f"{v:.0f}% ω = 0", (x, v), xytext=(0, 2), textcoords="offset points", ha="center",
+                         fontsize=7, color="#666666")
+    ax2.set_ylim(0, 100)
+    ax2.set_ylabel("% of tokens with ω = 0 (bars)", color="#666666")
+    ax.set_zorder(ax2.get_zorder() + 1)
+    ax.patch.set_visible(False)
+    off = np.linspace(-0.25, 0.25, 2 * max(1, len(ests)))
+    for i, e in enumerate(ests):
+        c = _color(e, i)
+        for x, k in enumerate(names):
+            _errbar(ax, x + off[2 * i], (sl[k].get("cross_answer") or {}).get(e), "spearman", fmt="o", color=c,
+                    mfc="white", mec=c, ms=6)
+            _errbar(ax, x + off[2 * i + 1], (sl[k].get("cross_answer_informative") or {}).get(e), "spearman",
+                    fmt="o", color=c, mec="black", ms=6)
+        ax.errorbar([], [], fmt="o", color=c, mfc="white", label=f"{e}: all tokens")
+        ax.errorbar([], [], fmt="o", color=c, mec="black", label=f"{e}: ω ≠ 0")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_xlim(-0.6, len(names) - 0.4)
+    ax.set_ylim(min(-0.05, ax.get_ylim()[0]), 1.05)
+    ax.set_ylabel("cross-answer Spearman ρ with grad_norm")
+    ax.legend(fontsize=7, frameon=False, loc="lower left", ncols=2)
+    ax.set_title(f"Across answers per {section.removeprefix('by_')}: all vs informative tokens", fontsize=10)
+    return fig
+
+
 def fig_estimators(tokens: pd.DataFrame, stats: dict) -> Figure:
     """Every estimator, ranked (``estimators.csv``): the distribution of its per-answer Spearman
     with grad_norm_logp over the common answer set (seaborn violins and points), and its
@@ -554,6 +598,7 @@ def _token_strings(run: Run) -> Figure | None:
 FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "within_vs_cross": lambda r: fig_within_vs_cross(r.tokens, r.stats),
     "decomposition": lambda r: fig_decomposition(r.stats),
+    "decomposition_slices": lambda r: fig_decomposition_slices(r.stats),
     "estimators": lambda r: fig_estimators(r.tokens, r.stats),
     "group_answers": lambda r: fig_group_answers(r.tokens),
     "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),

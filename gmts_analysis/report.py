@@ -276,6 +276,8 @@ FIGURE_CAPTIONS = {
     "grad_norm over all tokens pooled, with 95% CIs.",
     "decomposition": "Across answers over all tokens vs over informative tokens (ω ≠ 0), and the share of each "
     "selection spent on tokens without gradient: how much of a score's failure is wasted picks, how much magnitude.",
+    "decomposition_slices": "Per domain (or step): the share of tokens without gradient (bars) and the cross-answer "
+    "Spearman of entropy and GMTS over all vs informative tokens, with 95% CIs.",
     "estimators": "Every per-token score ranked by agreement with the exact gradient: per-answer correlations "
     "(same answers for every score) and the informative cross-answer correlation, with 95% CIs.",
     "group_answers": "One group: each answer is its own band of log entropy vs log grad_norm (marker: sign of the advantage).",

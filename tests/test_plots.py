@@ -49,6 +49,11 @@ def test_decomposition_and_estimator_figures_draw_the_stats(tables):
     bars = {t.get_text() for t in ax2.texts}
     assert f"{100 * stats['selection_waste']['batch']['entropy']['0.2']:.0f}%" in bars
     assert "version 2" in plots.fig_decomposition({"cross_answer": {"entropy": {}}}).axes[0].texts[0].get_text()
+    assert plots.fig_decomposition_slices(stats) is None  # no domain or step in this table
+    t2, a2 = make_tables(n_groups=4, group_size=3, seed=2, domains=("x", "y"))
+    st2 = compute_stats(t2, a2, n_boot=20)
+    sl = plots.fig_decomposition_slices(st2)
+    assert [t.get_text() for t in sl.axes[0].get_xticklabels()] == ["x", "y"]
     est = plots.fig_estimators(tokens, stats)
     ticks = [t.get_text() for t in est.axes[0].get_yticklabels()]
     from gmts_analysis.stats import estimator_table
@@ -94,7 +99,7 @@ def test_display_token():
 
 
 def test_render_all_and_command(tmp_path):
-    run = make_run_dir(tmp_path / "run", figures=False, report=False, n_boot=50)
+    run = make_run_dir(tmp_path / "run", figures=False, report=False, n_boot=50, domains=("math", "logic"))
     paths = plots.render_all(run)
     names = {p.name for p in paths}
     for stem in plots.FIGURES:
@@ -116,5 +121,5 @@ def test_render_all_without_stats_json(tmp_path):
     run = make_run_dir(tmp_path / "run", figures=False, report=False, n_boot=20)
     (run / "stats.json").unlink()
     paths = plots.render_all(run, to=tmp_path / "f")
-    assert {p.stem for p in paths} == set(plots.FIGURES) - {"update_fidelity"}
+    assert {p.stem for p in paths} == set(plots.FIGURES) - {"update_fidelity", "decomposition_slices"}  # no slices
     assert np.all([p.stat().st_size > 0 for p in paths])
