@@ -153,10 +153,12 @@ def check_finite(cols: Mapping[str, Any], where: str, allow_nan: Sequence[str] =
             raise GmtsError(f"{where}: non-finite {k} ({arr.reshape(-1)[i]}) at token {i}")
 
 
-def check_finite_scalars(values: Mapping[str, float], where: str) -> None:
-    """Raise naming the first of ``values`` (an answer's advantage, weight, reward) that is not finite."""
+def check_finite_scalars(values: Mapping[str, float], where: str, allow_nan: Sequence[str] = ()) -> None:
+    """Raise naming the first of ``values`` (an answer's advantage, weight, reward) that is not finite
+    (``allow_nan``: may be NaN, never infinite)."""
     for k, v in values.items():
-        if v is None or not math.isfinite(float(v)):
+        x = float("nan") if v is None else float(v)
+        if not math.isfinite(x) and not (k in allow_nan and math.isnan(x)):
             raise GmtsError(f"{where}: non-finite {k} ({v})")
 
 
