@@ -138,7 +138,7 @@ def cluster_unit(df: pd.DataFrame) -> str:
 def _unit_codes(df: pd.DataFrame, unit: str) -> tuple[np.ndarray, pd.Index]:
     """Resampling cluster of each row as codes ``[0, C)``, and the C cluster ids."""
     col = "group_id" if unit == "group" else "answer_id"
-    codes, uniq = pd.factorize(df[col])
+    codes, uniq = pd.factorize(df[col], use_na_sentinel=False)  # a missing id is one cluster of its own
     return codes.astype(np.int64), pd.Index(uniq)
 
 
