@@ -73,6 +73,14 @@ class RunTables:
                 and same(self.grad_groups, other.grad_groups)
                 and self.stats == other.stats and self.manifest == other.manifest)
 
+    def __eq__(self, other: object) -> bool:
+        """``run == other``: :meth:`equals` (so ``gmts.load_run(run.save(d)) == run``)."""
+        if not isinstance(other, RunTables):
+            return NotImplemented
+        return self.equals(other)
+
+    __hash__ = None  # mutable tables: not hashable
+
     def __repr__(self) -> str:
         n_ans = 0 if self.answers is None else len(self.answers)
         where = f", path={str(self.path)!r}" if self.path is not None else ""

@@ -125,7 +125,7 @@ def test_save_load_roundtrip(path_run, tmp_path):
     assert sorted(p.name for p in (saved / "figures").glob("*.png"))
     back = gmts.load_run(saved)
     assert isinstance(back, gmts.Run) and back.path == saved
-    assert back.equals(path_run)
+    assert back.equals(path_run) and back == path_run
     pd.testing.assert_frame_equal(back.tokens, path_run.tokens)
     pd.testing.assert_frame_equal(back.answers, path_run.answers)
     assert back.stats == path_run.stats and back.manifest == path_run.manifest
@@ -134,7 +134,7 @@ def test_save_load_roundtrip(path_run, tmp_path):
     # equals can fail
     changed = gmts.load_run(saved)
     changed.tokens.loc[0, "entropy"] += 1e-9
-    assert not changed.equals(path_run)
+    assert not changed.equals(path_run) and changed != path_run
 
 
 def test_in_memory_figures_and_report(path_run, tmp_path):
