@@ -388,15 +388,15 @@ def figure_series(table: pd.DataFrame) -> list[str]:
 
 def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> Path:
     """statistic vs step for one series, one line per estimator, 95% CI band where known."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     from gmts_analysis.io import atomic_write_bytes
 
     sub = table[table["series"] == series]
-    fig, ax = plt.subplots(figsize=(6.0, 3.6))
+    fig = Figure(figsize=(6.0, 3.6))  # no pyplot, no global backend switch
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
     markers = "osD^vP*X"
     groups = sorted(pd.unique(sub["settings"]))
     for e, d in sub.groupby("estimator", sort=False):
@@ -420,7 +420,6 @@ def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> P
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
 
 
