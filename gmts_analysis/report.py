@@ -255,8 +255,9 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
 
     rk = run_rho_key(stats)
     ests = [s for s in ("entropy", "gmts") if s in stats.get("cross_answer", {})]
-    head = f"<tr><th>{_e(title)}</th><th>answers</th>" + "".join(
-        f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ [CI]</th><th>{_e(s)}: top-{rk}</th>" for s in ests
+    head = f"<tr><th>{_e(title)}</th><th>answers</th><th>tokens with ω = 0</th>" + "".join(
+        f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ, all [CI]</th><th>{_e(s)}: across ρ, ω ≠ 0 [CI]</th>"
+        f"<th>{_e(s)}: top-{rk} overlap / waste</th>" for s in ests
     ) + "</tr>"
     rows = []
     for k, blk in sl.items():
@@ -264,10 +265,14 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
         for s in ests:
             wa = blk.get("within_answer", {}).get(s, {})
             ca = blk.get("cross_answer", {}).get(s, {})
+            ci = (blk.get("cross_answer_informative") or {}).get(s, {})
             tk = blk.get("topk_overlap", {}).get("batch", {}).get(s, {}).get(rk)
+            wst = (blk.get("selection_waste") or {}).get("batch", {}).get(s, {}).get(rk)
             cells += (f"<td>{_fmt(wa.get('median'))}</td><td>{_ci(ca.get('spearman'), ca.get('ci_low'), ca.get('ci_high'))}</td>"
-                      f"<td>{_fmt(tk)}</td>")
-        rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.get('n_answers'))}</td>{cells}</tr>")
+                      f"<td>{_ci(ci.get('spearman'), ci.get('ci_low'), ci.get('ci_high'))}</td>"
+                      f"<td>{_fmt(tk)} / {_fmt(wst)}</td>")
+        share = (blk.get("zero_advantage") or {}).get("token_share")
+        rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.get('n_answers'))}</td><td>{_fmt(share)}</td>{cells}</tr>")
     return f'<h3>By {_e(title)}</h3><div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
