@@ -463,3 +463,15 @@ def test_gmts_stats_rewrites_a_version_1_directory(tmp_path, tables):
     assert list(table.columns) == list(S.ESTIMATOR_TABLE_COLUMNS)
     assert main(["stats", str(tmp_path / "nope")]) == 2
     assert main(["stats", str(tmp_path), "--n-boot", "-1"]) == 2
+
+
+def test_the_runs_rho_joins_the_grid_and_the_words():
+    from gmts_analysis.summary import findings
+
+    df = hand_table()
+    st = S.compute_stats(df, n_boot=0, estimators=["entropy", "gmts"], rho=0.25)
+    assert st["meta"]["rhos"] == ["0.05", "0.1", "0.2", "0.25", "0.3", "0.5"] and S.run_rho_key(st) == "0.25"
+    ov, waste, _ = ref_topk_waste(S.prepare_tokens(df), "entropy", 0.25, "batch")
+    assert st["topk_overlap"]["batch"]["entropy"]["0.25"] == pytest.approx(ov)
+    assert st["selection_waste"]["batch"]["entropy"]["0.25"] == pytest.approx(waste)
+    assert any("top-25% selection" in w for w in findings(st))
