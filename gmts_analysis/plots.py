@@ -77,7 +77,8 @@ def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bo
 def _color(name: str, i: int) -> str:
     if name in COLORS:
         return COLORS[name]
-    cycle = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#1f77b4", "#ff7f0e"]
+    # never entropy's or gmts's colour for another score
+    cycle = ["#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79", "#637939", "#843c39"]
     return cycle[i % len(cycle)]
 
 
