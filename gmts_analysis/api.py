@@ -8,7 +8,9 @@
     gmts.load_run("runs/mine")                                       # the same object back
 
 ``options`` are the ``gmts probe`` flags in snake_case (:class:`gmts_analysis.config.ProbeOptions`);
-job settings (``out``, ``overwrite``, resume) belong to the CLI job and ``Run.save``.
+of the job settings, :func:`probe` takes those that mean something in one process
+(:data:`PROBE_SETTINGS`: ``quiet``, ``offline``, ``out`` to save as well); resuming a killed
+job is the CLI's (``gmts probe``, ``gmts run``).
 :func:`probe` runs the same kernel and the same statistics as ``gmts probe``
 (:mod:`gmts_analysis.kernel`, :mod:`gmts_analysis.finalize`), in one process, without files.
 """
@@ -76,7 +78,6 @@ class Run(RunTables):
         from gmts_analysis.io import atomic_write_text
 
         return atomic_write_text(path, html)
-
 
     def show(self, n: int = 5, **kw: Any) -> "TokenView":
         """An inline token heatmap (renders in a notebook cell): the ``n`` answers where entropy and
