@@ -112,8 +112,8 @@ def fig_within_vs_cross(
     For each estimator: a violin and the per-answer points of Spearman(s, grad_norm_logp)
     inside answers (the same informative answers for every estimator,
     :func:`gmts_analysis.stats.within_values`), with the mean and its 95% CI (cluster bootstrap,
-    ``meta.ci_unit``); next to it the pooled Spearman(s, grad_norm) across all tokens with its
-    95% CI. The informative-token value is in :func:`fig_decomposition`.
+    ``meta.ci_unit``); next to it the pooled Spearman(s, grad_norm) across all tokens (open
+    diamond) and across informative tokens, omega != 0 (filled), with 95% CIs.
     """
     from gmts_analysis.stats import prepare_tokens, within_values
 
@@ -147,19 +147,25 @@ def fig_within_vs_cross(
         r = _num(ca.get("spearman"))
         clo, chi = _num(ca.get("ci_low")), _num(ca.get("ci_high"))
         if np.isfinite(r):
-            ax.errorbar([i + 0.2], [r], yerr=[[r - clo], [chi - r]] if np.isfinite(clo) else None,
-                        fmt="D", color=c, mec="black", ms=8, capsize=4, zorder=5)
-            ax.annotate(f"{r:.2f}", (i + 0.2, r), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
+            ax.errorbar([i + 0.12], [r], yerr=[[r - clo], [chi - r]] if np.isfinite(clo) else None,
+                        fmt="D", color=c, mfc="white", mec=c, ms=8, capsize=4, zorder=5)
+            ax.annotate(f"{r:.2f}", (i + 0.12, r), xytext=(-8, 0), textcoords="offset points", va="center",
+                        ha="right", fontsize=8)
+        ri = _errbar(ax, i + 0.3, stats.get("cross_answer_informative", {}).get(s), "spearman", fmt="D", color=c,
+                     mec="black", ms=8, zorder=5)
+        if np.isfinite(ri):
+            ax.annotate(f"{ri:.2f}", (i + 0.3, ri), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
         ax.annotate(f"median {np.median(rhos):.2f}\n(n={len(rhos)})" if len(rhos) else "n=0",
                     (x0, -1.0), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
-    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers (all tokens pooled): 95% CI")
+    ax.errorbar([], [], fmt="D", color="grey", mfc="white", label="across answers, all tokens: 95% CI")
+    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers, informative tokens (ω ≠ 0)")
     ax.axhline(0, color="grey", lw=0.6, ls=":")
     ax.set_xticks(range(len(ests)), ests)
     ax.set_xlim(-0.6, len(ests) - 0.4)
     ax.set_ylim(-1.05, 1.05)
     ax.set_ylabel("Spearman ρ with gradient norm")
     ax.set_title("Inside an answer vs across answers", fontsize=10)
-    fig.legend(loc="outside lower center", ncols=2, fontsize=7, frameon=False)
+    fig.legend(loc="outside lower center", ncols=3, fontsize=7, frameon=False)
     return fig
 
 
