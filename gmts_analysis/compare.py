@@ -156,13 +156,16 @@ def run_step(manifest: Mapping) -> tuple[int | None, str]:
     cfg = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
     for key in ("model_path", "model"):
         v = manifest.get(key) if key == "model_path" else cfg.get(key)
-        if isinstance(v, str):
-            m = None
-            for m in STEP_PATTERN.finditer(v):
-                pass
-            if m is not None:
-                return int(m.group(1)), "checkpoint path"
+        step = _last_step(v) if isinstance(v, str) else None
+        if step is not None:
+            return step, "checkpoint path"
     return None, "order"
+
+
+def _last_step(text: str) -> int | None:
+    """The number of the last ``checkpoint-N`` / ``ckpt_N`` / ``stepN`` / ``global_stepN`` in ``text``."""
+    found = list(STEP_PATTERN.finditer(text))
+    return int(found[-1].group(1)) if found else None
 
 
 def flatten_stats(stats: Mapping, prefix: tuple = ()) -> dict[tuple, float]:
@@ -330,10 +333,8 @@ def checkpoint_series(model: str) -> list[str] | None:
             raise GmtsError(f"--model {model}: neither a model (no config.json) nor a directory of checkpoints")
 
         def key(d: Path) -> tuple:
-            m = None
-            for m in STEP_PATTERN.finditer(d.name):
-                pass
-            return (0, int(m.group(1)), d.name) if m else (1, 0, d.name)
+            step = _last_step(d.name)
+            return (0, step, d.name) if step is not None else (1, 0, d.name)
 
         return [str(d) for d in sorted(subs, key=key)]
     return None

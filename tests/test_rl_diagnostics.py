@@ -216,7 +216,7 @@ def test_trl_callback_two_steps_metrics_in_logs_and_equal_stats(tmp_path):
     assert len(cb.history) == 2 and len(seen) == 2
     logs = [h for h in tr.state.log_history if PREFIX + "selection_waste/entropy" in h]
     assert len(logs) == 2
-    for (step, m), h in zip(cb.history, logs):
+    for (_step, m), h in zip(cb.history, logs):
         for k in (PREFIX + "zero_advantage/token_share", PREFIX + "selection_waste/gmts",
                   PREFIX + "overlap/entropy_gmts", PREFIX + "grad/cross_answer_informative/gmts"):
             assert h[k] == pytest.approx(m[k]), k
@@ -224,7 +224,7 @@ def test_trl_callback_two_steps_metrics_in_logs_and_equal_stats(tmp_path):
         assert -1.0 <= m[PREFIX + "grad/cross_answer_informative/gmts"] <= 1.0
     # independent recomputation on the captured micro-batch: own forward, Categorical entropy,
     # omega != 0 iff A != 0 (on-policy, no KL), then the stats.json functions on the table
-    for (step, m), inp in zip(cb.history, seen):
+    for (_step, m), inp in zip(cb.history, seen):
         cm = inp["completion_mask"]
         ids = torch.cat([inp["prompt_ids"], inp["completion_ids"]], 1)
         att = torch.cat([inp["prompt_mask"], cm], 1)

@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from gmts_analysis.compare import compare_runs, write_comparison
-
     from gmts_analysis.io import check_output_location
 
     log = logging.getLogger("gmts_analysis.compare")
