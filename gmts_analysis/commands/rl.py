@@ -1,4 +1,4 @@
-"""``gmts rl``: RLVR on the toy domains with token selection (all | entropy | gmts | random)."""
+"""``gmts rl``: RLVR on the toy domains with token selection (all | entropy | gmts | gmts_lgn | random)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rl",
         help="train a toy policy with GRPO, updating only selected tokens; compare selections over seeds",
         description="On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
-        "loss (all | entropy | gmts | random). Runs every --selection x --seed, evaluates pass@1 at "
+        "loss (all | entropy | gmts | gmts_lgn | random; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x --seed, evaluates pass@1 at "
         "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
         "writes the results JSON (--out) and learning-curve figures (--figures).",
     )
     p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, or a checkpoint directory "
                    f"(default: {d.policy})")
     p.add_argument("--selection", nargs="+", default=list(SELECTION_ARMS), choices=SELECTION_ARMS,
-                   help="one or more arms (default: all four)")
+                   help="one or more arms (default: all five)")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
     p.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default: {d.steps})")
     p.add_argument("--domains", nargs="+", default=list(ALL_DOMAINS), help="toy domains, space- or comma-separated (default: all three)")
