@@ -9,7 +9,9 @@ shape at width 128). ``qwen0.5b``: random Qwen2.5-0.5B shape (hidden 896, vocabu
 151936, tied) with ``--layers`` decoder layers. Answers are random token ids (prompt
 ``--P``, response ``--T``). The loops cost the same for every token (a full-length
 forward/backward), so they are timed on ``--naive-tokens`` evenly spaced tokens and
-reported per token (said in the output). Also counted: calls of the model's top-level
+reported per token (said in the output). Wall-clock and process CPU time are both
+recorded (one thread: CPU time is far less sensitive to other jobs on a shared machine, and
+``cpu x ...`` ratios use it). Also counted: calls of the model's top-level
 forward per answer during the probe (``forwards_per_answer``) and the sequence positions
 they processed.
 
@@ -111,12 +113,13 @@ def main(argv=None) -> int:
             cfg = ProbeConfig(**{k: v for k, v in kw.items() if k in fields})
             calls.update(n=0, positions=0)
             base_calls["n"] = 0
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             res = kernel.probe_answers(model, None, answers, cfg, progress=False)
-            secs = time.perf_counter() - t0
+            secs, cpu = time.perf_counter() - t0, time.process_time() - c0
             n_tok = a.T * a.answers
             result["rows"][f"probe {method}"] = {
                 "tokens_per_s": n_tok / secs, "seconds": secs, "tokens": n_tok,
+                "cpu_tokens_per_s": n_tok / cpu, "cpu_seconds": cpu,
                 "forwards_per_answer": calls["n"] / a.answers,
                 "base_forwards_per_answer": base_calls["n"] / a.answers,
                 "positions_per_answer": calls["positions"] / a.answers,
@@ -128,10 +131,11 @@ def main(argv=None) -> int:
             k = min(a.naive_tokens, a.T)
             subset = sorted({round(i * (a.T - 1) / max(1, k - 1)) for i in range(k)})
             for name, fn in (("naive loop", naive_grad_norms), ("shared-forward loop", loop_grad_norms)):
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 fn(model, ids, a.P, 1.0, tokens=subset)
-                secs = time.perf_counter() - t0
+                secs, cpu = time.perf_counter() - t0, time.process_time() - c0
                 result["rows"][name] = {"tokens_per_s": len(subset) / secs, "seconds": secs,
+                                        "cpu_tokens_per_s": len(subset) / cpu, "cpu_seconds": cpu,
                                         "tokens": len(subset),
                                         "note": f"timed on {len(subset)} of {a.T} tokens, per-token cost extrapolated"}
                 print(f"{name}: {len(subset) / secs:.3f} tok/s", file=sys.stderr, flush=True)
@@ -145,6 +149,7 @@ def main(argv=None) -> int:
             for ref in ("naive loop", "shared-forward loop"):
                 if ref in rows:
                     rows[name][f"x {ref}"] = rows[name]["tokens_per_s"] / rows[ref]["tokens_per_s"]
+                    rows[name][f"cpu x {ref}"] = rows[name]["cpu_tokens_per_s"] / rows[ref]["cpu_tokens_per_s"]
     try:
         import os
 
