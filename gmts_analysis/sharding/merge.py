@@ -72,7 +72,7 @@ def write_part(out: Path, rank: int, world_size: int, run_hash: str, attempt: in
     wanted = set(share)
     missing = wanted - set(state.owners(records))
     if missing:
-        raise GmtsError(f"{out}: rank {rank}: {len(missing)} answer(s) of its share have no chunk record")
+        raise GmtsError(f"{out}: rank {rank}: {len(missing)} answer(s) of its share have no record in chunks/")
     tokens, groups, errors = gather_chunks(out, records, wanted)
     stem = state.part_stem(rank, world_size)
     d = out / state.PARTS
@@ -128,7 +128,7 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
                     grp.append(io.read_parquet(out / state.PARTS / m["groups"]))
             errors = sorted((e for m in parts for e in m["errors"]), key=lambda e: e["index"])
             return _concat(tok, tables.TOKEN_COLUMNS), _concat(grp), errors
-        log.warning("%s: the parts do not cover every answer once; merging from the chunk records", out)
+        log.warning("%s: the parts do not cover every answer once; merging from the records in chunks/", out)
     records = state.read_chunks(out, run_hash)
     missing = sorted(everything - set(state.owners(records)))
     if missing:

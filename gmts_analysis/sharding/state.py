@@ -303,12 +303,12 @@ def read_chunks(out: Path, run_hash: str) -> list[ChunkRecord]:
     for p in sorted((out / CHUNKS).glob("c*.json")):
         d = _read_json_or_none(p)
         if not isinstance(d, dict) or d.get("run_hash") != run_hash:
-            log.warning("%s: ignoring an unreadable or foreign chunk record", p)
+            log.warning("%s: ignoring an unreadable or foreign record", p)
             continue
         rec = ChunkRecord(**{k: d[k] for k in ChunkRecord.__dataclass_fields__ if k in d})
         missing = [f for f in (rec.tokens, rec.groups) if f and not (out / CHUNKS / f).exists()]
         if missing:
-            log.warning("%s: its table %s is missing; the chunk will be redone", p, missing[0])
+            log.warning("%s: its table %s is missing; its answers will be probed again", p, missing[0])
             continue
         recs.append(rec)
     return recs
