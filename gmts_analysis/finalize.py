@@ -112,7 +112,7 @@ def finish_result(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, an
 
 
 def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwrite: bool = False,
-                  extra_files: dict[str, str] | None = None) -> Path:
+                  extra_files: dict[str, str | Path] | None = None) -> Path:
     """Write ``run`` as a complete run directory ``out``: contract files, ``extra_files``
     (name -> text), and with ``figures`` the figures/ and report.html. The directory appears
     complete or not at all; an existing non-empty ``out`` is refused unless ``overwrite``.
@@ -125,8 +125,8 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
         from gmts_analysis.token_strings import write_token_strings
 
         write_token_strings(tmp, run.tokens, rho=float(run_rho_key(run.stats)))  # token_strings.csv
-        for name, text in (extra_files or {}).items():
-            io.atomic_write_text(tmp / name, text)
+        for name, text in (extra_files or {}).items():  # a text, or a file to copy
+            io.atomic_write_text(tmp / name, text.read_text(encoding="utf-8") if isinstance(text, Path) else text)
         if figures:
             from gmts_analysis.plots import render_all
             from gmts_analysis.report import write_report

@@ -25,14 +25,14 @@ from gmts_analysis.config import ProbeConfig
 SAMPLE_ROLLOUTS = "rollouts.jsonl"
 
 
-def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str, Path] | None = None) -> Path:
     """Load, read, probe, compute statistics (and fidelity, figures, report); write ``cfg.out``.
 
     One process, or every rank of a torchrun job (each takes a share of whole groups; rank 0
     merges). Work is recorded chunk by chunk in ``cfg.out``: the same command run again
     after a crash resumes; the finished files appear only once everything is done (see
     :mod:`gmts_analysis.sharding` and docs/scaling.md). ``extra`` adds manifest entries and
-    ``extra_files`` (name -> text) files of the finished directory.
+    ``extra_files`` (name -> path) files copied into the finished directory.
     """
     from gmts_analysis.sharding import run_sharded
 
@@ -102,11 +102,10 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
             io.atomic_write_text(work / SAMPLE_ROLLOUTS, (out / SAMPLE_ROLLOUTS).read_text(encoding="utf-8"))
             io.atomic_write_json(work / "sampling.json", key)
     rollouts = _sampled_rollouts(cfg, sampling, progress=not cfg.quiet)
-    text = rollouts.read_text(encoding="utf-8")
     result = run_probe(dataclasses.replace(cfg, rollouts=str(rollouts)),
                        extra={"job": "gmts run", "sampling": key,
                               **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}},
-                       extra_files={SAMPLE_ROLLOUTS: text})
+                       extra_files={SAMPLE_ROLLOUTS: rollouts})
     if (out / "manifest.json").exists():
         shutil.rmtree(work, ignore_errors=True)
     return result

@@ -91,3 +91,21 @@ def test_gmts_run_rejects_unknown_domain(tmp_path, capsys):
     rc = main(["run", "--model", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
     assert rc == 2
     assert "poetry" in capsys.readouterr().err
+
+
+def test_gmts_merge_finishes_a_killed_gmts_run_as_gmts_run_would(tmp_path, monkeypatch):
+    """Every answer probed, the job killed before its final step: `gmts merge` writes the same
+    directory `gmts run` would have (its sampled rollouts.jsonl and manifest entries included)."""
+    out = tmp_path / "run"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "5")  # 9 answers, 2 per record: the 5th is the last
+    with pytest.raises(InjectedFailure):  # --debug: the CLI re-raises instead of printing one line
+        main(["--debug", "run", "--out", str(out), *FAST])
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    assert not (out / "manifest.json").exists()
+    assert main(["merge", str(out), "--no-figures", "--fidelity", "off", "--quiet"]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["job"] == "gmts run" and m["sampling"]["group_size"] == 3
+    rows = [json.loads(line) for line in (out / "rollouts.jsonl").read_text().splitlines()]
+    assert rows == [json.loads(line) for line in (sample_work_dir(out) / "rollouts.jsonl").read_text().splitlines()]
+    t = pd.read_parquet(out / "tokens.parquet")
+    assert len(t) == sum(len(r["response_ids"]) for r in rows)

@@ -139,7 +139,7 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
 
 def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: Sequence[Any], coefs: Sequence[Any],
              fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict,
-             extra_files: dict[str, str] | None = None) -> Path:
+             extra_files: dict[str, Any] | None = None) -> Path:
     """Merge the rows and write the final run directory (statistics, manifest, figures, report).
 
     The work area (run.json, chunks/, parts/) is replaced by the finished directory in one

@@ -115,12 +115,13 @@ def _on_main(ctx: DistContext, fn: Any) -> Any:
 
 
 def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | None = None,
-                extra_files: dict[str, str] | None = None) -> Path:
+                extra_files: dict[str, Path] | None = None) -> Path:
     """Probe ``cfg.rollouts`` with ``cfg.model`` into ``cfg.out`` on this rank; rank 0 merges.
 
     With no torchrun environment this is one process doing everything. Returns ``cfg.out``.
-    ``extra`` (manifest entries) and ``extra_files`` (name -> text) go into the finished
-    directory (``gmts run`` records its sampling and the sampled rollouts so).
+    ``extra`` (manifest entries) and ``extra_files`` (name -> path of a file copied in) go into
+    the finished directory (``gmts run`` records its sampling and the sampled rollouts so); both
+    are kept in ``run.json`` so that ``gmts merge`` finishes the same directory.
     """
     ctx = ctx or context_from_env()
     check_inputs(cfg)
@@ -146,7 +147,8 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         device = rank_device(ctx, cfg.device)
         model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
         coefs = kernel.answer_coefficients(answers, cfg)
-        attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size))
+        finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
+        attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size, finishing))
 
         share = shard_answers(answers, ctx.world_size)[ctx.rank]
         done = state.owners(state.read_chunks(out, fp.run_hash))
@@ -171,7 +173,7 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
 
 def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
            fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
-           world_size: int, more: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+           world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None) -> Path:
     """Merge and write the final directory, with the manifest's timings and distribution record."""
     records = state.read_chunks(out, fp.run_hash)
     n_tok = sum(r.n_tokens for r in records)
@@ -231,5 +233,7 @@ def _merge_locked(cfg: ProbeConfig, out: Path, st: dict, device: str) -> Path:
     attempts = st.get("attempts") or [{}]
     world = int(attempts[-1].get("world_size", 1))
     parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))
+    done = st.get("finish") or {}
     return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
-                  time.perf_counter() - t0, world)
+                  time.perf_counter() - t0, world, done.get("extra"),
+                  {k: Path(v) for k, v in (done.get("extra_files") or {}).items()})

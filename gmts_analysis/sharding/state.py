@@ -211,7 +211,8 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
                     "pass --overwrite to replace it")
 
 
-def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int) -> int:
+def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int,
+                      finishing: dict | None = None) -> int:
     """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...).
 
     ``overwrite`` empties ``out`` first. Parts of earlier attempts are removed (they are
@@ -235,6 +236,7 @@ def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str,
                  "config": asdict(cfg), "created": _now(), "attempts": []}
     state["attempts"].append({"started": _now(), "world_size": world_size})
     state["config"] = asdict(cfg)  # the latest command (gmts merge uses it)
+    state["finish"] = finishing or {}  # manifest entries and files the finished directory gets (gmts merge too)
     shutil.rmtree(out / PARTS, ignore_errors=True)
     (out / CHUNKS).mkdir(exist_ok=True)
     (out / PARTS).mkdir(exist_ok=True)
