@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import plain_loop_grad_norms
+
 from gmts_analysis.grads import grad_norms
 from gmts_analysis.grads.bench import PeakMemory
 from gmts_analysis.testing import build_tiny_model

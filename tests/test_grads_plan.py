@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import plain_loop_grad_norms
 from torch import nn
 
-from conftest import plain_loop_grad_norms
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.grads import forward_quantities, grad_norms
 from gmts_analysis.grads.exact import _PLANS, cached_plan, planning_pass

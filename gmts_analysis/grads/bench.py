@@ -236,10 +236,9 @@ def run_bench(
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Run the benchmark; returns a JSON-able dict with ``rows``, ``machine`` and ``accuracy``."""
-    from gmts_analysis.rank import spearman
-
     from gmts_analysis.grads import grad_norms
     from gmts_analysis.grads.reference import loop_grad_norms, naive_grad_norms
+    from gmts_analysis.rank import spearman
 
     mem = PeakMemory(device)
     rows: list[Row] = []
