@@ -38,10 +38,10 @@ from matplotlib.figure import Figure
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.runs import RunTables
+from gmts_analysis.style import COLORS, display_token  # noqa: F401 - display_token re-exported (report)
 
 log = logging.getLogger(__name__)
 
-COLORS = {"entropy": "#1f77b4", "gmts": "#ff7f0e", "oracle": "#2ca02c", "random": "#7f7f7f", "all": "#444444"}
 
 
 # ------------------------------------------------------------------------ run directory
@@ -90,15 +90,6 @@ def _empty(fig: Figure, ax, msg: str) -> Figure:
     ax.text(0.5, 0.5, msg, ha="center", va="center", transform=ax.transAxes, parse_math=False)
     ax.set_axis_off()
     return fig
-
-
-def display_token(tok: Any, width: int | None = None) -> str:
-    """A visible form of a token: newline as ↵, tab as →, space as ␣; cut to ``width`` chars."""
-    s = "" if tok is None else str(tok)
-    s = s.replace("\n", "↵").replace("\t", "→").replace(" ", "␣").replace("\r", "⏎")
-    if width is not None and len(s) > width:
-        s = s[: max(1, width - 1)] + "…"
-    return s
 
 
 # ----------------------------------------------------------------------------- figures

@@ -111,7 +111,7 @@ def fig_token_strings(tokens: pd.DataFrame, rho: float = 0.2, top: int = 12, by:
     """
     from matplotlib.figure import Figure
 
-    from gmts_analysis.plots import COLORS, display_token
+    from gmts_analysis.style import COLORS, display_token
 
     try:
         t = token_strings_table(tokens, rho, by)
