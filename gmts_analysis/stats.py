@@ -154,7 +154,7 @@ def multiplicities(n_clusters: int, n_boot: int, rng: np.random.Generator) -> np
     return counts
 
 
-MATMUL_CELLS = 4e7  # cumulative sums by a (B, C) @ (C, n) product when C * n is at most this
+MATMUL_CELLS = 3e6  # cumulative sums by a (B, C) @ (C, n) product when C * n is at most this (24 MB)
 
 
 def _cumulative_indicator(codes_sorted: np.ndarray, n_clusters: int, at: np.ndarray | None = None) -> np.ndarray | None:
@@ -468,7 +468,7 @@ def topk_waste_ci(
         return {"topk_overlap_ci": out_tk, "selection_waste_ci": out_w}
     n = len(df)
     B, C = counts.shape
-    chunk = max(1, int(100_000 // n))  # rows per pass: (B, n) blocks that stay in cache
+    chunk = max(16, int(100_000 // n))  # rows per pass: (B, n) blocks that stay in cache, but not too few rows
     gn = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(n, np.nan)
     pos = gn > 0
     zero = (~informative).astype(np.float64)
@@ -492,16 +492,17 @@ def topk_waste_ci(
             for r in rhos:
                 t = true_plan.kept(tprep, r)
                 t *= pos_sorted
-                trues[r] = (t, t.sum(axis=1, dtype=np.float64))
+                cols = np.flatnonzero(t.any(axis=0))  # target-sorted tokens kept by some resample of the chunk
+                trues[r] = (t[:, cols], cols, t.sum(axis=1, dtype=np.float64))
             for s in estimators:
                 prep = plans[s].prepare(c)
                 for r in rhos:
                     sel = plans[s].kept(prep, r)
-                    n_sel = sel.sum(axis=1, dtype=np.float64)
+                    n_sel = n_keep(r, prep[2]).sum(axis=1, dtype=np.float64)  # every scope keeps exactly k copies
                     with np.errstate(invalid="ignore", divide="ignore"):
                         ws_[s][r][i : i + len(c)] = (sel @ zero_sorted[s]).astype(np.float64) / n_sel
-                    t, denom = trues[r]
-                    inter = np.minimum(sel[:, to_true[s]], t).sum(axis=1, dtype=np.float64)
+                    t, cols, denom = trues[r]
+                    inter = np.minimum(sel[:, to_true[s][cols]], t).sum(axis=1, dtype=np.float64)
                     with np.errstate(invalid="ignore", divide="ignore"):
                         tk[s][r][i : i + len(c)] = inter / denom
         out_tk[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(tk[s][r]))) for r in rhos}
