@@ -400,6 +400,7 @@ def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> P
     ax = fig.add_subplot()
     markers = "osD^vP*X"
     groups = sorted(pd.unique(sub["settings"]))
+    alpha = 0.15 if sub["estimator"].nunique() <= 4 else 0.06  # many overlapping bands stay readable
     for e, d in sub.groupby("estimator", sort=False):
         d = d.sort_values("x")
         label = e or series
@@ -408,7 +409,7 @@ def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> P
             dg = d[d["settings"] == g]
             ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=line.get_color(), ms=4)
         if d["ci_low"].notna().any():
-            ax.fill_between(d["x"], d["ci_low"], d["ci_high"], color=line.get_color(), alpha=0.15, lw=0)
+            ax.fill_between(d["x"], d["ci_low"], d["ci_high"], color=line.get_color(), alpha=alpha, lw=0)
     title = series + ("   [MIXED SETTINGS: markers = groups " + ", ".join(groups) + "]" if len(groups) > 1 else "")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(x_label)
