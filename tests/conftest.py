@@ -12,6 +12,18 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_session():
+    """Module- and session-scoped fixtures (reference runs computed once and compared with
+    torchrun ranks or CLI runs later) also run on one thread: float32 reductions depend on
+    the thread count, and a reference made on two threads differs from a one-thread
+    subprocess in the last bits, enough to swap near-tied ranks."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """One intra-op thread per test: tiny models run fastest so, and a shared 2-core machine
