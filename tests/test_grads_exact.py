@@ -143,3 +143,44 @@ def test_padding_row_gets_no_gradient():
     ids[[1, 7, 12]] = 0
     ref = loop_grad_norms(model, ids, 4)
     assert _rel(grad_norms(model, ids, 4, chunk_size=5).norms, ref) < 1e-9
+
+
+def _hf_tiny(kind: str) -> nn.Module:
+    """Models whose embeddings subclass ``nn.Embedding`` with another ``forward``: Gemma scales
+    the lookup by sqrt(d) (tied to the head), OPT offsets its learned positions by 2."""
+    import transformers as T
+
+    c = dict(vocab_size=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "gemma":
+        cfg = T.GemmaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=1, head_dim=8, **c)
+    else:
+        cfg = T.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+                          word_embed_proj_dim=32, dropout=0.0, **c)
+    from gmts_analysis.seeding import seeded_global_rng
+
+    with seeded_global_rng(0):
+        model = T.AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(3.0)
+    assert sum(p.numel() for p in model.parameters()) < 200_000
+    return model.double().eval()
+
+
+@pytest.mark.parametrize("kind", ["gemma", "opt"])
+def test_embedding_subclass_with_own_forward(kind):
+    from gmts_analysis.grads.plan import EMBEDDING, rule_for
+
+    model = _hf_tiny(kind)
+    emb = model.model.embed_tokens if kind == "gemma" else model.model.decoder.embed_positions
+    assert isinstance(emb, nn.Embedding) and type(emb).forward is not nn.Embedding.forward
+    assert rule_for(emb) is not EMBEDDING  # the base class's rule would give the wrong norm
+    ids, P = _ids(22), 6
+    ref = loop_grad_norms(model, ids, P, 0.9)
+    got = grad_norms(model, ids, P, temperature=0.9, chunk_size=5)
+    assert got.method == "exact" and _rel(got.norms, ref) < 1e-9, _rel(got.norms, ref)
+    if kind == "gemma":  # the sketch's embedding tangents carry the scale too
+        sk = grad_norms(model, ids, P, temperature=0.9, method="sketch", probes=256)
+        assert abs(float(((sk.norms - ref) / ref).mean())) < 0.05

@@ -17,8 +17,10 @@ a module no rule accepts is handled exactly by ``torch.func`` (see below). Ghost
 - LayerNorm / RMSNorm-like (output affine in an elementwise weight and bias):
   ``||sum_s g_s * u_s||^2`` (+ bias) with ``u`` = output at weight 1, bias 0 minus output at 0, 0;
 - embedding: ``sum_v ||sum_{s: id_s = v} g_s||^2`` (rows of equal tokens summed; padding row
-  excluded); for the embedding tied to the output head, the rows themselves (the head's part
-  is added in closed form, with the cross term).
+  excluded; times ``s^2`` for an embedding scaled by ``s``); for the embedding tied to the output
+  head, the rows themselves (the head's part is added in closed form, with the cross term).
+
+A subclass that overrides ``forward`` is not covered by its base class's rule.
 
 **Plan.** Every trainable parameter (tied tensors once) is in exactly one place:
 
@@ -142,6 +144,33 @@ class EmbeddingRule(GhostRule):
         return L * dout
 
 
+class ScaledEmbeddingRule(EmbeddingRule):
+    """``y = W[ids] * s``, ``s`` a scalar ``embed_scale`` (the ``*ScaledWordEmbedding`` classes of
+    ``transformers``: Gemma, BART, ...). Row gradients are ``s`` times the plain embedding's. As a
+    structural rule it accepts those classes by name; each call checks ``y == W[ids] * s`` (else the
+    engine is not used for the model)."""
+
+    name = "scaled_embedding"
+
+    def fits(self, module):
+        scale = getattr(module, "embed_scale", None)
+        return ("scaledwordembedding" in type(module).__name__.lower() and super().fits(module)
+                and (isinstance(scale, (int, float)) or (isinstance(scale, Tensor) and scale.numel() == 1)))
+
+    def capture(self, module, args, output, acc, rows, reenter):
+        cap = super().capture(module, args, output, acc, rows, reenter)
+        s = module.embed_scale
+        s = s.to(module.weight.dtype) if isinstance(s, Tensor) else torch.tensor(s, dtype=module.weight.dtype)
+        plain = F.embedding(args[0], module.weight.detach(), module.padding_idx)
+        if not torch.equal(output.detach(), plain * s.to(plain.device)):
+            raise NotImplementedError(f"{type(module).__name__} is not W[ids] * embed_scale")
+        cap.info["scale"] = float(s)
+        return cap
+
+    def sq_norm(self, g, x, inv, info):
+        return super().sq_norm(g * info["scale"], x, inv, info)
+
+
 class LayerNormRule(GhostRule):
     """``nn.LayerNorm`` over the last axis: ``y = xhat * w + b``."""
 
@@ -220,8 +249,9 @@ try:  # GPT-2 style Conv1D (y = x W + b, W (in, out)): same ghost norm as a line
 except ImportError:  # pragma: no cover - transformers is a dependency
     pass
 
-#: rules tried, in order, for a type the registry does not know (families recognised by shape)
-STRUCTURAL_RULES: list[GhostRule] = [_NormByName()]
+#: rules tried, in order, for a type the registry does not know, or a subclass of a registered
+#: type that overrides ``forward`` (families recognised by name and shape)
+STRUCTURAL_RULES: list[GhostRule] = [_NormByName(), ScaledEmbeddingRule()]
 
 
 def register_ghost_rule(module_type: type, rule: GhostRule) -> None:
@@ -230,11 +260,17 @@ def register_ghost_rule(module_type: type, rule: GhostRule) -> None:
 
 
 def rule_for(module: nn.Module) -> GhostRule | None:
-    """The ghost-norm rule for this module, or None (its parameters are then materialized)."""
+    """The ghost-norm rule for this module, or None (its parameters are then materialized).
+
+    A registered type's rule covers a subclass only when the subclass keeps its ``forward``
+    (OPT's positional embedding, Gemma's scaled embedding override it: a rule for the base
+    class would give the wrong norm); such subclasses go to :data:`STRUCTURAL_RULES`."""
     for cls in type(module).__mro__:
         rule = GHOST_RULES.get(cls)
         if rule is not None:
-            return rule if rule.fits(module) else None
+            if getattr(type(module), "forward", None) is getattr(cls, "forward", None):
+                return rule if rule.fits(module) else None
+            break
     for rule in STRUCTURAL_RULES:
         if rule.fits(module):
             return rule
@@ -320,7 +356,7 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
     if id(head_w) in first_name and hw_holders:
         if (
             len(hw_holders) == 1
-            and EMBEDDING.fits(modules[hw_holders[0][0]])
+            and isinstance(rule_for(modules[hw_holders[0][0]]), EmbeddingRule)
             and calls.get(hw_holders[0][0]) == 1
         ):
             head_tied = True

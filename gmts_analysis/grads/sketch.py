@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from gmts_analysis.grads.plan import ScaledEmbeddingRule
 from gmts_analysis.models import trainable_parameters
 from gmts_analysis.tokens import compute_dtype, head_grad_sq, response_prefix, response_targets, token_quantities
 
@@ -76,11 +77,20 @@ def sketch_grad_norms(
         if id(p) not in base_ids and p is not head_w and p is not head.bias:
             raise NotImplementedError(f"parameter {n} is neither in the base model nor the head")
 
-    # embedding modules of the base whose weight is used only through the lookup (and the tied head)
+    # embedding modules of the base whose weight is used only through the lookup ``W[ids]``, or
+    # ``W[ids] * s`` (scale[name] = s), and the tied head; other Embedding subclasses (OPT's offset
+    # positions) take their tangents like any other parameter
     emb_mods: dict[str, nn.Embedding] = {}
+    scale: dict[str, float] = {}
+    scaled = ScaledEmbeddingRule()
     for mname, mod in base.named_modules():
         if isinstance(mod, nn.Embedding) and id(mod.weight) in trainable and mod.max_norm is None:
-            emb_mods[mname] = mod
+            if type(mod).forward is nn.Embedding.forward:
+                emb_mods[mname], scale[mname] = mod, 1.0
+            elif scaled.fits(mod):
+                s = mod.embed_scale
+                s = s.to(mod.weight.dtype) if isinstance(s, Tensor) else torch.tensor(s, dtype=mod.weight.dtype)
+                emb_mods[mname], scale[mname] = mod, float(s)
     emb_weight_ids = {id(m.weight) for m in emb_mods.values()}
     if head_tied and id(head_w) not in emb_weight_ids:
         raise NotImplementedError("the head is tied to something other than an embedding")
@@ -190,7 +200,7 @@ def sketch_grad_norms(
                 tan_e = {}
                 for n, v in te.items():
                     full = torch.cat([torch.zeros_like(v[:1]), v], 0)[inv[n] + 1]  # padding -> 0
-                    tan_e[n] = full.reshape(primals_emb[n].shape)
+                    tan_e[n] = full.reshape(primals_emb[n].shape) * scale[n]
                 return torch.func.jvp(fn, (primals_rest, primals_emb), (tr, tan_e))[1]
 
             sum_y2 = torch.zeros(T, dtype=acc, device=ids.device)
