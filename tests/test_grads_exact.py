@@ -184,3 +184,29 @@ def test_embedding_subclass_with_own_forward(kind):
     if kind == "gemma":  # the sketch's embedding tangents carry the scale too
         sk = grad_norms(model, ids, P, temperature=0.9, method="sketch", probes=256)
         assert abs(float(((sk.norms - ref) / ref).mean())) < 0.05
+
+
+def test_refused_model_goes_to_the_loop_once(caplog):
+    """Gemma 2 soft-caps its logits (not lm_head(h)): the exact engine refuses it, once; later
+    answers go to the loop without a planning pass or a second warning, and the norms are exact."""
+    import logging
+
+    import transformers as T
+
+    from gmts_analysis.seeding import seeded_global_rng
+
+    cfg = T.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
+                         final_logit_softcapping=30.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    with seeded_global_rng(0):
+        model = T.AutoModelForCausalLM.from_config(cfg).double().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30.0)  # logits large enough for the cap to show
+    ids, P = _ids(14), 5
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis"):
+        a = grad_norms(model, ids, P)
+        b = grad_norms(model, ids[:12], P)
+    assert a.method == b.method == "loop"
+    assert sum("exact engine unavailable" in r.getMessage() for r in caplog.records) == 1
+    assert _rel(a.norms, loop_grad_norms(model, ids, P)) < 1e-12
+    assert _rel(b.norms, loop_grad_norms(model, ids[:12], P)) < 1e-12

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -236,11 +237,23 @@ def grad_norms(
             )
         except NotImplementedError as e:
             raise GmtsError(f"the sketch does not support this model ({e}); use --grad-norm exact") from None
+    from gmts_analysis.grads.exact import plan_key
+
+    key = plan_key(model)
+    known = _NO_EXACT.get(model)
+    if known is not None and known[0] == key:  # refused before: no planning pass, no second warning
+        return _loop(model, input_ids, prompt_len, temperature, groups)
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:
         log.warning("exact engine unavailable for this model (%s); falling back to the per-token loop", e)
+        _NO_EXACT[model] = (key, str(e))
         return _loop(model, input_ids, prompt_len, temperature, groups)
+
+
+# model -> (plan key, reason): models the exact engine refused (what they are made of decides it,
+# as for the plan cache), so that later answers go to the loop at once and it is said once
+_NO_EXACT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 __all__ = ["GROUPINGS", "METHODS", "GradNorms", "forward_quantities", "frozen_for_transforms", "grad_norms"]

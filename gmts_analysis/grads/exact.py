@@ -139,6 +139,13 @@ def _plan_key(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> tuple:
     return (tuple((n, id(p), tuple(p.shape)) for n, p in named), impl, id(head), model.training)
 
 
+def plan_key(model: nn.Module) -> tuple:
+    """What the plan of ``model`` depends on (see :func:`cached_plan`)."""
+    from gmts_analysis.models import trainable_parameters
+
+    return _plan_key(model, trainable_parameters(model))
+
+
 def planning_pass(model: nn.Module, sample_ids: Tensor) -> tuple[dict[str, int], dict[str, tuple[int, int]]]:
     """One no-grad forward on ``sample_ids`` ``(n,)``: calls per module (those holding
     parameters) and the (input, output) widths each module saw (for the memory estimate)."""
@@ -395,4 +402,4 @@ def model_acc_dtype(model: nn.Module) -> torch.dtype:
     return compute_dtype(next(model.parameters()).dtype)
 
 
-__all__ = ["ExactEngine", "cached_plan", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]
+__all__ = ["ExactEngine", "cached_plan", "plan_key", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]
