@@ -67,6 +67,11 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     }
     if method == "sketch":
         m["probes"] = cfg.probes
+    # the objective omega was computed under, after TRL's loss_type and the aliases are resolved
+    # (loss_type dr_grpo is recorded as loss_agg seq-mean-token-sum-norm with its L_max)
+    from gmts_analysis.objective import settings_of
+
+    m["objective"] = asdict(settings_of(cfg))
     # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
     m["aliases"] = dict(getattr(cfg, "aliases", None) or {})
     if getattr(cfg, "config_file", None):

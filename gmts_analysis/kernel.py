@@ -65,6 +65,10 @@ def answer_coefficients(answers: Sequence[Answer], cfg: ProbeOptions) -> list[An
     for w in caught:
         log.warning("%s", w.message)
     loss = settings_of(cfg)  # refuses a loss it does not model before any work
+    if loss.kl_beta and answers and all(a.ref_logprobs is None for a in answers):
+        # one error before any work, not one failed answer per row (objective.omega_tensor refuses per answer)
+        raise GmtsError(f"--kl-beta {loss.kl_beta} (TRL beta, verl kl_loss_coef): the KL term of omega needs "
+                        "ref_logprobs, and no answer has them; pass --kl-beta 0 to probe the policy term alone")
     truncated = None
     if getattr(cfg, "mask_truncated_completions", False):
         unknown = [a for a in answers if "unterminated" not in a.extra]

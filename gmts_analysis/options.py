@@ -65,6 +65,15 @@ ALIASES: tuple[Alias, ...] = (
     Alias("kl_loss_coef", "kl_beta", "verl actor.kl_loss_coef (with use_kl_loss, kl_loss_type low_var_kl = k3)"),
     Alias("max_response_length", "max_completion_length", "verl data.max_response_length"),
     Alias("top_entropy_quantile", "rho", "TRL GRPOConfig.top_entropy_quantile"),
+    Alias("use_bias_correction_kl", "kl_bias_correction", "TRL GRPOConfig.use_bias_correction_kl",
+          values={"true": "on", "false": "off", "auto": "auto", "on": "on", "off": "off"}),
+    Alias("vllm_importance_sampling_mode", "vllm_is_mode", "TRL GRPOConfig.vllm_importance_sampling_mode "
+          "(applied only when given: TRL's correction is on by default, but only for vLLM generation)"),
+    Alias("vllm_importance_sampling_clip_min", "vllm_is_min", "TRL GRPOConfig.vllm_importance_sampling_clip_min"),
+    Alias("vllm_importance_sampling_clip_max", "vllm_is_max", "TRL GRPOConfig.vllm_importance_sampling_clip_max"),
+    Alias("norm_adv_by_std_in_grpo", "advantage", "verl algorithm.norm_adv_by_std_in_grpo",
+          values={"true": "group", "false": "none"}),
+    Alias("loss_scale_factor", "max_len", "verl actor.loss_scale_factor (L_max of seq-mean-token-sum-norm)"),
     Alias("model_name_or_path", "model", "TRL ModelConfig.model_name_or_path"),
     Alias("policy", "model", "gmts before 0.2 (gmts run / gmts rl)"),
     Alias("domain", "domains", "gmts before 0.2 (gmts sample / gmts rl)"),
@@ -86,6 +95,25 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
 _GROUP_OF = {name: g for g, names in HELP_GROUPS.items() for name in names}
 
 
+# where a subcommand's option means something else than the table above says (command: {dest: group})
+GROUP_OVERRIDES: dict[str, dict[str, str]] = {
+    "rl": {"steps": "RL objective", "out": "output", "figures": "output"},
+    "toy-train": {"steps": "run control", "out": "output"},
+    "figures": {"figures": "output"},
+}
+# options of the other subcommands, by group (added to HELP_GROUPS below)
+_MORE_GROUPS: dict[str, tuple[str, ...]] = {
+    "inputs": ("prompts", "size", "models", "eval_prompts", "prompts_per_domain"),
+    "RL objective": ("selection", "scope", "normalizer", "lr"),
+    "gradient engine": ("lengths", "layers", "prompt_len", "naive_tokens", "naive_full_max", "quick"),
+    "output": ("to", "report", "max_answers", "n_boot", "no_figures"),
+    "run control": ("eval_every", "diag_every", "diag_answers", "debug"),
+}
+for _g, _names in _MORE_GROUPS.items():
+    HELP_GROUPS[_g] = HELP_GROUPS[_g] + _names
+_GROUP_OF = {name: g for g, names in HELP_GROUPS.items() for name in names}
+
+
 # metavars that state the unit of a value
 METAVARS: dict[str, str] = {
     "model": "PATH|HUB_ID|tiny|small", "rollouts": "PATH", "out": "DIR", "max_len": "TOKENS",
@@ -94,6 +122,12 @@ METAVARS: dict[str, str] = {
     "rho": "FRACTION", "seed": "INT", "answers_per_chunk": "ANSWERS", "num_generations": "G",
     "reward_columns": "NAME[,NAME...]", "reward_weights": "W[,W...]", "steps": "STEPS", "device": "DEVICE",
     "verifier": "NAME", "loss_type": "TYPE", "vllm_is_min": "C_MIN", "vllm_is_max": "C_MAX",
+    "num_prompts": "PROMPTS", "group_size": "ANSWERS", "max_new_tokens": "TOKENS", "batch_size": "SEQUENCES",
+    "n_boot": "RESAMPLES", "max_answers": "ANSWERS", "lr": "LR", "prompts_per_domain": "PROMPTS",
+    "eval_every": "STEPS", "eval_prompts": "PROMPTS", "diag_every": "STEPS", "diag_answers": "ANSWERS",
+    "threads": "THREADS", "difficulty": "LEVEL", "layers": "LAYERS", "prompt_len": "TOKENS",
+    "naive_tokens": "TOKENS", "naive_full_max": "TOKENS", "lengths": "T[,T...]", "probes_list": "K[,K...]",
+    "to": "DIR", "prompts": "FILE", "domains": "DOMAIN",
 }
 
 
@@ -104,7 +138,32 @@ def help_group(parser: argparse.ArgumentParser, name: str) -> Any:
     if groups is None:
         groups = {g: parser.add_argument_group(g) for g in HELP_GROUPS}
         parser._gmts_groups = groups
-    return groups[_GROUP_OF.get(name, "run control")]
+    command = parser.prog.split()[-1]
+    return groups[GROUP_OVERRIDES.get(command, {}).get(name) or _GROUP_OF.get(name, "run control")]
+
+
+def regroup_help(parser: argparse.ArgumentParser) -> None:
+    """Put the options of a subcommand built with plain ``add_argument`` into the :data:`HELP_GROUPS`
+    groups, give a value its unit (:data:`METAVARS`) and state every default in its help line.
+    Parsing is unchanged (only the ``--help`` layout, metavars and help texts)."""
+    optionals = parser._optionals
+    for a in list(optionals._group_actions):
+        if isinstance(a, argparse._HelpAction) or not a.option_strings:
+            continue
+        if a.help not in (None, argparse.SUPPRESS):
+            takes_value = a.nargs != 0
+            if takes_value and a.metavar is None and a.choices is None and a.dest in METAVARS:
+                a.metavar = METAVARS[a.dest]
+            if "(default" not in a.help and "default:" not in a.help:
+                if _is_switch(a) or isinstance(a, argparse._StoreConstAction):
+                    if not (isinstance(a, argparse._StoreFalseAction) or a.dest == "debug"):
+                        a.help += " (default: off)"
+                elif a.default is not argparse.SUPPRESS and not a.required:
+                    d = a.default
+                    shown = "none" if d is None else ",".join(map(str, d)) if isinstance(d, (list, tuple)) else d
+                    a.help += f" (default: {shown})"
+        optionals._group_actions.remove(a)
+        help_group(parser, a.dest)._group_actions.append(a)
 
 
 _TRUE = {"1", "true", "yes", "on", "t", "y"}
@@ -198,6 +257,8 @@ def install(parser: argparse.ArgumentParser) -> None:
             if spelling not in table:
                 table[spelling] = _Spelling([spelling], target, al)
     for sp in _subparsers(parser):
+        if getattr(sp, "_gmts_groups", None) is None:
+            regroup_help(sp)
         install(sp)
 
 
@@ -224,7 +285,8 @@ def config_file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
     """The command-line tokens equivalent to a YAML (or JSON) config file, for ``parser``.
 
     Keys are option names (``loss_type``, ``loss-type``, ``epsilon`` ...); values are scalars,
-    or lists for options taking several values. ``null`` leaves an option at its default.
+    or lists for options taking several values. ``null`` leaves an option at its default. An
+    ``env`` mapping sets environment variables, as TRL's ``TrlParser`` does (``env: {HF_HUB_OFFLINE: 1}``).
     Raises :class:`GmtsError` for an unreadable file, a nested mapping or unknown keys (all named).
     """
     import yaml
@@ -244,6 +306,13 @@ def config_file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
         raise GmtsError(f"{CONFIG_FLAG} {path}: expected a mapping of option names to values, got {type(data).__name__}")
     table = parser._option_string_actions
     unknown, nested, tokens = [], [], []
+    env = data.pop("env", None) if "--env" not in table else None
+    if env is not None:  # TRL's TrlParser: an `env` mapping sets environment variables before parsing
+        if not isinstance(env, dict):
+            raise GmtsError(f"{CONFIG_FLAG} {path}: env: expected a mapping of variable names to values, "
+                            f"got {type(env).__name__}")
+        for k, v in env.items():
+            os.environ[str(k)] = str(v)
     for key, value in data.items():
         k = str(key).strip().lstrip("-")
         flag = "--" + k if "--" + k in table else "--" + k.replace("_", "-")

@@ -98,6 +98,28 @@ def test_config_file_like_trl(tmp_path):
                          "grpo.yaml: top_entropy_quantile": "rho"}
 
 
+def test_more_trl_and_verl_names():
+    a = parse("--use_bias_correction_kl", "false", "--vllm_importance_sampling_mode", "token_truncate",
+              "--vllm_importance_sampling_clip_min", "0.5", "--vllm_importance_sampling_clip_max", "2")
+    assert (a.kl_bias_correction, a.vllm_is_mode, a.vllm_is_min, a.vllm_is_max) == ("off", "token_truncate", 0.5, 2.0)
+    b = parse("--norm_adv_by_std_in_grpo", "false", "--loss_scale_factor", "512")
+    assert (b.advantage, b.max_len) == ("none", 512)
+    assert b.aliases == {"--norm_adv_by_std_in_grpo": "advantage", "--loss_scale_factor": "max_len"}
+    assert parse("--norm_adv_by_std_in_grpo", "true").advantage == "group"
+
+
+def test_config_file_env_section_like_trl(tmp_path, monkeypatch):
+    """TRL's TrlParser sets the variables of an `env` mapping before parsing (trl/scripts/utils.py)."""
+    monkeypatch.delenv("GMTS_TEST_ENV_FROM_YAML", raising=False)
+    cfg = tmp_path / "grpo.yaml"
+    cfg.write_text("env:\n  GMTS_TEST_ENV_FROM_YAML: 1\nbeta: 0.0\n")
+    a = parse("--config", str(cfg))
+    import os
+
+    assert os.environ["GMTS_TEST_ENV_FROM_YAML"] == "1" and a.kl_beta == 0.0
+    monkeypatch.delenv("GMTS_TEST_ENV_FROM_YAML", raising=False)
+
+
 def test_config_file_refusals(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("loss_type: grpo\nlearning_rate: 1e-6\nper_device_train_batch_size: 8\n")
@@ -138,10 +160,20 @@ def test_probe_records_mapped_settings(tiny_model_dirs, tmp_path):
                             "trl.yaml: top_entropy_quantile": "rho", "--epsilon": "clip_low, clip_high",
                             "--beta": "kl_beta"}
     assert m["config_file"] == str(cfg)
+    # the objective omega was computed under, resolved (what loss_type and the aliases mean)
+    assert m["objective"]["loss_agg"] == "seq-mean-token-mean" and m["objective"]["clip_high"] == 0.25
     # the user's rho: recorded in stats.json and added to the fixed grid of top-k fractions
     s = json.loads((out / "stats.json").read_text())
     assert s["meta"]["rho"] == "0.25" and s["meta"]["rhos"] == ["0.05", "0.1", "0.2", "0.25", "0.3", "0.5"]
     assert "0.25" in s["topk_overlap"]["batch"]["entropy"] and "0.2" in s["topk_overlap"]["batch"]["entropy"]
+
+
+def test_kl_beta_without_ref_logprobs_is_one_error_before_any_work(tiny_model_dirs, tmp_path, capsys):
+    r = make_rollouts(tmp_path / "r.jsonl")  # no ref_logprobs
+    rc = main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(r), "--out", str(tmp_path / "o"),
+               "--device", "cpu", "-q", "--no-figures", "--grad-norm", "none", "--beta", "0.04"])
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("gmts:")]  # not transformers' bar
+    assert rc == 2 and len(err) == 1 and "ref_logprobs" in err[0] and "failed and is skipped" not in err[0]
 
 
 # ----------------------------------------------------------------- --help
@@ -163,6 +195,27 @@ def test_probe_help_groups_units_defaults():
         if a.option_strings and a.help and a.dest not in ("help", "debug") and not a.required:
             assert "default" in a.help, a.option_strings
     assert "--max-memory MiB" in text and "--max-len TOKENS" in text
+
+
+@pytest.mark.parametrize("name", ["run", "sample", "probe", "merge", "stats", "figures", "compare", "rl",
+                                  "toy-train", "bench"])
+def test_every_subcommand_help_in_groups_with_defaults(name):
+    p = _sub(name)
+    groups = {g.title: [a for a in g._group_actions if a.option_strings] for g in p._action_groups}
+    assert [a.dest for a in groups.get("options", [])] in (["help"], ["help", "debug"]), name
+    assert set(groups) - {"options", "positional arguments"} <= {"inputs", "RL objective", "gradient engine",
+                                                                  "output", "run control"}
+    for a in p._actions:
+        if a.option_strings and a.help and a.dest not in ("help", "debug") and not a.required:
+            assert "default" in a.help, (name, a.option_strings)
+
+
+def test_run_domains_space_or_comma_separated():
+    p = build_parser()
+    a = p.parse_args(["run", "--domains", "arithmetic", "program"])
+    b = p.parse_args(["run", "--domains", "arithmetic,program"])
+    flat = lambda x: [d for s in x for d in s.split(",")]  # noqa: E731
+    assert flat(a.domains) == flat(b.domains) == ["arithmetic", "program"]
 
 
 def test_one_name_per_concept_across_subcommands():

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
                    "hub id (default: small)")
-    p.add_argument("--domains", default=DEFAULT_DOMAINS, help=f"comma-separated toy domains (default: {DEFAULT_DOMAINS})")
+    p.add_argument("--domains", nargs="+", default=[DEFAULT_DOMAINS], metavar="DOMAIN",
+                   help=f"one or more toy domains, space- or comma-separated (default: {DEFAULT_DOMAINS})")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")
     p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default: 8)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling and probing temperature (default: 1.0)")
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.validate import validate_options
 
     t0 = time.perf_counter()
-    domains = [d.strip() for d in args.domains.split(",") if d.strip()]
+    given = [args.domains] if isinstance(args.domains, str) else list(args.domains)  # str: an old caller
+    domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
     unknown = [d for d in domains if d not in DOMAINS]
     if not domains or unknown:
         raise GmtsError(f"--domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
