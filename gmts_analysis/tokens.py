@@ -13,7 +13,7 @@ One home per formula (everything else in the package calls these):
 - the shift: :func:`response_logits` / :func:`response_targets` (one sequence),
   :func:`response_prefix` (causal truncation: which prefix predicts a token range),
   :func:`response_positions` / :func:`gather_positions` (right-padded batches);
-- log-probabilities and entropy: :func:`scaled_log_softmax`, :func:`gather_logprobs`,
+- log-probabilities and entropy: :func:`scaled_log_softmax`, :func:`target_logprobs`, :func:`gather_logprobs`,
   :func:`sequence_logprobs`, :func:`entropy_from_logprobs`;
 - the logit gradient ``c = (e_y - p) / tau`` (:func:`logit_grad`) and its squared norm
   (:func:`logit_grad_sq`); the output-head gradient norm ``||c|| sqrt(||h||^2 + [bias])``
@@ -85,10 +85,14 @@ def scaled_log_softmax(logits: Tensor, temperature: float = 1.0) -> Tensor:
     return torch.log_softmax(z, dim=-1)
 
 
+def target_logprobs(logp: Tensor, targets: Tensor) -> Tensor:
+    """``logp[..., t, targets[..., t]]``: log-probs ``(..., T, V)`` and targets ``(..., T)`` give ``(..., T)``."""
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
 def gather_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
     """``log p(target)`` under ``softmax(logits / tau)``; logits ``(..., T, V)``, targets ``(..., T)``."""
-    logp = scaled_log_softmax(logits, temperature)
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return target_logprobs(scaled_log_softmax(logits, temperature), targets)
 
 
 def sequence_logprobs(logits: Tensor, input_ids: Tensor, prompt_len: int, temperature: float = 1.0) -> Tensor:
@@ -167,7 +171,7 @@ def token_quantities(
     """
     logp = scaled_log_softmax(resp_logits, temperature)
     p = logp.exp()
-    lp_t = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    lp_t = target_logprobs(logp, targets)
     p_t = lp_t.exp()
     entropy = entropy_from_logprobs(logp)
     sum_p2 = (p * p).sum(-1)

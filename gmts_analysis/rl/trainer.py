@@ -93,12 +93,18 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
     with_lgn: also return the detached ``logit_grad_norm`` ``(B, T)`` (closed form of
     :func:`gmts_analysis.tokens.token_quantities`) as a third element.
     """
-    from gmts_analysis.tokens import entropy_from_logprobs, gather_positions, scaled_log_softmax, token_quantities
+    from gmts_analysis.tokens import (
+        entropy_from_logprobs,
+        gather_positions,
+        scaled_log_softmax,
+        target_logprobs,
+        token_quantities,
+    )
 
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     resp = gather_positions(logits, batch["logit_index"])
     logp = scaled_log_softmax(resp, temperature)
-    lp = logp.gather(-1, batch["targets"].unsqueeze(-1)).squeeze(-1)
+    lp = target_logprobs(logp, batch["targets"])
     with torch.no_grad():
         ent = entropy_from_logprobs(logp)
     m = batch["mask"].to(lp.dtype)
