@@ -77,6 +77,7 @@ ALIASES: tuple[Alias, ...] = (
     Alias("model_name_or_path", "model", "TRL ModelConfig.model_name_or_path"),
     Alias("policy", "model", "gmts before 0.2 (gmts run / gmts rl)"),
     Alias("domain", "domains", "gmts before 0.2 (gmts sample / gmts rl)"),
+    Alias("steps", "max_steps", "gmts before 0.2 (gmts rl / gmts toy-train)"),
 )
 ALIAS_BY_NAME = {a.name: a for a in ALIASES}
 
@@ -90,15 +91,15 @@ HELP_GROUPS: dict[str, tuple[str, ...]] = {
                      "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max", "rho"),
     "gradient engine": ("grad_norm", "probes", "chunk_size", "max_memory", "grad_groups", "device", "dtype"),
     "output": ("out", "figures", "fidelity", "overwrite"),
-    "run control": ("seed", "strict", "answers_per_chunk", "quiet", "threads", "batch_size"),
+    "run control": ("seed", "strict", "answers_per_chunk", "quiet", "threads", "batch_size", "max_steps"),
 }
 _GROUP_OF = {name: g for g, names in HELP_GROUPS.items() for name in names}
 
 
 # where a subcommand's option means something else than the table above says (command: {dest: group})
 GROUP_OVERRIDES: dict[str, dict[str, str]] = {
-    "rl": {"steps": "RL objective", "out": "output", "figures": "output"},
-    "toy-train": {"steps": "run control", "out": "output"},
+    "rl": {"max_steps": "RL objective", "out": "output", "figures": "output"},
+    "toy-train": {"out": "output"},
     "figures": {"figures": "output"},
 }
 # options of the other subcommands, by group (added to HELP_GROUPS below)
@@ -127,7 +128,7 @@ METAVARS: dict[str, str] = {
     "eval_every": "STEPS", "eval_prompts": "PROMPTS", "diag_every": "STEPS", "diag_answers": "ANSWERS",
     "threads": "THREADS", "difficulty": "LEVEL", "layers": "LAYERS", "prompt_len": "TOKENS",
     "naive_tokens": "TOKENS", "naive_full_max": "TOKENS", "lengths": "T[,T...]", "probes_list": "K[,K...]",
-    "to": "DIR", "prompts": "FILE", "domains": "DOMAIN",
+    "to": "DIR", "prompts": "FILE", "domains": "DOMAIN", "max_steps": "STEPS",
 }
 
 
