@@ -3,16 +3,34 @@
 Each estimator is a function of the tokens table (a pandas DataFrame with the
 tokens-table columns of docs/definitions.md) that returns one float per row. Adding one is a function
 and a line in ``ESTIMATORS``. Statistics loop over :func:`available` estimators.
+
+The one home of GMTS, ``entropy * |omega|`` (:func:`gmts_score`), and of every other
+"magnitude times ``|omega|``" (:func:`times_abs_omega`: ``grad_norm = |omega| grad_norm_logp``,
+``gmts_lgn``, ``gmts_head``); both take tensors, arrays or Series alike, so the kernel (numpy),
+the selection and RL code (torch) and this table registry call the same function.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
-import pandas as pd
 
-Estimator = Callable[[pd.DataFrame], "pd.Series"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+Estimator = Callable[["pd.DataFrame"], "pd.Series"]
+
+
+def times_abs_omega(x: Any, omega: Any) -> Any:
+    """``x * |omega|`` elementwise (torch tensors, numpy arrays or pandas Series): a per-token
+    magnitude scaled by the token's coefficient in the loss gradient (docs/definitions.md section 4)."""
+    return x * abs(omega)
+
+
+def gmts_score(entropy: Any, omega: Any) -> Any:
+    """GMTS, ``entropy * |omega|`` (entropy in nats; tensors, arrays or Series)."""
+    return times_abs_omega(entropy, omega)
 
 
 def _abs_omega(df: pd.DataFrame) -> pd.Series:
@@ -22,7 +40,7 @@ def _abs_omega(df: pd.DataFrame) -> pd.Series:
 ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
     # name: (columns it needs, function)
     "entropy": (("entropy",), lambda df: df["entropy"]),
-    "gmts": (("entropy", "omega"), lambda df: df["entropy"] * _abs_omega(df)),
+    "gmts": (("entropy", "omega"), lambda df: gmts_score(df["entropy"], df["omega"])),
     # baseline: the token's coefficient alone (constant inside an answer on-policy); how much of a
     # ranking comes from |omega| = |w A| without any per-token information
     "abs_omega": (("omega",), _abs_omega),
@@ -30,9 +48,9 @@ ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
     "one_minus_prob": (("prob",), lambda df: 1.0 - df["prob"]),
     "rsi": (("logprob", "entropy"), lambda df: -df["logprob"] / df["entropy"].where(df["entropy"] > 0, np.nan)),
     "logit_grad_norm": (("logit_grad_norm",), lambda df: df["logit_grad_norm"]),
-    "gmts_lgn": (("logit_grad_norm", "omega"), lambda df: df["logit_grad_norm"] * _abs_omega(df)),
+    "gmts_lgn": (("logit_grad_norm", "omega"), lambda df: times_abs_omega(df["logit_grad_norm"], df["omega"])),
     "head_grad_norm": (("head_grad_norm",), lambda df: df["head_grad_norm"]),
-    "gmts_head": (("head_grad_norm", "omega"), lambda df: df["head_grad_norm"] * _abs_omega(df)),
+    "gmts_head": (("head_grad_norm", "omega"), lambda df: times_abs_omega(df["head_grad_norm"], df["omega"])),
 }
 
 def add_estimator_columns(df: pd.DataFrame) -> pd.DataFrame:

@@ -24,7 +24,7 @@ import torch
 from gmts_analysis import advantages as adv_mod
 from gmts_analysis.config import ProbeOptions
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.estimators import add_estimator_columns
+from gmts_analysis.estimators import add_estimator_columns, gmts_score, times_abs_omega
 from gmts_analysis.objective import clipped_mask, settings_of
 from gmts_analysis.rollouts import Answer
 from gmts_analysis.tables import answers_table, concat_columns, id_column
@@ -198,7 +198,7 @@ def probe_answer(
         "advantage": np.full(T, coef.advantage),
         "loss_weight": np.full(T, coef.loss_weight),
         "omega": om,
-        "gmts": entropy * np.abs(om),
+        "gmts": gmts_score(entropy, om),
         "head_grad_norm": head_gn.double().cpu().numpy(),
         "reward": np.full(T, answer.reward),
     }
@@ -231,7 +231,7 @@ def probe_answer(
                 "group": names * T,
                 "grad_norm_logp": np.sqrt(sq).reshape(-1),
             })
-    cols["grad_norm"] = np.abs(om) * cols["grad_norm_logp"]
+    cols["grad_norm"] = times_abs_omega(cols["grad_norm_logp"], om)
     for k in ("domain", "step"):
         v = getattr(answer, k)
         if v is not None:

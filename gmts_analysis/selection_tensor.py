@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from gmts_analysis.estimators import gmts_score, times_abs_omega
 from gmts_analysis.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
 
 SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random")
@@ -184,7 +185,7 @@ def gmts_scores(entropy: Tensor, advantages: Tensor, mask: Tensor, **omega_kwarg
     clip_low, clip_high, kl_beta). On-policy under token-mean this is ``entropy * |A| / n``.
     """
     om = token_omega(advantages, mask, **omega_kwargs)
-    return torch.where(mask.bool(), entropy.detach().to(torch.float64) * om.abs(), torch.zeros_like(om))
+    return torch.where(mask.bool(), gmts_score(entropy.detach().to(torch.float64), om), torch.zeros_like(om))
 
 
 def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
@@ -195,7 +196,7 @@ def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, *
     """
     om = token_omega(advantages, mask, **omega_kwargs)
     lgn = logit_grad_norm.detach().to(device=om.device, dtype=torch.float64)
-    return torch.where(mask.bool(), lgn * om.abs(), torch.zeros_like(om))
+    return torch.where(mask.bool(), times_abs_omega(lgn, om), torch.zeros_like(om))
 
 
 def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Tensor:

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gmts_analysis.estimators import add_estimator_columns, available
+from gmts_analysis.estimators import add_estimator_columns, available, times_abs_omega
 from gmts_analysis.rank import MIN_TOKENS, kendall_tau_b, n_keep, per_cluster_spearman, spearman
 from gmts_analysis.selection import RHOS, SCOPES, select_top, selection_order
 
@@ -569,7 +569,7 @@ def prepare_tokens(tokens: pd.DataFrame, answers: pd.DataFrame | None = None) ->
             for c in extra:
                 df[c] = keys.map(lookup[c]).to_numpy()
     if TARGET not in df.columns and {"omega", TARGET_WITHIN} <= set(df.columns):
-        df[TARGET] = df["omega"].abs() * df[TARGET_WITHIN]
+        df[TARGET] = times_abs_omega(df[TARGET_WITHIN], df["omega"])
     for c in (TARGET, TARGET_WITHIN):
         if c not in df.columns:
             df[c] = np.nan

@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.estimators import gmts_score, times_abs_omega
 from gmts_analysis.seeding import derive_seed
 
 PREFIX = "gmts/"
@@ -71,10 +72,10 @@ def diagnostic_scores(entropy: Tensor, omega: Tensor, mask: Tensor,
     m = mask.bool()
     zero = torch.zeros_like(omega, dtype=torch.float64)
     ent = entropy.detach().to(device=omega.device, dtype=torch.float64)
-    out = {"entropy": torch.where(m, ent, zero), "gmts": torch.where(m, ent * omega.abs(), zero)}
+    out = {"entropy": torch.where(m, ent, zero), "gmts": torch.where(m, gmts_score(ent, omega), zero)}
     if logit_grad_norm is not None:
         lgn = logit_grad_norm.detach().to(device=omega.device, dtype=torch.float64)
-        out["gmts_lgn"] = torch.where(m, lgn * omega.abs(), zero)
+        out["gmts_lgn"] = torch.where(m, times_abs_omega(lgn, omega), zero)
     return out
 
 
@@ -180,7 +181,7 @@ def gradient_diagnostics(
             gn_logp = grad_norms(model, ids, P, temperature=temperature, method="exact").norms.numpy()
             om = omega[row, :n].detach().double().cpu().numpy()
             inf = om != 0
-            gn = np.abs(om) * gn_logp
+            gn = times_abs_omega(gn_logp, om)
             for k, s in scores.items():
                 sv = s[row, :n].detach().double().cpu().numpy()
                 within[k].append(within_spearman(sv, gn_logp))
@@ -279,7 +280,7 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
         cm = cm * inputs["tool_mask"]
     lp, ent, lgn = completion_quantities(unwrapped, inputs["prompt_ids"], pm, inputs["completion_ids"], cm,
                                          float(trainer.temperature))
-    settings = trl_loss_settings(trainer.args, what="gmts diagnostics")
+    settings = trl_loss_settings(trainer, what="gmts diagnostics")
     omega = token_omega(
         inputs["advantages"], cm, settings=settings, logprobs=lp, old_logprobs=inputs.get("old_per_token_logps"),
         ref_logprobs=inputs.get("ref_per_token_logps"), sampling_logprobs=inputs.get("sampling_per_token_logps"),
@@ -339,7 +340,7 @@ class GmtsDiagnosticsCallback(TrainerCallback):
         omega the toolkit does not model, before training starts."""
         from gmts_analysis.objective import trl_loss_settings
 
-        trl_loss_settings(trainer.args, what="gmts diagnostics")
+        trl_loss_settings(trainer, what="gmts diagnostics")
         self.trainer = trainer
         inner = trainer._compute_loss
         gen = trainer._generate_and_score_completions
