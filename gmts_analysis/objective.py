@@ -175,14 +175,20 @@ def settings_of(opts: Any) -> LossSettings:
 # --- TRL and verl configurations ------------------------------------------------------------
 
 def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
-    """:class:`LossSettings` of a TRL 1.16 ``GRPOConfig`` (or the trainer's ``args``).
+    """:class:`LossSettings` of a TRL 1.16 ``GRPOConfig``, or of a ``GRPOTrainer`` (its ``args``, and
+    whether it adds the MoE router's auxiliary loss: ``aux_loss_enabled``, on by default for a
+    mixture-of-experts model whose config declares a ``router_aux_loss_coef``).
 
     Refuses (GmtsError naming the field) every setting whose gradient omega does not model:
     ``loss_type`` cispo/sapo/vespo/luspo, two-sided clipping ``delta``, ``off_policy_mask_threshold``,
     ``top_entropy_quantile < 1``, an entropy bonus (``entropy_coef`` / ``use_adaptive_entropy``),
-    ``mask_truncated_completions``. The vLLM correction is modelled when ``use_vllm`` and
+    ``mask_truncated_completions``, the MoE router's auxiliary loss (``router_aux_loss_coef``). The vLLM correction is modelled when ``use_vllm`` and
     ``vllm_importance_sampling_correction`` are both on (it then needs sampling log-probs).
     """
+    aux_loss_enabled = False
+    if hasattr(args, "args") and hasattr(args, "_compute_loss"):  # a trainer
+        aux_loss_enabled = bool(getattr(args, "aux_loss_enabled", False))
+        args = args.args
     g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
     lt = g("loss_type", "dapo")
     refuse = []
@@ -198,6 +204,8 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
         refuse.append("entropy_coef / use_adaptive_entropy (entropy bonus)")
     if g("mask_truncated_completions", False):
         refuse.append("mask_truncated_completions=True")
+    if aux_loss_enabled or (g("router_aux_loss_coef") or 0.0):
+        refuse.append("router_aux_loss_coef (the MoE load-balancing loss TRL adds; set router_aux_loss_coef=0.0)")
     if refuse:
         raise GmtsError(f"{what}: TRL setting(s) not modelled: {'; '.join(refuse)} "
                         f"(modelled: loss_type {', '.join(LOSS_TYPES)}, PPO clipping, KL, GSPO, vLLM IS correction)")
@@ -218,20 +226,36 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
     )
 
 
+#: verl's four ``loss_agg_mode`` values (verl/workers/config/actor.py); verl has no ``token-sum``
 VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
                  "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-                 "seq-mean-token-sum": "seq-mean-token-sum", "token-sum": "token-sum"}
+                 "seq-mean-token-sum": "seq-mean-token-sum"}
 
 
-def verl_loss_settings(actor: Any) -> LossSettings:
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    try:
+        return obj.get(name, default) if hasattr(obj, "get") else getattr(obj, name, default)
+    except Exception:
+        return getattr(obj, name, default)
+
+
+def verl_loss_settings(actor: Any, algorithm: Any = None) -> LossSettings:
     """:class:`LossSettings` of a verl actor config (``actor_rollout_ref.actor``; dict-like or attributes).
 
     Modelled: ``policy_loss.loss_mode`` vanilla (PPO clip with ``clip_ratio_low/high`` defaulting to
     ``clip_ratio`` and the dual clip ``clip_ratio_c``, default 3.0, verl's ``core_algos.
     compute_policy_loss_vanilla``), ``use_kl_loss`` with ``kl_loss_type`` low_var_kl / k3 (clamped as
-    verl clamps). Refused: any other loss mode or KL type, and rollout correction weights.
-    ``seq-mean-token-sum`` is mapped to ``seq-mean-token-sum-norm``: the two differ by one constant
-    per batch, so omega keeps its ranking but not its scale.
+    verl clamps), ``loss_agg_mode`` token-mean, seq-mean-token-mean, seq-mean-token-sum and
+    seq-mean-token-sum-norm (verl's four; verl's ``agg_loss`` divides the last by
+    ``loss_scale_factor`` only, not by the number of answers, so our ``1 / (N L_max)`` is verl's weight
+    up to one constant per optimizer step: rankings and ratios exact, not the absolute scale).
+    Refused (GmtsError naming it): any other loss mode, loss_agg_mode or KL type (the straight-through
+    ``k3+``/``low_var_kl+`` included), an entropy bonus (``entropy_coeff != 0``), and rollout-correction
+    weights (``algorithm.rollout_correction.rollout_is``; pass ``algorithm=`` the algorithm config).
     """
     def g(name: str, default: Any = None) -> Any:
         if isinstance(actor, dict):
@@ -245,6 +269,14 @@ def verl_loss_settings(actor: Any) -> LossSettings:
     agg = g("loss_agg_mode", "token-mean")
     if agg not in VERL_LOSS_AGG:
         raise GmtsError(f"verl loss_agg_mode='{agg}' is not modelled (choose from {', '.join(VERL_LOSS_AGG)})")
+    if float(g("entropy_coeff", 0.0) or 0.0) != 0.0:
+        raise GmtsError(f"verl entropy_coeff={g('entropy_coeff')} (entropy bonus) is not modelled by omega "
+                        "(its gradient is not a multiple of grad logprob)")
+    rc = _get(algorithm, "rollout_correction") if algorithm is not None else None
+    rc_is = _get(rc, "rollout_is") if rc is not None else _get(algorithm, "rollout_is")
+    if rc_is:
+        raise GmtsError(f"verl rollout correction (algorithm.rollout_correction.rollout_is={rc_is!r}) is not "
+                        "modelled by omega (its per-token weights are not in the rollout dumps)")
     clip = float(g("clip_ratio", 0.2))
     lo, hi = g("clip_ratio_low"), g("clip_ratio_high")
     beta = 0.0

@@ -173,10 +173,22 @@ def test_trl_default_epsilon_high_is_epsilon(tmp_path):
     (dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
     (dict(top_entropy_quantile=0.2), "top_entropy_quantile"), (dict(entropy_coef=0.01), "entropy"),
     (dict(mask_truncated_completions=True), "mask_truncated_completions"),
+    (dict(router_aux_loss_coef=0.01), "router_aux_loss_coef"),
 ])
 def test_unmodelled_trl_settings_are_refused(tmp_path, kw, name):
     with pytest.raises(GmtsError, match=name):
         trl_loss_settings(_config(tmp_path, **kw))
+
+
+def test_moe_router_aux_loss_of_a_trainer_is_refused(tmp_path):
+    """TRL adds the MoE load-balancing loss whenever the model config declares a coefficient
+    (``aux_loss_enabled``), even with ``router_aux_loss_coef`` left at None in the config."""
+    args = _config(tmp_path)
+    trainer = SimpleNamespace(args=args, aux_loss_enabled=True, _compute_loss=None)
+    with pytest.raises(GmtsError, match="router_aux_loss_coef"):
+        trl_loss_settings(trainer)
+    trainer.aux_loss_enabled = False
+    assert trl_loss_settings(trainer) == trl_loss_settings(args)
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "luspo", "ppo"])
@@ -256,7 +268,20 @@ def test_omega_equals_autograd_of_verl_dual_clip(beta):
 @pytest.mark.parametrize("actor, name", [
     ({"policy_loss": {"loss_mode": "gspo"}}, "gspo"), ({"policy_loss": {"loss_mode": "clip_cov"}}, "clip_cov"),
     ({"use_kl_loss": True, "kl_loss_type": "k1"}, "k1"), ({"loss_agg_mode": "seq-sum"}, "seq-sum"),
+    ({"use_kl_loss": True, "kl_loss_type": "k3+"}, r"k3\+"), ({"loss_agg_mode": "token-sum"}, "token-sum"),
+    ({"entropy_coeff": 0.001}, "entropy_coeff"),
 ])
 def test_unmodelled_verl_settings_are_refused(actor, name):
     with pytest.raises(GmtsError, match=name):
         verl_loss_settings(actor)
+
+
+def test_verl_rollout_correction_refused():
+    verl_loss_settings({}, algorithm={"rollout_correction": {"rollout_is": None}})
+    with pytest.raises(GmtsError, match="rollout_is='token'"):
+        verl_loss_settings({}, algorithm={"rollout_correction": {"rollout_is": "token"}})
+
+
+def test_verl_defaults():
+    s = verl_loss_settings({})
+    assert (s.clip_low, s.clip_high, s.clip_ratio_c, s.loss_agg, s.kl_beta) == (0.2, 0.2, 3.0, "token-mean", 0.0)

@@ -148,7 +148,7 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         if self.token_selection in ("gmts", "gmts_lgn"):  # omega of the loss TRL trains; refuses what it does not model
             from gmts_analysis.objective import trl_loss_settings
 
-            self._loss_settings = trl_loss_settings(a, what=f"token_selection='{self.token_selection}'")
+            self._loss_settings = trl_loss_settings(self, what=f"token_selection='{self.token_selection}'")
 
     # -- bookkeeping: each row's index in the global generation batch, before TRL shuffles it
     def _generate_and_score_completions(self, inputs):
