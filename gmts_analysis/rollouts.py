@@ -64,6 +64,7 @@ class Answer:
     domain: str | None = None
     old_logprobs: list[float] | None = None
     ref_logprobs: list[float] | None = None
+    sampling_logprobs: list[float] | None = None  # the rollout engine's (vLLM), for TRL's IS correction
     extra: dict = field(default_factory=dict)  # other scalar fields, carried to answers.parquet
     where: str = ""  # "file: line N", for error messages
     logged_advantage: float | None = None  # the trainer's own advantage (TRL's `advantage` column)
@@ -346,7 +347,7 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
             reward = float("nan")
         else:
             reward = check_reward(reward, where, (r.get("_missing") or {}).get("reward", "reward"))
-        old, ref = r.get("old_logprobs"), r.get("ref_logprobs")
+        old, ref, samp = r.get("old_logprobs"), r.get("ref_logprobs"), r.get("sampling_logprobs")
         prompt, response = r.get("prompt"), r.get("response")
         extra = {}
         for k, v in r.items():
@@ -375,6 +376,8 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
             domain=domain,
             old_logprobs=None if old is None else check_logprobs(old, where, "old_logprobs", len(response_ids)),
             ref_logprobs=None if ref is None else check_logprobs(ref, where, "ref_logprobs", len(response_ids)),
+            sampling_logprobs=None if samp is None else check_logprobs(samp, where, "sampling_logprobs",
+                                                                       len(response_ids), allow_nan=True),
             extra=extra,
             where=where,
             logged_advantage=logged,
@@ -413,6 +416,12 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
     }
     for line in ctx.report.lines():
         (log.warning if line.startswith(("could not", "no --max")) else log.info)(line)
+    n_unscorable = sum(1 for a in answers if a.extra.get("unscorable") is True)
+    if n_unscorable:
+        report["unscorable"] = n_unscorable
+        log.warning("%d answer(s) are marked unscorable (every reward function skipped them; reward 0.0 written in "
+                    "their place): TRL left them out of their group's baseline with advantage 0, so only "
+                    "--advantage logged reproduces its advantages", n_unscorable)
     if "prompt" in group_from and state.fmt == "trl":
         log.info("TRL rows grouped by identical (step, prompt); pass --num-generations G to use TRL's "
                  "consecutive blocks of G rows")
@@ -494,6 +503,8 @@ def validate_against_model(answers: Sequence[Answer], vocab_size: int, max_len: 
                 a.old_logprobs = a.old_logprobs[:keep]
             if a.ref_logprobs is not None:
                 a.ref_logprobs = a.ref_logprobs[:keep]
+            if a.sampling_logprobs is not None:
+                a.sampling_logprobs = a.sampling_logprobs[:keep]
             a.extra["truncated"] = True
             cut += 1
     return cut

@@ -163,3 +163,101 @@ def test_rows_in_memory_as_a_trl_dataframe(trl_dir, tok):
         assert (a.prompt_ids, a.response_ids, a.reward, a.logged_advantage) == (pids, cids, r, adv)
     assert "4 text prompt(s) tokenized as given, without the tokenizer's chat template" in " ".join(
         ans.report["restored"])
+
+
+def test_sampling_logprobs_reach_the_vllm_correction(tmp_path, tok):
+    """Rows written at the source carry the rollout engine's log-probs (``sampling_logprobs``, None/NaN
+    where vLLM could not score a token): the reader keeps them and ``--vllm-is-mode`` uses them."""
+    import numpy as np
+    import torch
+
+    from gmts_analysis.objective import LossSettings, omega_tensor
+
+    model = save_chat_model(tmp_path / "model")
+    p = tmp_path / "rollouts.jsonl"
+    rows = []
+    for i in range(4):
+        rows.append({"prompt_ids": [tok.bos_token_id, 10 + i, 11], "response_ids": [20, 21 + i, tok.eos_token_id],
+                     "reward": float(i % 2), "group_id": "g", "answer_id": f"a{i}",
+                     "logged_advantage": [0.8, -0.6, 1.1, -0.4][i],
+                     "old_logprobs": [-2.0, -3.0 - 0.1 * i, -1.5],
+                     "sampling_logprobs": [-1.6, None if i == 1 else -3.4, -1.2]})
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ans = read_rollouts(p, tok)
+    assert ans[0].sampling_logprobs == [-1.6, -3.4, -1.2]
+    assert math.isnan(ans[1].sampling_logprobs[1])
+    out = tmp_path / "run"
+    rc = main(["probe", "--model", str(model), "--rollouts", str(p), "--out", str(out), "--device", "cpu",
+               "--no-figures", "--fidelity", "off", "--grad-norm", "none", "--advantage", "logged",
+               "--vllm-is-mode", "token_truncate", "--vllm-is-max", "1.3", "--quiet"])
+    assert rc == 0
+    t = pd.read_parquet(out / "tokens.parquet")
+    s = LossSettings(vllm_is_mode="token_truncate", vllm_is_max=1.3)
+    for r in rows:
+        tr = t[t.answer_id == r["answer_id"]].sort_values("position")
+        lp = torch.tensor(tr["logprob"].to_numpy())[None]
+        samp = torch.tensor([[np.nan if x is None else x for x in r["sampling_logprobs"]]], dtype=torch.float64)
+        want = omega_tensor(lp, torch.ones_like(lp), torch.tensor([r["logged_advantage"]], dtype=torch.float64),
+                            torch.tensor([tr["loss_weight"].iloc[0]]), s,
+                            old_logprobs=torch.tensor([r["old_logprobs"]], dtype=torch.float64),
+                            sampling_logprobs=samp)[0].numpy()
+        assert np.allclose(tr["omega"].to_numpy(), want, rtol=1e-12, atol=0)
+    c = np.exp(np.asarray(rows[0]["old_logprobs"]) - np.asarray(rows[0]["sampling_logprobs"]))
+    assert (c > 1.3).any() and (c < 1.3).any()  # the truncation matters in this batch
+
+
+def parity(prompts, completions, **kw):
+    return [float(sum(map(ord, c[0]["content"])) % 2) for c in completions]
+
+
+def sometimes(prompts, completions, log_extra=None, **kw):
+    log_extra("n_chars", [len(c[0]["content"]) for c in completions])
+    return [None if i % 3 == 2 else 0.5 * (len(c[0]["content"]) % 2) for i, c in enumerate(completions)]
+
+
+def test_trainer_rollouts_vs_trl_text_log(tmp_path):
+    """One TRL 1.16 step of a random chat model writes both SelectiveGRPOConfig(rollouts_dir) and
+    log_completions=True. Read back, the text log gives the same prompts (chat template), rewards
+    (named columns, NaN skipped, log_extra ignored) and advantages; a response differs only where
+    skip_special_tokens dropped special tokens the policy emitted (benchmarks/trainer_vs_textlog.py
+    measures the effect on the statistics)."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
+
+    path = save_chat_model(tmp_path / "m")
+    model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = tok.eos_token_id, tok.pad_token_id
+    ds = Dataset.from_dict({"prompt": [[{"role": "user", "content": f"{i}+{i}="}] for i in range(4)]})
+    args = SelectiveGRPOConfig(
+        output_dir=str(tmp_path / "trl"), per_device_train_batch_size=8, num_generations=4, max_completion_length=12,
+        max_steps=1, logging_steps=1, report_to="none", use_cpu=True, seed=0, save_strategy="no", bf16=False,
+        log_completions=True, rollouts_dir=str(tmp_path / "rollouts"), dataloader_num_workers=0)
+    SelectiveGRPOTrainer(model=model, reward_funcs=[parity, sometimes], args=args, train_dataset=ds,
+                         processing_class=tok).train()
+    exact = read_rollouts(tmp_path / "rollouts", tok)
+    text = read_rollouts(tmp_path / "trl" / "completions", tok, options=ReaderOptions(
+        reward_columns="parity,sometimes", num_generations=4, max_completion_length=12))
+    assert len(exact) == len(text) == 8 and exact.report["context"]["prompts_from_ids"] == 8
+    assert text.report["context"]["template_applied_messages"] == 8
+    specials = set(tok.all_special_ids)
+    for e, t in zip(exact, text):
+        assert e.prompt_ids == t.prompt_ids
+        assert e.reward == t.reward and e.logged_advantage == t.logged_advantage
+        assert [x for x in e.response_ids if x not in specials] == [x for x in t.response_ids if x not in specials]
+        if e.response_ids != t.response_ids:  # special tokens inside the answer, lost to skip_special_tokens
+            assert any(x in specials for x in e.response_ids[:-1])
+    assert any("n_chars" in a.extra for a in text)  # the log_extra column is carried, not summed
+
+
+def test_unscorable_rows_written_at_the_source_are_reported(tmp_path, tok, caplog):
+    p = tmp_path / "rollouts_rank0_00000.jsonl"
+    rows = [{"prompt_ids": [1, 10 + i], "response_ids": [20, 2], "reward": 0.0 if i == 2 else float(i % 2),
+             "group_id": "g", "logged_advantage": 0.0 if i == 2 else [0.7, -0.7, 0, 0.7][i]} for i in range(4)]
+    rows[2]["unscorable"] = True
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.readers"):
+        ans = read_rollouts(p, tok)
+    assert ans.report["unscorable"] == 1 and "only --advantage logged reproduces" in caplog.text

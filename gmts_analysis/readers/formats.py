@@ -33,7 +33,7 @@ FORMATS = ("auto", "gmts", "verl", "trl")
 TRL_NON_REWARD = {"step", "prompt", "completion", "advantage", "images", "image", "prompt_ids", "completion_ids"}
 VERL_FIELDS = {"input", "output", "score", "step", "gts"}
 GMTS_FIELDS = {"prompt", "prompt_ids", "response", "response_ids", "reward", "group_id", "answer_id", "step",
-               "old_logprobs", "ref_logprobs", "domain", "logged_advantage"}
+               "old_logprobs", "ref_logprobs", "sampling_logprobs", "domain", "logged_advantage"}
 
 
 def detect_format(keys: Sequence[str]) -> str:

@@ -305,14 +305,18 @@ def check_reward(v: Any, where: str, name: str = "reward") -> float:
     return x
 
 
-def check_logprobs(v: Any, where: str, name: str, n: int) -> list[float]:
-    """``n`` finite log-probabilities in ``[MIN_LOGPROB, 0]``."""
+def check_logprobs(v: Any, where: str, name: str, n: int, allow_nan: bool = False) -> list[float]:
+    """``n`` finite log-probabilities in ``[MIN_LOGPROB, 0]``. ``allow_nan``: a missing value
+    (None or NaN: a token vLLM could not score, which TRL's correction leaves at ratio 1) is NaN."""
     if not isinstance(v, (list, tuple)):
         raise GmtsError(f"{where}: field '{name}' must be a list of numbers")
     if len(v) != n:
         raise GmtsError(f"{where}: field '{name}' has {len(v)} values for {n} response tokens")
     out = []
     for i, x in enumerate(v):
+        if allow_nan and (x is None or (isinstance(x, float) and math.isnan(x))):
+            out.append(math.nan)
+            continue
         if isinstance(x, bool) or not isinstance(x, (int, float)):
             raise GmtsError(f"{where}: field '{name}' must be a list of numbers (item {i + 1} is {_repr(x)})")
         try:
