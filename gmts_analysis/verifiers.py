@@ -132,12 +132,18 @@ def score(verifier: RewardFunction, prompts: Sequence[Any], completions: Sequenc
           completion_ids: Sequence[Sequence[int]], columns: dict[str, Sequence[Any]] | None = None) -> list[float]:
     """Call ``verifier`` as TRL does and return one float per row, NaN where it returned None (skipped).
 
-    ``columns``: the other columns, one list per name, each as long as ``prompts``. A wrong count,
+    ``columns``: the other columns, one list per name, each as long as ``prompts``. When the prompts are
+    lists of messages (conversational), each text completion is passed as ``[{"role": "assistant",
+    "content": text}]``, as TRL 1.16 passes it. A wrong count,
     a non-number or an exception is a :class:`GmtsError` naming the verifier.
     """
     name = getattr(verifier, "__name__", "verifier")
+    completions = list(completions)
+    if prompts and isinstance(prompts[0], (list, tuple)):
+        # conversational rows: TRL hands each completion over as one assistant message
+        completions = [[{"role": "assistant", "content": c}] if isinstance(c, str) else c for c in completions]
     try:
-        out = verifier(prompts=list(prompts), completions=list(completions), completion_ids=list(completion_ids),
+        out = verifier(prompts=list(prompts), completions=completions, completion_ids=list(completion_ids),
                        **(columns or {}))
     except GmtsError:
         raise

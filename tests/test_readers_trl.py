@@ -261,3 +261,17 @@ def test_unscorable_rows_written_at_the_source_are_reported(tmp_path, tok, caplo
     with caplog.at_level(logging.WARNING, logger="gmts_analysis.readers"):
         ans = read_rollouts(p, tok)
     assert ans.report["unscorable"] == 1 and "only --advantage logged reproduces" in caplog.text
+
+
+def test_completion_split_by_a_response_schema_is_refused(tmp_path, tok):
+    """TRL 1.16 parses conversational completions with the tokenizer's response schema when it has
+    one: Qwen3's thinking lands in 'reasoning_content', and 'content' alone is not what was generated."""
+    p = tmp_path / "completions_00001.parquet"
+    msgs = [{"role": "user", "content": "1+1="}]
+    pd.DataFrame({"step": [1, 1], "prompt": [msgs, msgs],
+                  "completion": [[{"role": "assistant", "content": "2", "reasoning_content": "one and one"}],
+                                 [{"role": "assistant", "content": "3", "reasoning_content": None}]],
+                  "acc": [1.0, 0.0], "advantage": [0.7, -0.7]}).to_parquet(p)
+    with pytest.raises(GmtsError, match=r"row 1: field 'completion' was split by the tokenizer's response schema "
+                                        r"\('reasoning_content'"):
+        read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc"))

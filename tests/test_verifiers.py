@@ -84,3 +84,14 @@ def test_math_verifier_says_how_to_install(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_math_verify)
     with pytest.raises(GmtsError, match=r"pip install 'gmts_analysis\[math\]'"):
         math_reward(prompts=["q"], completions=["1"], solution=["1"])
+
+
+def test_conversational_completions_passed_as_trl_passes_them():
+    """With message-list prompts TRL hands each completion over as one assistant message, so a TRL
+    reward function written for conversational data (``completion[0]["content"]``) works as is."""
+    def accuracy(*, prompts, completions, **kw):
+        return [float(c[0]["content"] == "4") for c in completions]
+
+    msgs = [{"role": "user", "content": "2+2="}]
+    assert score(accuracy, [msgs, msgs], ["4", "5"], [[1], [2]]) == [1.0, 0.0]
+    assert score(resolve_verifier("math"), [msgs], ["\\boxed{4}"], [[1]], {"solution": ["4"]}) == [1.0]

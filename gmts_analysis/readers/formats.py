@@ -151,6 +151,13 @@ def _completion_text(v: Any, where: str) -> Any:
                             "supported (tool-call turns cannot be re-tokenized exactly)")
         if v[0].get("tool_calls"):
             raise GmtsError(f"{where}: field 'completion' has tool calls, which cannot be re-tokenized exactly")
+        # TRL parses the completion with the tokenizer's response schema when it has one (e.g. Qwen3's
+        # thinking goes to 'reasoning_content'): 'content' alone is then not what the policy generated
+        other = sorted(k for k, x in v[0].items() if k not in ("role", "content") and x not in (None, "", [], {}))
+        if other:
+            raise GmtsError(f"{where}: field 'completion' was split by the tokenizer's response schema ("
+                            f"{', '.join(repr(k) for k in other)} beside 'content'), which cannot be re-tokenized "
+                            "exactly; write the rollouts at the source (gmts_analysis.rl.rollout_log)")
         return v[0].get("content")
     return v
 
