@@ -202,6 +202,7 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
     from gmts_analysis.finalize import finish_result
     from gmts_analysis.models import context_length
     from gmts_analysis.rollouts import validate_against_model
+    from gmts_analysis.sharding.run import truncation_counts
     from gmts_analysis.validate import check_answers, validate_options
 
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
@@ -221,7 +222,8 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
         coefs = kernel.answer_coefficients(answers, opts)
         result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress)
         tables = finish_result(opts, model, model_path, answers, result,
-                               extra={"job": "gmts_analysis.probe", "rollouts": source, "n_truncated": n_cut})
+                               extra={"job": "gmts_analysis.probe", "rollouts": source,
+                                      **truncation_counts(opts, answers, n_cut)})
     finally:
         model.train(was_training)
     run = Run(**{f.name: getattr(tables, f.name) for f in dataclasses.fields(RunTables)})
@@ -261,10 +263,12 @@ def sample(
     device: str = "cpu",
     tokenizer: Any = None,
     progress: bool = True,
+    offline: bool = False,
 ) -> list[dict]:
     """Sample ``group_size`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
 
-    model: ``tiny``/``small``, a directory, or a loaded model (with ``tokenizer=``).
+    model: ``tiny``/``small``, a directory, a hub id (not downloaded when ``offline``), or a loaded model
+    (with ``tokenizer=``).
     Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
     ready for :func:`probe`; the same arguments give the same rows. ``max_new_tokens``
     defaults to the policy card's budget (96 without a card).
@@ -282,7 +286,7 @@ def sample(
         raise GmtsError("num_prompts must be >= 1 and group_size >= 2 (a group needs a baseline)")
     if isinstance(model, (str, os.PathLike)):
         path = resolve_model_path(os.fspath(model))
-        model, tok = load_model(os.fspath(model), device, "float32")
+        model, tok = load_model(os.fspath(model), device, "float32", offline=offline)
         tokenizer = tokenizer if tokenizer is not None else tok
     else:
         path = str(getattr(model, "name_or_path", "") or "")

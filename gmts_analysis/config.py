@@ -28,7 +28,7 @@ class ProbeOptions:
     """
 
     format: str = opt("auto", "rollouts format", choices=("auto", "gmts", "verl", "trl"))
-    device: str = opt("auto", "auto | cpu | cuda | cuda:N")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N; auto = cuda if available, else cpu")
     dtype: str = opt("float32", "model dtype (statistics are always float32 or better)",
                      choices=("float32", "float64", "bfloat16", "float16"))
     temperature: float = opt(1.0, "sampling temperature tau: p = softmax(z / tau)")

@@ -65,7 +65,7 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
     rows = sample(cfg.model, sampling["domains"], num_prompts=sampling["num_prompts"],
                   group_size=sampling["group_size"], temperature=sampling["temperature"],
                   max_new_tokens=sampling["max_new_tokens"], seed=sampling["seed"], device=sampling["device"],
-                  progress=progress)
+                  progress=progress, offline=bool(getattr(cfg, "offline", False)))
     work.mkdir(parents=True, exist_ok=True)
     io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     io.atomic_write_json(params, key)

@@ -160,6 +160,7 @@ def test_probe_records_mapped_settings(tiny_model_dirs, tmp_path):
                             "trl.yaml: top_entropy_quantile": "rho", "--epsilon": "clip_low, clip_high",
                             "--beta": "kl_beta"}
     assert m["config_file"] == str(cfg)
+    assert m["n_cut_by_truncate"] == 0 and m["n_unterminated"] is None and "n_truncated" not in m
     # the objective omega was computed under, resolved (what loss_type and the aliases mean)
     assert m["objective"]["loss_agg"] == "seq-mean-token-mean" and m["objective"]["clip_high"] == 0.25
     # the user's rho: recorded in stats.json and added to the fixed grid of top-k fractions
@@ -282,6 +283,77 @@ def test_hub_id_may_download_unless_offline(monkeypatch, tiny_model_dirs):
 
 def test_offline_flag_parses():
     assert parse("--offline").offline is True and parse().offline is False
+
+
+@pytest.mark.parametrize("argv", [
+    ["sample", "--domains", "arithmetic", "--out", "{tmp}/r.jsonl", "-q"],
+    ["run", "--out", "{tmp}/run", "--num-prompts", "1", "--group-size", "2", "-q", "--no-figures"],
+    ["rl", "--selection", "all", "--seed", "0", "--max-steps", "1", "--out", "{tmp}/rl.json", "--figures", "none",
+     "-q"],
+])
+@pytest.mark.parametrize("offline", [True, False])
+def test_offline_on_every_command_that_loads_a_hub_model(argv, offline, tmp_path, monkeypatch, capsys):
+    """`--offline` means the same in gmts sample, run and rl as in probe: load_model(..., offline=True)."""
+    import gmts_analysis.models as models
+
+    seen = []
+
+    def fake_load(name, device="auto", dtype="float32", offline=False):
+        seen.append((name, offline))
+        raise GmtsError("stop here")
+
+    monkeypatch.setattr(models, "load_model", fake_load)
+    name = argv[0]
+    assert "--offline" in _sub(name)._option_string_actions
+    group = next(g.title for g in _sub(name)._action_groups
+                 if any("--offline" in a.option_strings for a in g._group_actions))
+    assert group == "inputs", name  # the group probe has it in
+    args = [x.replace("{tmp}", str(tmp_path)) for x in argv] + ["--model", "Qwen/Qwen2.5-Math-1.5B"]
+    rc = main(args + (["--offline"] if offline else []))
+    assert rc == 2 and "stop here" in capsys.readouterr().err
+    assert seen == [("Qwen/Qwen2.5-Math-1.5B", offline)], name
+
+
+def test_device_defaults_to_auto_everywhere():
+    for name in ("run", "sample", "probe", "rl", "bench", "merge"):
+        a = _sub(name)._option_string_actions["--device"]
+        assert a.default == "auto" and "default: auto" in a.help, name
+        if name in ("run", "sample", "probe", "rl"):
+            assert "cuda if available, else cpu" in a.help, name
+
+
+def test_max_steps_and_its_deprecated_alias(capsys):
+    """`--max-steps` (TRL's max_steps) counts training steps in gmts rl and toy-train; `--steps` there is a
+    deprecated alias with one warning line; `gmts probe --steps` keeps selecting logged steps."""
+    p = build_parser()
+    for cmd in (["rl"], ["toy-train", "--size", "tiny"]):
+        assert p.parse_args([*cmd, "--max-steps", "7"]).max_steps == 7
+        assert p.parse_args([*cmd, "--max_steps", "7"]).max_steps == 7
+        assert capsys.readouterr().err == ""
+        a = p.parse_args([*cmd, "--steps", "5"])
+        assert a.max_steps == 5 and not hasattr(a, "steps")
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ["gmts: warning: --steps is deprecated; use --max-steps"], cmd
+        text = _sub(cmd[0]).format_help()  # the old name is hidden (mentioned in --max-steps' help only)
+        assert "[--steps" not in text and not re.search(r"^\s+--steps\b", text, re.M), cmd
+    assert p.parse_args(["rl"]).max_steps == 100 and p.parse_args(["toy-train", "--size", "tiny"]).max_steps is None
+    a = parse("--steps", "10-20")
+    assert a.steps == "10-20" and not getattr(a, "aliases", None) and capsys.readouterr().err == ""
+
+
+def test_manifest_truncation_counts_are_named_apart():
+    """n_cut_by_truncate: answers --truncate cut to the context; n_unterminated: answers without a stop token
+    (TRL's truncated completions), counted only with --mask-truncated-completions."""
+    from types import SimpleNamespace
+
+    from gmts_analysis.sharding.run import truncation_counts
+
+    ans = [SimpleNamespace(extra={"unterminated": True}), SimpleNamespace(extra={"unterminated": False}),
+           SimpleNamespace(extra={})]
+    assert truncation_counts(SimpleNamespace(mask_truncated_completions=True), ans, 2) == {
+        "n_cut_by_truncate": 2, "n_unterminated": 1}
+    assert truncation_counts(SimpleNamespace(mask_truncated_completions=False), ans, 0) == {
+        "n_cut_by_truncate": 0, "n_unterminated": None}
 
 
 # ----------------------------------------------------------------- verl's aggregation modes

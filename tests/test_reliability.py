@@ -404,7 +404,7 @@ def test_toy_train_overwrite_never_replaces_a_directory_that_is_not_a_policy(tmp
     d.mkdir()
     (d / "thesis.tex").write_text("mine")
     line = assert_one_line_error(*run_cli(["toy-train", "--size", "tiny", "--out", str(d), "--overwrite",
-                                           "--steps", "1", "--quiet"]), "did not write")
+                                           "--max-steps", "1", "--quiet"]), "did not write")
     assert "--overwrite" not in line and (d / "thesis.tex").read_text() == "mine"
 
 

@@ -172,7 +172,7 @@ def test_experiment_resume_summary_and_cli(tmp_path):
 
     # the command line, on a checkpoint saved to disk the way a user's is
     ckpt = save_tiny_model("qwen2", tmp_path / "policy", seed=0)
-    rc = main(["rl", "--model", str(ckpt), "--selection", "entropy", "random", "--seed", "3", "--steps", "1",
+    rc = main(["rl", "--model", str(ckpt), "--selection", "entropy", "random", "--seed", "3", "--max-steps", "1",
                "--domains", "program", "--prompts-per-domain", "1", "--group-size", "2", "--max-new-tokens", "8",
                "--eval-every", "1", "--eval-prompts", "2", "--diag-every", "1", "--diag-answers", "1",
                "--out", str(tmp_path / "cli.json"), "--figures", str(tmp_path / "fig"), "--quiet"])

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=64,
         help="time naive/loop on every token up to this T, above it on --naive-tokens tokens (default 64)",
     )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu")
     p.add_argument("--dtype", default="float32", help="float32, float64, bfloat16, float16")
     p.add_argument("--max-memory", type=int, default=None, metavar="MiB",
                    help="transient memory budget in MiB for the engines (default: none)")

@@ -17,12 +17,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
         "writes the results JSON (--out) and learning-curve figures (--figures).",
     )
-    p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, or a checkpoint directory "
-                   f"(default: {d.policy})")
+    p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, a checkpoint directory or a "
+                   f"hub id (default: {d.policy})")
+    p.add_argument("--offline", action="store_true",
+                   help="never download: a hub --model must already be in the local Hugging Face cache "
+                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
     p.add_argument("--selection", nargs="+", default=list(SELECTION_ARMS), choices=SELECTION_ARMS,
                    help="one or more arms (default: all five)")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
-    p.add_argument("--steps", type=int, default=d.steps, help=f"training steps per run (default: {d.steps})")
+    p.add_argument("--max-steps", type=int, default=d.steps,
+                   help=f"optimizer steps per run (TRL's max_steps; --steps is a deprecated alias) "
+                   f"(default: {d.steps})")
     p.add_argument("--domains", nargs="+", default=list(ALL_DOMAINS), help="toy domains, space- or comma-separated (default: all three)")
     p.add_argument("--rho", type=float, default=d.rho, help=f"fraction of tokens kept (default: {d.rho})")
     p.add_argument("--scope", choices=("batch", "group"), default=d.scope, help="selection scope (default: batch)")
@@ -42,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"steps between grad-norm diagnostics, 0 = never (default: {d.diag_every})")
     p.add_argument("--diag-answers", type=int, default=d.diag_answers,
                    help=f"answers per grad-norm diagnostic (default: {d.diag_answers})")
-    p.add_argument("--device", default=d.device, help="cpu | cuda | auto (default: cpu)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]; auto = cuda if available, else cpu "
+                   "(the results in data/rl were trained on cpu: give --device cpu to reproduce them on a GPU "
+                   "machine) (default: auto)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads; the toy policies run fastest on one, "
                    "and two processes with disjoint --seed lists use two cores (default: 1)")
     p.add_argument("--out", default="data/rl/rl.json", help="results JSON (default: data/rl/rl.json); runs are "
@@ -68,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError("--threads must be >= 1")
     torch.set_num_threads(args.threads)
     cfg = RLConfig(
-        policy=args.model, steps=args.steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
+        policy=args.model, steps=args.max_steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,
         group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
         eval_prompts=args.eval_prompts, diag_every=args.diag_every, diag_answers=args.diag_answers,
@@ -76,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg.check()
     out = Path(args.out)
-    result = run_experiment(cfg, args.selection, args.seed, out, progress=not args.quiet)
+    result = run_experiment(cfg, args.selection, args.seed, out, progress=not args.quiet, offline=args.offline)
     log = logging.getLogger("gmts")
     if args.figures != "none":
         from gmts_analysis.rl.plots import plot_diagnostics, plot_learning_curves

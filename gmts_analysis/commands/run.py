@@ -26,6 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
                    "hub id (default: small)")
+    p.add_argument("--offline", action="store_true",
+                   help="never download: a hub --model must already be in the local Hugging Face cache "
+                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
     p.add_argument("--domains", nargs="+", default=[DEFAULT_DOMAINS], metavar="DOMAIN",
                    help=f"one or more toy domains, space- or comma-separated (default: {DEFAULT_DOMAINS})")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")
@@ -34,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget (default: the policy card's)")
     p.add_argument("--grad-norm", default="exact", choices=("exact", "sketch", "none"),
                    help="per-token gradient norm (default: exact)")
-    p.add_argument("--device", default="cpu", help="auto | cpu | cuda[:N] (default: cpu)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]; auto = cuda if available, else cpu "
+                   "(data/example_run was made on cpu: give --device cpu to reproduce it on a GPU machine) "
+                   "(default: auto)")
     p.add_argument("--rho", type=float, default=0.2, metavar="FRACTION",
                    help="keep fraction of the token selections quoted by the report, update fidelity and the "
                    "summary (TRL's top_entropy_quantile) (default: 0.2)")
@@ -58,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.job import sample_and_probe
-    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.models import resolve_device, resolve_model_path
     from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.validate import validate_options
 
@@ -77,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = ProbeConfig(model=args.model, rollouts=None, out=str(out), device=args.device,
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
                       figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
-                      answers_per_chunk=args.answers_per_chunk, rho=args.rho,
+                      answers_per_chunk=args.answers_per_chunk, rho=args.rho, offline=args.offline,
                       aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)
@@ -85,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
     sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.group_size,
                 "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-                "device": args.device}
+                "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
     sample_and_probe(cfg, sampling)
     stats = json.loads((out / "stats.json").read_text())
     from gmts_analysis.summary import summary_text

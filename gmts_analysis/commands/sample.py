@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
                    "(default tiny)")
+    p.add_argument("--offline", action="store_true",
+                   help="never download: a hub --model must already be in the local Hugging Face cache "
+                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
     p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
                    help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
     p.add_argument("--prompts", default=None, metavar="FILE",
@@ -35,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--difficulty", type=int, default=None, help="difficulty level 1-3 (default: uniform mix)")
     p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling (default 0)")
     p.add_argument("--batch-size", type=int, default=64, help="sequences generated together (default 64)")
-    p.add_argument("--device", default="cpu", help="auto, cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu "
+                   "(the same --seed gives the same file on the same device) (default: auto)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--out", required=True, help="rollouts file to write (JSONL)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
     check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     with torch.inference_mode():
@@ -122,7 +126,7 @@ def _run_prompts(args: argparse.Namespace) -> int:
     check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
     rows = read_prompts(args.prompts, args.num_prompts)
     verifier = resolve_verifier(args.verifier)
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     with torch.inference_mode():

@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--size", choices=["tiny", "small"], required=True, help="which policy to train")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation and training data (default 0)")
     p.add_argument("--out", default=None, help="output directory (default data/policies/<size>)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: the size's recipe)")
+    p.add_argument("--max-steps", type=int, default=None,
+                   help="optimizer steps (TRL's max_steps; --steps is a deprecated alias) (default: the size's recipe)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2, as the shipped runs)")
     p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts per domain for the card (default 200)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
@@ -32,8 +33,8 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.toy.card import CARD_PROMPTS, evaluate_pass_at_1, save_policy
     from gmts_analysis.toy.train import train_policy
 
-    if args.steps is not None and args.steps < 1:
-        raise GmtsError("--steps must be >= 1")
+    if args.max_steps is not None and args.max_steps < 1:
+        raise GmtsError("--max-steps must be >= 1")
     if args.threads < 1:
         raise GmtsError("--threads must be >= 1")
     n_eval = CARD_PROMPTS if args.eval_prompts is None else args.eval_prompts
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError("--eval-prompts must be >= 1")
     out = args.out or str(data_dir() / "policies" / args.size)
     with staged_directory(out, overwrite=args.overwrite, kind="policy") as tmp:
-        model, tok, info = train_policy(args.size, args.seed, args.steps, args.threads, progress=not args.quiet)
+        model, tok, info = train_policy(args.size, args.seed, args.max_steps, args.threads, progress=not args.quiet)
         evaluation = evaluate_pass_at_1(model, tok, n_prompts=n_eval, progress=not args.quiet)
         card = save_policy(tmp, model, tok, info, evaluation)
         tmp.chmod(0o755)

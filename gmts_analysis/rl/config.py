@@ -56,7 +56,7 @@ class RLConfig:
         if self.normalizer not in ("all", "selected"):
             raise GmtsError(f"--normalizer must be all or selected, got '{self.normalizer}'")
         if self.steps < 0 or self.group_size < 2 or self.prompts_per_domain < 1:
-            raise GmtsError("--steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
+            raise GmtsError("--max-steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
         if self.lr <= 0:
             raise GmtsError(f"--lr must be > 0, got {self.lr}")
         if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0:

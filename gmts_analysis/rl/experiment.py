@@ -90,11 +90,13 @@ def run_experiment(
     load: Callable[[], tuple] | None = None,
     progress: bool = False,
     reward_fn: Callable[[dict], float] | None = None,
+    offline: bool = False,
 ) -> dict:
     """Run every (selection, seed) not already on disk, then write and return the experiment JSON.
 
     load: returns a fresh ``(model, tokenizer)`` (default: :func:`gmts_analysis.models.load_model`
-    of ``base.policy`` on ``base.device``); every run starts from the same weights.
+    of ``base.policy`` on ``base.device``, no hub download when ``offline``); every run starts from the
+    same weights.
     """
     from gmts_analysis.io import atomic_write_json, read_json
 
@@ -103,7 +105,7 @@ def run_experiment(
         from gmts_analysis.models import load_model
 
         def load():
-            model, tok = load_model(base.policy, base.device)
+            model, tok = load_model(base.policy, base.device, offline=offline)
             if tok is None:
                 raise GmtsError(f"--model {base.policy}: the checkpoint ships no tokenizer")
             return model, tok

@@ -58,7 +58,8 @@ def check_inputs(cfg: ProbeConfig) -> None:
 
 
 def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int, float]:
-    """``(model, tokenizer, model_path, answers, n_truncated, load_seconds)``."""
+    """``(model, tokenizer, model_path, answers, n_cut_by_truncate, load_seconds)``: n_cut_by_truncate
+    counts the answers ``--truncate`` cut to the model's context."""
     from gmts_analysis.models import context_length, load_model, resolve_model_path
     from gmts_analysis.rollouts import read_rollouts, validate_against_model
     from gmts_analysis.validate import check_answers
@@ -171,6 +172,20 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
                       time.perf_counter() - t_start, ctx.world_size, extra, extra_files)
 
 
+def truncation_counts(cfg: Any, answers: list, n_cut: int) -> dict[str, int | None]:
+    """The manifest's two truncation counts, which are different things:
+
+    ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
+    ``n_unterminated``: answers whose response does not end with a stop token (EOS or pad), TRL's
+    "truncated completions" (they hit the trainer's length limit); counted with
+    ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
+    """
+    n_open = None
+    if getattr(cfg, "mask_truncated_completions", False):
+        n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
+    return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
+
+
 def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
            fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
            world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None) -> Path:
@@ -182,7 +197,7 @@ def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: li
     timings = {"load_s": t_load, "probe_s": probe_s, "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"),
                "wall_s": wall_s}
     extra = {
-        "n_truncated": n_cut,
+        **truncation_counts(cfg, answers, n_cut),
         "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format,
                      "read": getattr(answers, "report", None)},
         "distributed": {

@@ -93,7 +93,8 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
         "loss_curve": train_info.get("loss_curve", []),
         "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                      "python": platform.python_version()},
-        "reproduce": f"gmts toy-train --size {spec['name']} --seed {train_info['seed']} --steps {train_info['steps']}",
+        "reproduce": f"gmts toy-train --size {spec['name']} --seed {train_info['seed']} "
+                     f"--max-steps {train_info['steps']}",
     }
     atomic_write_json(out_dir / "card.json", card)
     s = evaluation["settings"]
