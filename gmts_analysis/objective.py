@@ -226,10 +226,12 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
     )
 
 
-#: verl's four ``loss_agg_mode`` values (verl/workers/config/actor.py); verl has no ``token-sum``
+#: verl's ``loss_agg_mode`` values (verl/workers/config/actor.py): the four of every release
+#: through v0.7.0, and ``token-sum`` (verl-project/verl#7197, merged 2026-07-30: the masked token
+#: sum, scaled by the data-parallel size so the reduced gradient is the global sum: w = 1)
 VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
                  "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-                 "seq-mean-token-sum": "seq-mean-token-sum"}
+                 "seq-mean-token-sum": "seq-mean-token-sum", "token-sum": "token-sum"}
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:

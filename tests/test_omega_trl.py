@@ -268,7 +268,7 @@ def test_omega_equals_autograd_of_verl_dual_clip(beta):
 @pytest.mark.parametrize("actor, name", [
     ({"policy_loss": {"loss_mode": "gspo"}}, "gspo"), ({"policy_loss": {"loss_mode": "clip_cov"}}, "clip_cov"),
     ({"use_kl_loss": True, "kl_loss_type": "k1"}, "k1"), ({"loss_agg_mode": "seq-sum"}, "seq-sum"),
-    ({"use_kl_loss": True, "kl_loss_type": "k3+"}, r"k3\+"), ({"loss_agg_mode": "token-sum"}, "token-sum"),
+    ({"use_kl_loss": True, "kl_loss_type": "k3+"}, r"k3\+"),
     ({"entropy_coeff": 0.001}, "entropy_coeff"),
 ])
 def test_unmodelled_verl_settings_are_refused(actor, name):
@@ -280,6 +280,14 @@ def test_verl_rollout_correction_refused():
     verl_loss_settings({}, algorithm={"rollout_correction": {"rollout_is": None}})
     with pytest.raises(GmtsError, match="rollout_is='token'"):
         verl_loss_settings({}, algorithm={"rollout_correction": {"rollout_is": "token"}})
+
+
+def test_verl_token_sum_is_the_plain_masked_sum():
+    # verl-project/verl#7197: the global masked token sum (w = 1 on every response token)
+    s = verl_loss_settings({"loss_agg_mode": "token-sum"})
+    assert s.loss_agg == "token-sum"
+    w = answer_weights(torch.tensor([2, 3, 7]), loss_agg=s.loss_agg)
+    assert w.tolist() == [1.0, 1.0, 1.0]
 
 
 def test_verl_defaults():
