@@ -23,9 +23,11 @@ from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import torch
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
+from gmts_analysis.selection_tensor import keep_first, scope_order
 
 SCOPES = ("batch", "group")
 RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
@@ -78,12 +80,10 @@ def selection_order(
     if s.shape != (n,):
         raise GmtsError(f"score has shape {s.shape}, expected ({n},)")
     scope_id = scope_codes(df, scope, group_col=group_col, batch_col=batch_col)
-    ans = _codes(df["answer_id"])
-    pos = np.asarray(df["position"], dtype=np.int64)
-    nan = np.isnan(s)
-    key = np.where(nan, 0.0, -s)  # ascending sort of -score = descending score
-    # np.lexsort sorts by the last key first: scope, then NaN last, then score, then ties.
-    return np.lexsort((pos, ans, key, nan, scope_id)), scope_id
+    # lay the rows out in (answer_id, position) order, so that the index is the tie-break
+    tie = np.lexsort((np.asarray(df["position"], dtype=np.int64), _codes(df["answer_id"])))
+    order = scope_order(torch.from_numpy(np.ascontiguousarray(s[tie])), torch.from_numpy(scope_id[tie])).numpy()
+    return tie[order], scope_id
 
 
 def select_top(
@@ -107,15 +107,7 @@ def select_top(
     if n == 0:
         return np.zeros(0, dtype=bool)
     order, scope_id = selection_order(df, score, scope, group_col=group_col, batch_col=batch_col)
-    sorted_scope = scope_id[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(sorted_scope)) + 1]
-    sizes = np.diff(np.r_[starts, n])
-    rank_in_scope = np.arange(n) - np.repeat(starts, sizes)
-    k = n_keep(rho, sizes.astype(np.int64))
-    keep_sorted = rank_in_scope < np.repeat(k, sizes)
-    mask = np.zeros(n, dtype=bool)
-    mask[order] = keep_sorted
-    return mask
+    return keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
 
 
 def overlap(

@@ -49,11 +49,34 @@ TENSOR_SCOPES = ("batch", "group")
 NORMALIZERS = ("all", "selected")
 
 
-def _keep_count(rho: float, n: Tensor) -> Tensor:
-    """``ceil(rho * n - 1e-9)`` clipped to ``[0, n]`` (int64, elementwise): :func:`gmts_analysis.rank.n_keep`."""
+def scope_order(scores: Tensor, scope: Tensor) -> Tensor:
+    """``(n,)`` int64 indices of 1-D ``scores`` in the order a selection keeps them: by ``scope``
+    code ascending, real scores before NaN, score descending, then index ascending (the
+    tie-break: callers lay tokens out in ``(answer, position)`` order). The one ordering rule of
+    every selection (tables call it through :func:`gmts_analysis.selection.selection_order`).
+    """
+    nan = torch.isnan(scores)
+    key = torch.where(nan, torch.zeros_like(scores), -scores)
+    # lexicographic (scope, isnan, -score, index) by successive stable sorts, last key first
+    order = torch.argsort(key, stable=True)
+    order = order[torch.argsort(nan[order].to(torch.int8), stable=True)]
+    return order[torch.argsort(scope[order], stable=True)]
+
+
+def keep_first(order: Tensor, scope: Tensor, rho: float) -> Tensor:
+    """``(n,)`` bool: the first :func:`gmts_analysis.rank.n_keep` ``(rho, n_scope)`` tokens of each
+    scope in ``order`` (from :func:`scope_order`); ``scope`` holds codes ``0..S-1`` per token."""
     from gmts_analysis.rank import n_keep
 
-    return n_keep(rho, n)
+    out = torch.zeros(order.numel(), dtype=torch.bool, device=order.device)
+    if order.numel() == 0:
+        return out
+    s_sorted = scope[order]
+    sizes = torch.bincount(s_sorted, minlength=int(scope.max().item()) + 1)
+    starts = torch.cumsum(sizes, 0) - sizes
+    rank = torch.arange(order.numel(), device=order.device) - starts[s_sorted]
+    out[order] = rank < n_keep(rho, sizes)[s_sorted]
+    return out
 
 
 def group_codes(group_ids: Tensor | Sequence, batch_size: int, device: torch.device | None = None) -> Tensor:
@@ -105,19 +128,7 @@ def select_tokens(
     else:
         gcode_row = torch.zeros(B, dtype=torch.int64, device=device)
     gcode = gcode_row[flat_idx // T]
-    # lexicographic order (group, isnan, -score, flat index) by successive stable sorts, last key first
-    nan = torch.isnan(s)
-    key = torch.where(nan, torch.zeros_like(s), -s)
-    order = torch.argsort(key, stable=True)
-    order = order[torch.argsort(nan[order].to(torch.int8), stable=True)]
-    order = order[torch.argsort(gcode[order], stable=True)]
-    g_sorted = gcode[order]
-    n_groups = int(gcode_row.max().item()) + 1
-    sizes = torch.bincount(g_sorted, minlength=n_groups)
-    starts = torch.cumsum(sizes, 0) - sizes
-    rank = torch.arange(order.numel(), device=device) - starts[g_sorted]
-    keep_sorted = rank < _keep_count(rho, sizes)[g_sorted]
-    out[flat_idx[order[keep_sorted]]] = True
+    out[flat_idx[keep_first(scope_order(s, gcode), gcode, rho)]] = True
     return out.view(B, T)
 
 
