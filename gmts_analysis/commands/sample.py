@@ -41,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu "
                    "(the same --seed gives the same file on the same device) (default: auto)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
-    p.add_argument("--out", required=True, help="rollouts file to write (JSONL)")
+    p.add_argument("--out", required=True, metavar="FILE", help="rollouts file to write (JSONL)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
