@@ -101,6 +101,22 @@ def read_json(path: str | os.PathLike) -> Any:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise GmtsError(f"{path}: line {e.lineno}: invalid JSON ({e.msg})") from None
+    except UnicodeDecodeError as e:
+        raise GmtsError(f"{path}: not valid UTF-8 (byte {e.start + 1})") from None
+    except RecursionError:
+        raise GmtsError(f"{path}: invalid JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer literal with more digits than Python converts
+        raise GmtsError(f"{path}: invalid JSON ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__})") from None
+    except OSError as e:
+        raise GmtsError(f"{path}: cannot read ({e.strerror or type(e).__name__})") from None
+
+
+def read_json_object(path: str | os.PathLike) -> dict:
+    """:func:`read_json` of a file that must hold one JSON object (stats.json, manifest.json)."""
+    obj = read_json(path)
+    if not isinstance(obj, dict):
+        raise GmtsError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 def atomic_write_parquet(path: str | os.PathLike, df: "Any") -> Path:
@@ -216,6 +232,12 @@ def check_output_location(out: str | os.PathLike, inputs: dict[str, str | os.Pat
     """
     given = str(out)
     p = Path(out).expanduser()
+    for q in (p, *p.parents):  # a dangling link on the way: mkdir would fail with 'File exists'
+        if q.is_symlink() and not q.exists():
+            raise GmtsError(f"{flag} {given}: {q} is a symbolic link to {os.readlink(q)}, which does not exist; "
+                            "create its target or choose another output directory")
+    if whole_dir and p.is_symlink():  # the run directory is replaced by a rename: the link itself would go
+        raise GmtsError(f"{flag} {given}: is a symbolic link (to {os.readlink(p)}); give the directory itself")
     try:
         p = p.resolve()
     except (OSError, RuntimeError) as e:  # symlink loops
@@ -237,6 +259,8 @@ def check_output_location(out: str | os.PathLike, inputs: dict[str, str | os.Pat
         need = need.parent
     if not os.access(need, os.W_OK | os.X_OK):
         raise GmtsError(f"{flag} {given}: {need} is not writable")
+    if p.is_dir() and not os.access(p, os.W_OK | os.X_OK):  # an existing run directory is written in place
+        raise GmtsError(f"{flag} {given}: {p} is not writable")
     for name, path in (inputs or {}).items():
         if path is None or not Path(path).exists():
             continue

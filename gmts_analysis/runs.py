@@ -93,7 +93,7 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     stats.json is computed (and not written) when absent or of an older version, and
     ``compute_missing_stats`` (its update_fidelity blocks kept). Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
     """
-    from gmts_analysis.io import read_json, read_parquet
+    from gmts_analysis.io import read_json_object, read_parquet
     from gmts_analysis.stats import compute_stats, is_current, kept_fidelity, prepare_tokens
 
     path = Path(run_dir)
@@ -104,8 +104,8 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     answers = _lists(read_parquet(path / "answers.parquet")) if (path / "answers.parquet").exists() else None
     tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
     groups = read_parquet(path / "grad_groups.parquet") if (path / "grad_groups.parquet").exists() else None
-    stats = read_json(path / "stats.json") if (path / "stats.json").exists() else {}
-    manifest = read_json(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    stats = read_json_object(path / "stats.json") if (path / "stats.json").exists() else {}
+    manifest = read_json_object(path / "manifest.json") if (path / "manifest.json").exists() else {}
     if compute_missing_stats and not is_current(stats):  # absent, or an older version: `gmts stats` rewrites it
         stats = json_normalise(compute_stats(tokens, answers, rho=manifest_rho(manifest), **kept_fidelity(stats)))
     return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)

@@ -162,6 +162,10 @@ def check_finite_scalars(values: Mapping[str, float], where: str, allow_nan: Seq
             raise GmtsError(f"{where}: non-finite {k} ({v})")
 
 
+# contract token columns that are null (NaN) when not computed (--grad-norm none)
+NULLABLE_TOKEN_COLUMNS = ("grad_norm_logp", "grad_norm")
+
+
 def validate_tokens_table(df: Any, path: Any, required: Sequence[str] | None = None) -> None:
     """A tokens table that ``gmts stats`` / ``gmts figures`` can use: every contract column present
     (none silently dropped), numeric columns numeric, at least one row."""
@@ -182,7 +186,8 @@ def validate_tokens_table(df: Any, path: Any, required: Sequence[str] | None = N
 
 
 def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> None:
-    """:func:`validate_tokens_table` on a parquet file's schema, without reading its data."""
+    """:func:`validate_tokens_table` on a parquet file: the schema, then the float contract columns'
+    values (finite; the nullable ones may be NaN, never infinite)."""
     from pathlib import Path
 
     import pyarrow as pa
@@ -211,3 +216,29 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
         t = schema.field(c).type
         if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t)):
             raise GmtsError(f"{path}: column '{c}' must be numeric, got {t}")
+    # values: a probe writes every float contract column finite (grad_norm and grad_norm_logp are
+    # null when not computed); NaN or inf elsewhere is a damaged or hand-edited table
+    floats = [c for c in required if c not in ("answer_id", "group_id", "token", *NULLABLE_TOKEN_COLUMNS)
+              and pa.types.is_floating(schema.field(c).type)]
+    if floats:
+        import numpy as np
+
+        try:
+            table = pq.read_table(path, columns=floats)
+        except Exception as e:
+            raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        for c in floats:
+            v = table.column(c).to_numpy(zero_copy_only=False)
+            bad = ~np.isfinite(v)
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} non-finite value(s) (first {v[i]} at row "
+                                f"{i + 1}); a tokens table written by gmts probe has none")
+    for c in NULLABLE_TOKEN_COLUMNS:
+        if c in required and pa.types.is_floating(schema.field(c).type):
+            import numpy as np
+
+            v = pq.read_table(path, columns=[c]).column(c).to_numpy(zero_copy_only=False)
+            if np.isinf(v).any():
+                raise GmtsError(f"{path}: column '{c}' has infinite values; a tokens table written by gmts probe "
+                                "has none")

@@ -153,6 +153,11 @@ CASES: dict[str, tuple[bytes | Callable[[Path], Path], list[str], str, str]] = {
     "out_holds_the_rollouts": (lambda d: _write(d / "run" / "r.jsonl", VALID), ["--overwrite"], ERR, "inside --out"),
     "out_foreign_overwrite": (VALID, ["--out", "@foreign", "--overwrite"], ERR, "did not write"),
     "out_unwritable": (VALID, ["--out", "/proc/gmts-no-such/run"], ERR, ""),
+    "out_dangling_symlink": (lambda d: _link(d / "dang", d / "nowhere", d), ["--out", "@dang"], ERR, "does not exist"),
+    "out_under_dangling_symlink": (lambda d: _link(d / "dang", d / "nowhere", d), ["--out", "@dang/run"], ERR,
+                                   "does not exist"),
+    "out_symlink_to_empty_dir": (lambda d: _link(d / "lk", _mkdir(d / "real"), d), ["--out", "@lk"], ERR,
+                                 "symbolic link"),
 }
 
 
@@ -160,6 +165,12 @@ def _write(p: Path, data: bytes) -> Path:
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_bytes(data)
     return p
+
+
+def _link(link: Path, target: Path, d: Path) -> Path:
+    """``link`` -> ``target`` beside valid rollouts; returns the rollouts."""
+    link.symlink_to(target)
+    return _write(d / "r.jsonl", VALID)
 
 
 def _mkdir(p: Path) -> Path:

@@ -436,3 +436,61 @@ def test_two_spellings_of_one_directory_share_one_lock(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "real")
     assert gio.lock_path(tmp_path / "link" / "run") == gio.lock_path(tmp_path / "real" / "run")
     assert gio.lock_path(tmp_path / "real" / "run/") == gio.lock_path(tmp_path / "real" / "." / "run")
+
+
+def test_an_existing_unwritable_run_directory_is_refused_before_anything(model_dir, rollouts, tmp_path, monkeypatch):
+    # an empty --out that cannot be written (chattr +i, a read-only mount): refused up front, not after probing
+    real = os.access
+    out = tmp_path / "run"
+    out.mkdir()
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == out else real(p, mode))
+    assert_one_line_error(*run_cli(probe(model_dir, rollouts, out)), "not writable", str(out))
+    assert list(out.iterdir()) == []
+
+
+def test_out_as_a_symbolic_link_is_refused_and_the_link_kept(model_dir, rollouts, tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "lk").symlink_to(tmp_path / "real")
+    (tmp_path / "dang").symlink_to(tmp_path / "nowhere")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(probe(model_dir, rollouts, tmp_path / "lk")), "symbolic link")
+    for out in (tmp_path / "dang", tmp_path / "dang" / "run"):
+        assert_one_line_error(*run_cli(probe(model_dir, rollouts, out)), "symbolic link", "does not exist")
+    assert_untouched(before, snapshot(tmp_path))
+    assert (tmp_path / "lk").is_symlink() and list((tmp_path / "real").iterdir()) == []
+
+
+@pytest.mark.parametrize("name,content", [("stats.json", "[1, 2]"), ("manifest.json", "[]"),
+                                          ("stats.json", "\udcff"), ("manifest.json", "{\"a\": 1" + "0" * 5000 + "}")])
+def test_figures_on_a_run_whose_json_is_not_an_object(finished_run, tmp_path, name, content):
+    run = _copy_run(finished_run, tmp_path / "run")
+    (run / name).write_bytes(content.encode("utf-8", "surrogateescape"))
+    assert_one_line_error(*run_cli(["figures", str(run), "--report", "--quiet"]), name)
+
+
+@pytest.mark.parametrize("column,value,needle", [("gmts", float("nan"), "non-finite"), ("entropy", float("inf"), "non-finite"),
+                                                 ("grad_norm", float("inf"), "infinite")])
+def test_stats_and_figures_refuse_non_finite_contract_values(finished_run, tmp_path, column, value, needle):
+    run = _copy_run(finished_run, tmp_path / "run")
+    t = pd.read_parquet(run / "tokens.parquet")
+    t.loc[1, column] = value
+    t.to_parquet(run / "tokens.parquet", index=False)
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["stats", str(run), "--quiet"]), column, needle)
+    assert_one_line_error(*run_cli(["figures", str(run), "--quiet"]), column)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_stats_and_figures_accept_null_grad_norms(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run")  # --grad-norm none writes them NaN
+    assert pd.read_parquet(run / "tokens.parquet")["grad_norm"].isna().all()
+    assert run_cli(["stats", str(run), "--quiet", "--n-boot", "10"])[0] == 0
+
+
+def test_compare_never_writes_into_a_run_and_figures_refuse_a_bad_max_answers(finished_run, tmp_path):
+    run = _copy_run(finished_run, tmp_path / "run")
+    before = snapshot(tmp_path)
+    for out in (run, run / "cmp"):
+        assert_one_line_error(*run_cli(["compare", str(run), "--out", str(out), "--quiet"]), "inside the run")
+    assert_one_line_error(*run_cli(["figures", str(run), "--max-answers", "-1", "--quiet"]), "--max-answers")
+    assert_untouched(before, snapshot(tmp_path))

@@ -31,12 +31,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     import logging
+    from pathlib import Path
 
     from gmts_analysis.compare import compare_runs, write_comparison
+    from gmts_analysis.errors import GmtsError
     from gmts_analysis.io import check_output_location
 
     log = logging.getLogger("gmts_analysis.compare")
-    check_output_location(args.out, whole_dir=False)
+    out = check_output_location(args.out, whole_dir=False)
+    for r in args.runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
+        rp = Path(r).expanduser().resolve()
+        if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
+            raise GmtsError(f"--out {args.out}: is inside the run directory {r}; write the comparison elsewhere")
     cmp = compare_runs(args.runs)
     paths = write_comparison(cmp, args.out, figures=not args.no_figures)
     log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",

@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     from gmts_analysis.validate import validate_tokens_file
 
+    if args.max_answers is not None and args.max_answers < 1:
+        raise GmtsError(f"--max-answers must be >= 1, got {args.max_answers}")
     validate_tokens_file(run_dir / "tokens.parquet")
     if args.to is not None:
         from gmts_analysis.io import check_output_location

@@ -203,7 +203,10 @@ def _loads(text: str, path: Path, n: int) -> Any:
     except json.JSONDecodeError as e:
         raise GmtsError(f"{path}: line {n}: invalid JSON ({e.msg}, column {e.colno})") from None
     except ValueError as e:  # e.g. an integer literal with more digits than Python converts
-        raise GmtsError(f"{path}: line {n}: invalid JSON ({_first_line(e)})") from None
+        msg = _first_line(e)
+        if "integer string conversion" in msg:
+            msg = "an integer literal with more digits than any id, reward or step can have"
+        raise GmtsError(f"{path}: line {n}: invalid JSON ({msg})") from None
 
 
 def _jsonl_rows(rf: RolloutFile) -> Iterator[tuple[int, dict]]:
