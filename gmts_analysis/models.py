@@ -9,6 +9,7 @@ local Hugging Face cache, downloading what is missing, unless ``HF_HUB_OFFLINE=1
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Iterator
@@ -122,11 +123,29 @@ def load_model(
     try:
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
-    except Exception:  # no tokenizer files, or files transformers cannot use: ids-only rollouts still work
+    except Exception as e:  # no tokenizer files, or files transformers cannot use: ids-only rollouts still work
         tokenizer = None
+        if local and any((Path(path) / f).exists() for f in TOKENIZER_FILES):
+            # files are there but this transformers cannot read them: say why, once, instead of
+            # a later "no tokenizer" that hides the cause (e.g. a tokenizer class of a newer release)
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            logging.getLogger("gmts_analysis.models").warning(
+                "--model %s: its tokenizer files cannot be loaded by transformers %s (%s: %s); "
+                "only token-id rollouts can be probed", name_or_path, _transformers_version(),
+                type(e).__name__, first[:300])
     if tokenizer is not None and _vocab_size(tokenizer) == 0:
         tokenizer = None
     return model, tokenizer
+
+
+#: files whose presence means a checkpoint ships a tokenizer
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
 
 
 def _vocab_size(tokenizer) -> int:

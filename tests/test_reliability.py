@@ -255,6 +255,28 @@ def test_text_needs_a_real_tokenizer_ids_do_not(bad_models, tmp_path, name):
     assert run_cli(probe(bad_models[name], ids, tmp_path / "run2"))[0] == 0
 
 
+def test_unreadable_tokenizer_files_are_named_not_hidden(tmp_path, caplog):
+    """Tokenizer files this transformers cannot read: ids still work, and the cause is logged
+    (not a bare 'no tokenizer' later)."""
+    import logging
+    import shutil
+
+    from gmts_analysis.models import load_model, resolve_model_path
+
+    d = tmp_path / "m"
+    shutil.copytree(resolve_model_path("tiny"), d)
+    (d / "tokenizer.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.models"):
+        _, tok = load_model(str(d), device="cpu")
+    assert tok is None
+    msgs = [r.getMessage() for r in caplog.records if r.name == "gmts_analysis.models"]
+    assert len(msgs) == 1 and "tokenizer files cannot be loaded" in msgs[0] and "JSONDecodeError" in msgs[0]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.models"):
+        _, tok = load_model("tiny", device="cpu")  # a readable tokenizer: no warning
+    assert tok is not None and not [r for r in caplog.records if r.name == "gmts_analysis.models"]
+
+
 # ---------------------------------------------------------------- finite or nothing
 
 
