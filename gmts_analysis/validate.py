@@ -17,6 +17,9 @@ from gmts_analysis.errors import GmtsError
 SEED_MAX = 2**63 - 1
 
 
+#: the most sketch directions --probes takes (K forward-mode passes per answer)
+MAX_PROBES = 4096
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -58,7 +61,7 @@ def validate_options(cfg: Any) -> None:
     """Every numeric option of a probe in its domain; the device exists; the verifier is known.
 
     Domains: temperature finite and > 0; clip_low and clip_high in [0, 1); clip_ratio_c > 1;
-    kl_beta finite and >= 0; vllm_is_min >= 0 and < vllm_is_max; probes >= 2; max_len,
+    kl_beta finite and >= 0; vllm_is_min >= 0 and < vllm_is_max; 2 <= probes <= MAX_PROBES; max_len,
     chunk_size (unless ``auto``), max_memory, answers_per_chunk >= 1; seed in [0, 2**63).
     Fields absent from ``cfg`` are skipped (it may be a :class:`~gmts_analysis.config.ProbeOptions`
     or a full :class:`~gmts_analysis.config.ProbeConfig`).
@@ -85,7 +88,8 @@ def validate_options(cfg: Any) -> None:
             raise GmtsError(f"--vllm-is-min {lo} must be below --vllm-is-max {hi}")
     p = _integer(cfg, "probes")
     if p is not None:
-        _check(p >= 2, "probes", "an integer >= 2 (a sketch needs two directions for its error bar)", p)
+        _check(2 <= p <= MAX_PROBES, "probes", f"an integer in [2, {MAX_PROBES}] (a sketch needs two directions for "
+               "its error bar; past a few thousand, --grad-norm exact costs less and is exact)", p)
     for name in ("max_len", "max_memory", "answers_per_chunk"):
         v = _integer(cfg, name)
         if v is not None:

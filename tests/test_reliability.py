@@ -166,7 +166,7 @@ def test_stale_staging_and_stranded_work_area_are_recovered(model_dir, rollouts,
 @pytest.mark.parametrize("flag, value", [
     ("--temperature", "0"), ("--temperature", "nan"), ("--temperature", "-1"), ("--temperature", "inf"),
     ("--clip-low", "-5"), ("--clip-low", "1"), ("--clip-high", "nan"), ("--kl-beta", "-1"),
-    ("--max-len", "0"), ("--probes", "0"), ("--probes", "1"), ("--chunk-size", "0"), ("--chunk-size", "x"),
+    ("--max-len", "0"), ("--probes", "0"), ("--probes", "1"), ("--probes", "100000000"), ("--chunk-size", "0"), ("--chunk-size", "x"),
     ("--answers-per-chunk", "0"), ("--max-memory", "0"), ("--seed", "-1"),
     ("--device", "meta"), ("--device", "mps"), ("--device", "cuda:97"), ("--device", "tpu"),
 ])
