@@ -20,6 +20,7 @@ SEED_MAX = 2**63 - 1
 #: the most sketch directions --probes takes (K forward-mode passes per answer)
 MAX_PROBES = 4096
 
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
@@ -224,9 +225,9 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
     # null when not computed); NaN or inf elsewhere is a damaged or hand-edited table
     floats = [c for c in required if c not in ("answer_id", "group_id", "token", *NULLABLE_TOKEN_COLUMNS)
               and pa.types.is_floating(schema.field(c).type)]
-    if floats:
-        import numpy as np
+    import numpy as np
 
+    if floats:
         try:
             table = pq.read_table(path, columns=floats)
         except Exception as e:
@@ -240,8 +241,6 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                                 f"{i + 1}); a tokens table written by gmts probe has none")
     for c in NULLABLE_TOKEN_COLUMNS:
         if c in required and pa.types.is_floating(schema.field(c).type):
-            import numpy as np
-
             v = pq.read_table(path, columns=[c]).column(c).to_numpy(zero_copy_only=False)
             if np.isinf(v).any():
                 raise GmtsError(f"{path}: column '{c}' has infinite values; a tokens table written by gmts probe "
