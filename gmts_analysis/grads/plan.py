@@ -159,13 +159,18 @@ class ScaledEmbeddingRule(EmbeddingRule):
 
     def capture(self, module, args, output, acc, rows, reenter):
         cap = super().capture(module, args, output, acc, rows, reenter)
-        s = module.embed_scale
-        s = s.to(module.weight.dtype) if isinstance(s, Tensor) else torch.tensor(s, dtype=module.weight.dtype)
+        s = self.scale(module)
         plain = F.embedding(args[0], module.weight.detach(), module.padding_idx)
         if not torch.equal(output.detach(), plain * s.to(plain.device)):
             raise NotImplementedError(f"{type(module).__name__} is not W[ids] * embed_scale")
         cap.info["scale"] = float(s)
         return cap
+
+    @staticmethod
+    def scale(module: nn.Module) -> Tensor:
+        """The module's ``embed_scale`` as a 0-d tensor in the weight's dtype (as its forward applies it)."""
+        s = module.embed_scale
+        return s.to(module.weight.dtype) if isinstance(s, Tensor) else torch.tensor(s, dtype=module.weight.dtype)
 
     def sq_norm(self, g, x, inv, info):
         return super().sq_norm(g * info["scale"], x, inv, info)

@@ -88,9 +88,7 @@ def sketch_grad_norms(
             if type(mod).forward is nn.Embedding.forward:
                 emb_mods[mname], scale[mname] = mod, 1.0
             elif scaled.fits(mod):
-                s = mod.embed_scale
-                s = s.to(mod.weight.dtype) if isinstance(s, Tensor) else torch.tensor(s, dtype=mod.weight.dtype)
-                emb_mods[mname], scale[mname] = mod, float(s)
+                emb_mods[mname], scale[mname] = mod, float(scaled.scale(mod))
     emb_weight_ids = {id(m.weight) for m in emb_mods.values()}
     if head_tied and id(head_w) not in emb_weight_ids:
         raise NotImplementedError("the head is tied to something other than an embedding")
