@@ -260,12 +260,9 @@ def verl_loss_settings(actor: Any, algorithm: Any = None) -> LossSettings:
     weights (``algorithm.rollout_correction.rollout_is``; pass ``algorithm=`` the algorithm config).
     """
     def g(name: str, default: Any = None) -> Any:
-        if isinstance(actor, dict):
-            return actor.get(name, default)
-        return getattr(actor, name, default)
+        return _get(actor, name, default)
 
-    pl = g("policy_loss") or {}
-    mode = (pl.get("loss_mode") if isinstance(pl, dict) else getattr(pl, "loss_mode", None)) or "vanilla"
+    mode = _get(g("policy_loss"), "loss_mode") or "vanilla"
     if mode != "vanilla":
         raise GmtsError(f"verl policy_loss.loss_mode='{mode}' is not modelled by omega (modelled: vanilla)")
     agg = g("loss_agg_mode", "token-mean")
