@@ -110,6 +110,13 @@ class JobSettings:
     aliases: dict = opt(None, "TRL/verl option names used, mapped to ours ({name: our option})", cli=False)
 
 
+def add_offline_flag(parser: argparse.ArgumentParser) -> None:
+    """``--offline`` as ``gmts probe`` has it (:attr:`JobSettings.offline`), for the other subcommands
+    that load a ``--model`` (sample, run, rl)."""
+    help_ = next(f.metadata["help"] for f in dataclasses.fields(JobSettings) if f.name == "offline")
+    parser.add_argument("--offline", action="store_true", help=help_)
+
+
 @dataclass
 class ProbeConfig(ProbeOptions, JobSettings):
     """One probe job (``gmts probe``, ``gmts run``): job settings + probe options.

@@ -6,6 +6,7 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from gmts_analysis.config import add_offline_flag
     from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig
 
     d = RLConfig()
@@ -19,9 +20,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, a checkpoint directory or a "
                    f"hub id (default: {d.policy})")
-    p.add_argument("--offline", action="store_true",
-                   help="never download: a hub --model must already be in the local Hugging Face cache "
-                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
+    add_offline_flag(p)
     p.add_argument("--selection", nargs="+", default=list(SELECTION_ARMS), choices=SELECTION_ARMS,
                    help="one or more arms (default: all five)")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")

@@ -16,6 +16,8 @@ DEFAULT_DOMAINS = "arithmetic,program,logic"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from gmts_analysis.config import add_offline_flag
+
     p = sub.add_parser(
         "run",
         help="the main job: sample from a shipped policy, probe, statistics, figures, report",
@@ -26,9 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
     p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
                    "hub id (default: small)")
-    p.add_argument("--offline", action="store_true",
-                   help="never download: a hub --model must already be in the local Hugging Face cache "
-                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
+    add_offline_flag(p)
     p.add_argument("--domains", nargs="+", default=[DEFAULT_DOMAINS], metavar="DOMAIN",
                    help=f"one or more toy domains, space- or comma-separated (default: {DEFAULT_DOMAINS})")
     p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")

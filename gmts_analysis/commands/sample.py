@@ -7,6 +7,8 @@ import argparse
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from gmts_analysis.config import add_offline_flag
+
     p = subparsers.add_parser(
         "sample",
         help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
@@ -16,9 +18,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
                    "(default tiny)")
-    p.add_argument("--offline", action="store_true",
-                   help="never download: a hub --model must already be in the local Hugging Face cache "
-                   "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
+    add_offline_flag(p)
     p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
                    help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
     p.add_argument("--prompts", default=None, metavar="FILE",
