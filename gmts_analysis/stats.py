@@ -829,12 +829,21 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
                 out.append({"key": f"{prefix}within_answer.{s_}", "equals": f"{prefix}within_answer.{ref}",
                             "why": "|omega| is one positive constant inside an informative answer, so "
                             f"{s_} ranks its tokens exactly as {ref}"})
-                pd_ = (block.get("paired_difference") or {}).get("within_answer", {})
-                for a, b in ((s_, ref), (ref, s_)):
-                    if b in (pd_.get(a) or {}):
+
+        # every pair inside a class of scores that rank answers alike has a paired difference of 0
+        classes: dict[str, set[str]] = {}
+        for e in out:
+            if e["key"].startswith(f"{prefix}within_answer.") and isinstance(e["equals"], str):
+                ref = e["equals"].rsplit(".", 1)[1]
+                classes.setdefault(ref, {ref}).add(e["key"].rsplit(".", 1)[1])
+        pd_ = (block.get("paired_difference") or {}).get("within_answer", {})
+        for members in classes.values():
+            for a in sorted(members):
+                for b in sorted(members):
+                    if a != b and b in (pd_.get(a) or {}):
                         out.append({"key": f"{prefix}paired_difference.within_answer.{a}.{b}", "equals": 0,
                                     "_ci": ("paired_difference", "within_answer", a, b),
-                                    "why": f"within_answer.{a} equals within_answer.{b} (see above)"})
+                                    "why": f"{a} and {b} rank the tokens of an answer alike (see within_answer)"})
         if "abs_omega" in wa and wa["abs_omega"].get("mean") == 0.0:
             out.append({"key": f"{prefix}within_answer.abs_omega", "equals": 0,
                         "_ci": ("within_answer", "abs_omega"),
