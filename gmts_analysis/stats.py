@@ -822,6 +822,18 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
                                     "equals": f"the share of group-scope picks in groups without signal ({share:.6g})",
                                     "why": "a group has signal in every token or in none, so at group scope the "
                                     "waste of every score is the picks of its zero-advantage groups"})
+    # a masked score equals its score on every informative token
+    cai = block.get("cross_answer_informative") or {}
+    pdc = (block.get("paired_difference") or {}).get("cross_answer_informative", {})
+    for s_, ref in (("entropy_inf", "entropy"), ("one_minus_prob_inf", "one_minus_prob")):
+        if s_ in cai and ref in cai and cai[s_].get("spearman") == cai[ref].get("spearman"):
+            out.append({"key": f"{prefix}cross_answer_informative.{s_}", "equals": f"{prefix}cross_answer_informative.{ref}",
+                        "why": f"{s_} is {ref} times 1[omega != 0]: the same score on every informative token"})
+            for a, b in ((s_, ref), (ref, s_)):
+                if b in (pdc.get(a) or {}):
+                    out.append({"key": f"{prefix}paired_difference.cross_answer_informative.{a}.{b}", "equals": 0,
+                                "_ci": ("paired_difference", "cross_answer_informative", a, b),
+                                "why": f"{a} and {b} are the same score on informative tokens"})
     if _constant_abs_omega_within_answers(df):
         wa = block.get("within_answer") or {}
         for s_, ref in SAME_WITHIN_ANSWER.items():

@@ -158,6 +158,9 @@ def test_identities_are_labelled_without_a_ci(st):
     assert st["within_answer"]["gmts"]["mean"] == st["within_answer"]["entropy"]["mean"]
     d = st["paired_difference"]["within_answer"]["gmts"]["entropy"]
     assert "paired_difference.within_answer.gmts.entropy" in entries and np.isnan(d["ci_low"]) and d["diff"] == 0
+    assert entries["cross_answer_informative.entropy_inf"]["equals"] == "cross_answer_informative.entropy"
+    d = st["paired_difference"]["cross_answer_informative"]["entropy_inf"]["entropy"]
+    assert d["diff"] == 0 and np.isnan(d["ci_low"])
     # group scope: a group has signal everywhere or nowhere, so every score wastes the same share
     shares = {st["selection_waste"]["group"][s]["0.2"] for s in ESTS}
     assert len(shares) == 1 and all(f"selection_waste.group.{s}.0.2" in entries for s in ESTS)
