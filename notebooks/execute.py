@@ -7,7 +7,8 @@ From the repository root::
 Runs each notebook top to bottom with nbclient (the environment of tests/test_notebooks.py:
 ``GMTS_RUN_DIR=data/example_run``, one thread, the inline matplotlib backend) and writes it back
 with its outputs, so a reader on the web sees the tables and figures without running anything.
-Stripped: execution counts, per-cell execution timings and other metadata nbclient adds, so that
+Stripped: execution counts, per-cell execution timings and other metadata nbclient adds, and
+stderr streams (progress bars, warnings with local paths), so that
 re-executing an unchanged notebook on an unchanged run changes nothing but what the code prints.
 """
 
@@ -28,6 +29,8 @@ def strip(nb) -> None:
         cell.execution_count = None
         for k in ("execution", "collapsed", "scrolled"):
             cell.metadata.pop(k, None)
+        # stderr (progress bars, warnings naming local paths) is run noise, not a result
+        cell.outputs = [o for o in cell.outputs if not (o.get("output_type") == "stream" and o.get("name") == "stderr")]
         for out in cell.outputs:
             if "execution_count" in out:
                 out["execution_count"] = None
@@ -40,7 +43,8 @@ def execute(path: Path) -> None:
     import nbformat
     from nbclient import NotebookClient
 
-    env = {"GMTS_RUN_DIR": str(ROOT / "data" / "example_run"), "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+    env = {"GMTS_RUN_DIR": "data/example_run",  # relative to ROOT, the kernel's working directory: no local path stored
+           "MPLBACKEND": "module://matplotlib_inline.backend_inline",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     os.environ.update(env)
