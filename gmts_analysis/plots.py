@@ -287,7 +287,7 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
     The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
-    entropy and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
+    entropy, the masked baseline entropy_inf (dashed) and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
     is taken among tokens with grad_norm > 0; scopes without one are left out (the title says how many).
     """
     tk = stats.get("topk_overlap", {})
@@ -301,9 +301,10 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
             ks = sorted(by_rho, key=float)
             xs = [float(k) for k in ks]
             ys = [_num(by_rho[k]) for k in ks]
-            bold = s in ("entropy", "gmts")
+            bold = s in ("entropy", "entropy_inf", "gmts")  # entropy_inf: the masked baseline (dashed)
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
-                    color=_color(s, i), alpha=1.0 if bold else 0.75, label=s)
+                    color=_color(s, i), alpha=1.0 if bold else 0.75, label=s,
+                    ls="--" if s == "entropy_inf" else "-")
             ci = stats.get("topk_overlap_ci", {}).get(scope, {}).get(s, {})
             for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
                 v, lo, hi = _num(by_rho.get(k)), _num(b.get("ci_low")), _num(b.get("ci_high"))
@@ -490,7 +491,7 @@ def _rect(x: float, y: float, face) -> Any:
     return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
 
 
-DECOMPOSITION_ESTIMATORS = ("entropy", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
+DECOMPOSITION_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
 
 
 def _errbar(ax, x: float, d: Any, key: str, **kw) -> float:
