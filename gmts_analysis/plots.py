@@ -512,7 +512,7 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     tokens, omega != 0 (filled), with 95% CIs. Right: the share of a top-``rho`` selection spent
     on tokens with omega = 0 (``selection_waste``), batch and group scope, with 95% CIs. A score
     whose gap closes on informative tokens fails by wasted picks; one that stays low fails on
-    magnitude. Every number comes from ``stats`` (version 2).
+    magnitude. Every number comes from ``stats`` (version 2 or later).
     """
     from gmts_analysis.stats import run_rho_key
 
@@ -522,7 +522,7 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     fig = Figure(figsize=(3.0 + 1.5 * max(1, len(ests)), 4.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
     if not ests or not ci:
-        return _empty(fig, ax1, "no informative-token statistics (stats.json version 2 needed)")
+        return _empty(fig, ax1, "no informative-token statistics (stats.json version 2 or later needed)")
     for i, s in enumerate(ests):
         c = _color(s, i)
         a = _errbar(ax1, i - 0.13, ca.get(s), "spearman", fmt="o", color=c, mfc="white", mec=c, ms=7)

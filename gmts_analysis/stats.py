@@ -1,7 +1,7 @@
 """Statistics of a probe: do estimators rank tokens like their policy-gradient norm?
 
 Everything here is a function of the tokens table (docs/definitions.md, tokens table) and is
-written to ``stats.json`` (version 2) by :func:`compute_stats`. For every estimator column
+written to ``stats.json`` (version 3) by :func:`compute_stats`. For every estimator column
 ``s`` (:func:`gmts_analysis.estimators.available`; ``abs_omega`` = |omega| is the baseline that
 knows only each token's coefficient):
 
@@ -31,8 +31,17 @@ result coming from them is visible.
   included) made of tokens with omega = 0; ``selection_waste_ci`` its CIs.
 - ``update_fidelity``: needs the model; computed by :func:`gmts_analysis.fidelity.fidelity_for_run`
   during the probe and passed in (``fidelity=``); ``gmts stats`` keeps the one on disk.
+- ``mass_capture.<scope>.<s>.<rho>``: sum of grad_norm over S_s / sum over S_true (S as in
+  top-k, same exclusions); ``mass_capture_ci``.
+- ``uncertain``: the within/cross/top-k/mass blocks again over the tokens with prob <
+  ``uncertain_below`` (default 0.9), on the same cluster resamples, with ``n_tokens``,
+  ``token_share``, ``mass_share``.
+- ``within_answer.<s>.weighted_tau`` / ``.top1`` (:func:`within_agreement`).
+- ``paired_difference.<stat>.<s>.<ref>``: {diff, ci_low, ci_high, p_le_0} from the same resamples
+  (:func:`paired_differences`), refs entropy, entropy_inf and ``paired_leader.<stat>``.
+- ``by_construction``: statistics fixed or equal to another by construction (:func:`by_construction`).
 - ``by_domain.<d>`` / ``by_step.<k>``: the same blocks on each slice.
-- ``meta``: ``version`` 2, ``ci_unit`` (``group`` or ``answer``), counts and settings.
+- ``meta``: ``version`` 3, ``ci_unit`` (``group`` or ``answer``), counts and settings.
 
 Confidence intervals: 95% percentile intervals of a seeded cluster bootstrap that resamples
 **groups** (the advantage belongs to the group: answers of one group are not independent),
