@@ -82,6 +82,8 @@ class ProbeOptions:
     rho: float = opt(0.2, "keep fraction of the token selections (TRL's top_entropy_quantile) used by the report, "
                      "update fidelity and the headline top-k overlap; the statistics also report their grid "
                      "0.05, 0.1, 0.2, 0.3, 0.5")
+    uncertain_below: float = opt(0.9, "the statistics' uncertain-token view keeps the tokens whose probability "
+                                 "under the policy is below this (stats.json 'uncertain', meta.uncertain_below)")
     seed: int = opt(0, "seed for sketches, bootstrap and random selections")
 
     def options(self) -> "ProbeOptions":

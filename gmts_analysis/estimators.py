@@ -37,21 +37,43 @@ def _abs_omega(df: pd.DataFrame) -> pd.Series:
     return df["omega"].abs()
 
 
+def informative_only(x: Any, omega: Any) -> Any:
+    """``x * 1[omega != 0]`` elementwise (tensors, arrays or Series; a missing omega counts as 0):
+    a score masked to the tokens that carry gradient. The baseline that separates "skip the tokens
+    without signal" from "weight by ``|omega|``" (docs/definitions.md, estimators)."""
+    return x * ((omega != 0) & (omega == omega))
+
+
+def _masked(col: str, fn: Callable[[pd.DataFrame], Any] | None = None) -> Estimator:
+    return lambda df: informative_only(df[col] if fn is None else fn(df), df["omega"])
+
+
 ESTIMATORS: dict[str, tuple[tuple[str, ...], Estimator]] = {
     # name: (columns it needs, function)
     "entropy": (("entropy",), lambda df: df["entropy"]),
+    # masked baseline: entropy on tokens with omega != 0, 0 elsewhere
+    "entropy_inf": (("entropy", "omega"), _masked("entropy")),
     "gmts": (("entropy", "omega"), lambda df: gmts_score(df["entropy"], df["omega"])),
     # baseline: the token's coefficient alone (constant inside an answer on-policy); how much of a
     # ranking comes from |omega| = |w A| without any per-token information
     "abs_omega": (("omega",), _abs_omega),
     "surprisal": (("logprob",), lambda df: -df["logprob"]),
     "one_minus_prob": (("prob",), lambda df: 1.0 - df["prob"]),
+    "one_minus_prob_inf": (("prob", "omega"), _masked("prob", lambda df: 1.0 - df["prob"])),
     "rsi": (("logprob", "entropy"), lambda df: -df["logprob"] / df["entropy"].where(df["entropy"] > 0, np.nan)),
     "logit_grad_norm": (("logit_grad_norm",), lambda df: df["logit_grad_norm"]),
     "gmts_lgn": (("logit_grad_norm", "omega"), lambda df: times_abs_omega(df["logit_grad_norm"], df["omega"])),
     "head_grad_norm": (("head_grad_norm",), lambda df: df["head_grad_norm"]),
     "gmts_head": (("head_grad_norm", "omega"), lambda df: times_abs_omega(df["head_grad_norm"], df["omega"])),
 }
+
+#: estimators that are 0 wherever omega = 0 (a top-k by them picks such a token only when it runs
+#: out of tokens with a positive score)
+ZERO_WHERE_OMEGA_ZERO = ("entropy_inf", "gmts", "abs_omega", "one_minus_prob_inf", "gmts_lgn", "gmts_head")
+#: estimators that, inside one answer with |omega| constant and non-zero, rank like another one
+SAME_WITHIN_ANSWER = {"entropy_inf": "entropy", "gmts": "entropy", "one_minus_prob_inf": "one_minus_prob",
+                      "gmts_lgn": "logit_grad_norm", "gmts_head": "head_grad_norm"}
+
 
 def add_estimator_columns(df: pd.DataFrame) -> pd.DataFrame:
     """Add every derivable estimator column that is missing; returns ``df`` (modified in place)."""

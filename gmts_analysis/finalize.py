@@ -96,7 +96,8 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
 
     t0 = time.perf_counter()
     rho = float(getattr(cfg, "rho", 0.2))
-    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho)
+    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
+                          uncertain_below=float(getattr(cfg, "uncertain_below", 0.9)))
     result.timings["stats_s"] = time.perf_counter() - t0
     if fidelity_enabled(cfg, len(result.tokens)):
         from gmts_analysis.fidelity import fidelity_for_run

@@ -4,17 +4,20 @@ Every ``fig_*`` function takes the tokens table and/or the stats dict and return
 :class:`matplotlib.figure.Figure` built without pyplot (no global state, any backend;
 files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
 
-- ``within_vs_cross``: per-answer Spearman(s, grad_norm_logp) distribution beside the
-  pooled cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy and gmts.
+- ``within_vs_cross``: per-answer Spearman(s, grad_norm_logp) (zoomed) beside the pooled
+  cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy, the masked baseline
+  entropy_inf, gmts, 1 - p and gmts_lgn; a second row over the uncertain tokens.
 - ``decomposition``: cross-answer Spearman over all vs informative tokens (omega != 0) and the
   selection waste, for entropy, gmts, abs_omega, surprisal and logit_grad_norm, with CIs.
 - ``decomposition_slices``: the same per domain (or step), beside each slice's zero-advantage share.
-- ``estimators``: every estimator ranked by within-answer and informative cross-answer
-  agreement with the exact gradient (seaborn violins of the per-answer correlations).
+- ``estimators``: every estimator ranked (ties by paired CI), as paired differences with
+  entropy on the within-answer mean, informative cross-answer Spearman and mass capture.
 - ``group_answers``: one group's answers, log entropy vs log grad_norm, one colour per
   answer, marker by advantage sign.
-- ``pooled_hexbin``: entropy vs grad_norm next to gmts vs grad_norm (log-log hexbins).
+- ``pooled_hexbin``: entropy vs grad_norm next to gmts vs grad_norm (log-log hexbins, zero-gradient
+  tokens as a rug), with Spearman over all and over informative tokens.
 - ``topk_overlap``: overlap with the top-rho tokens by grad_norm vs rho, every estimator.
+- ``mass_capture``: the grad_norm mass a top-rho selection captures over the best possible, vs rho.
 - ``update_fidelity``: cosine and norm ratio of the selected tokens' update vs the full one.
 - ``token_strip``: one answer's tokens coloured by entropy and by grad_norm, with the
   entropy and GMTS selections under them.
@@ -28,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -95,68 +98,95 @@ def _empty(fig: Figure, ax, msg: str) -> Figure:
 # ----------------------------------------------------------------------------- figures
 
 
-def fig_within_vs_cross(
-    tokens: pd.DataFrame, stats: dict | None = None, estimators: Sequence[str] = ("entropy", "gmts")
-) -> Figure:
-    """Per-answer Spearman distributions beside pooled cross-answer values (the paper's figure).
+WITHIN_CROSS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "gmts_lgn")
 
-    For each estimator: a violin and the per-answer points of Spearman(s, grad_norm_logp)
-    inside answers (the same informative answers for every estimator,
-    :func:`gmts_analysis.stats.within_values`), with the mean and its 95% CI (cluster bootstrap,
-    ``meta.ci_unit``); next to it the pooled Spearman(s, grad_norm) across all tokens (open
-    diamond) and across informative tokens, omega != 0 (filled), with 95% CIs.
+
+def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Mapping, rng: np.random.Generator) -> None:
+    """Per-answer Spearman points (seeded jitter) with the mean and its 95% CI, on a zoomed axis."""
+    allv = []
+    for i, s in enumerate(ests):
+        c = _color(s, i)
+        rhos = per_answer[s].to_numpy(dtype=float) if s in per_answer else np.zeros(0)
+        allv.append(rhos)
+        ax.scatter(i + rng.uniform(-0.18, 0.18, len(rhos)), rhos, s=5, color=c, alpha=0.45, lw=0)
+        _errbar(ax, i, (block.get("within_answer") or {}).get(s), "mean", fmt="D", color="black", mfc="white",
+                ms=6, zorder=5)
+        m = _num(((block.get("within_answer") or {}).get(s) or {}).get("mean"))
+        if np.isfinite(m):
+            ax.annotate(f"{m:.3f}", (i, m), xytext=(9, 0), textcoords="offset points", va="center", fontsize=7)
+    v = np.concatenate(allv) if allv else np.zeros(0)
+    v = v[np.isfinite(v)]
+    if len(v):
+        lo = float(np.quantile(v, 0.02))
+        ax.set_ylim(max(-1.02, lo - 0.05 * (1.0 - lo) - 0.01), 1.01)
+    ax.set_xticks(range(len(ests)), ests, rotation=20, fontsize=8)
+    ax.set_xlim(-0.6, len(ests) - 0.4)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def _cross_panel(ax, ests: Sequence[str], block: Mapping) -> None:
+    """Pooled Spearman with grad_norm over all tokens (open) and informative tokens (filled), 95% CIs."""
+    for i, s in enumerate(ests):
+        c = _color(s, i)
+        r = _errbar(ax, i - 0.12, (block.get("cross_answer") or {}).get(s), "spearman", fmt="D", color=c,
+                    mfc="white", mec=c, ms=7)
+        ri = _errbar(ax, i + 0.12, (block.get("cross_answer_informative") or {}).get(s), "spearman", fmt="D",
+                     color=c, mec="black", ms=7)
+        for x, v, ha, dx in ((i - 0.12, r, "right", -7), (i + 0.12, ri, "left", 7)):
+            if np.isfinite(v):
+                ax.annotate(f"{v:.2f}", (x, v), xytext=(dx, 0), textcoords="offset points", va="center", ha=ha,
+                            fontsize=7)
+    ax.axhline(0, color="grey", lw=0.6, ls=":")
+    ax.set_xticks(range(len(ests)), ests, rotation=20, fontsize=8)
+    ax.set_xlim(-0.6, len(ests) - 0.4)
+    ax.set_ylim(-1.05, 1.05)
+    ax.grid(alpha=0.3, axis="y")
+
+
+def fig_within_vs_cross(
+    tokens: pd.DataFrame, stats: dict | None = None, estimators: Sequence[str] = WITHIN_CROSS_ESTIMATORS
+) -> Figure:
+    """Inside answers vs across answers, on every token and on the uncertain ones (the paper's figure).
+
+    Left column: per-answer Spearman(s, grad_norm_logp) (the same informative answers for every
+    estimator, :func:`gmts_analysis.stats.within_values`), points with seeded jitter, the mean and
+    its 95% CI (cluster bootstrap), on an axis zoomed to the data. Right column: pooled
+    Spearman(s, grad_norm) over all tokens (open) and informative tokens, omega != 0 (filled),
+    95% CIs. Top row: every token; bottom row: tokens with prob < ``meta.uncertain_below``
+    (stats ``uncertain``), when the run has them. The masked baseline ``entropy_inf`` sits beside
+    entropy and GMTS.
     """
     from gmts_analysis.stats import prepare_tokens, within_values
 
     df = prepare_tokens(tokens)
-    ests = [s for s in estimators if s in df.columns]
-    per_answer = within_values(df, ests)
     stats = stats or {}
-    per = 2.4 if len(ests) <= 3 else 1.45
-    fig = Figure(figsize=(min(18.0, 2.6 + per * max(1, len(ests))), 4.6), layout="constrained")
-    ax = fig.add_subplot()
+    ests = [s for s in estimators if s in df.columns]
+    unc = stats.get("uncertain") or {}
+    below = _num((stats.get("meta") or {}).get("uncertain_below"))
+    rows = [("every token", df, stats)]
+    if unc.get("within_answer") and "prob" in df.columns and np.isfinite(below):
+        rows.append((f"tokens with prob < {below:g} ({100 * _num(unc.get('token_share')):.0f}% of tokens, "
+                     f"{100 * _num(unc.get('mass_share')):.0f}% of the gradient)", df[df["prob"] < below], unc))
+    fig = Figure(figsize=(11.0, 3.6 * len(rows) + 0.6), layout="constrained")
+    axes = fig.subplots(len(rows), 2, squeeze=False)
     if not ests:
-        return _empty(fig, ax, "no estimator columns")
+        return _empty(fig, axes[0][0], "no estimator columns")
     rng = np.random.default_rng(0)
-    for i, s in enumerate(ests):
-        c = _color(s, i)
-        rhos = per_answer[s].to_numpy(dtype=float)
-        x0 = i - 0.18
-        if len(rhos) >= 2:
-            vp = ax.violinplot([rhos], positions=[x0], widths=0.3, showextrema=False)
-            for b in vp["bodies"]:
-                b.set_facecolor(c)
-                b.set_alpha(0.3)
-        ax.scatter(x0 + rng.uniform(-0.06, 0.06, len(rhos)), rhos, s=6, color=c, alpha=0.5, lw=0)
-        wa = stats.get("within_answer", {}).get(s, {})
-        mean = _num(wa.get("mean")) if wa else (float(np.mean(rhos)) if len(rhos) else np.nan)
-        lo, hi = _num(wa.get("ci_low")), _num(wa.get("ci_high"))
-        ax.errorbar([x0], [mean], yerr=[[mean - lo], [hi - mean]] if np.isfinite(lo) else None,
-                    fmt="o", color="black", ms=5, capsize=4, zorder=5,
-                    label="within answers: mean, 95% CI" if i == 0 else None)
-        ca = stats.get("cross_answer", {}).get(s, {})
-        r = _num(ca.get("spearman"))
-        clo, chi = _num(ca.get("ci_low")), _num(ca.get("ci_high"))
-        if np.isfinite(r):
-            ax.errorbar([i + 0.12], [r], yerr=[[r - clo], [chi - r]] if np.isfinite(clo) else None,
-                        fmt="D", color=c, mfc="white", mec=c, ms=8, capsize=4, zorder=5)
-            ax.annotate(f"{r:.2f}", (i + 0.12, r), xytext=(-8, 0), textcoords="offset points", va="center",
-                        ha="right", fontsize=8)
-        ri = _errbar(ax, i + 0.3, stats.get("cross_answer_informative", {}).get(s), "spearman", fmt="D", color=c,
-                     mec="black", ms=8, zorder=5)
-        if np.isfinite(ri):
-            ax.annotate(f"{ri:.2f}", (i + 0.3, ri), xytext=(8, 0), textcoords="offset points", va="center", fontsize=8)
-        ax.annotate(f"median {np.median(rhos):.2f}\n(n={len(rhos)})" if len(rhos) else "n=0",
-                    (x0, -1.0), xytext=(0, 4), textcoords="offset points", ha="center", fontsize=7)
-    ax.errorbar([], [], fmt="D", color="grey", mfc="white", label="across answers, all tokens: 95% CI")
-    ax.errorbar([], [], fmt="D", color="grey", mec="black", label="across answers, informative tokens (ω ≠ 0)")
-    ax.axhline(0, color="grey", lw=0.6, ls=":")
-    ax.set_xticks(range(len(ests)), ests)
-    ax.set_xlim(-0.6, len(ests) - 0.4)
-    ax.set_ylim(-1.05, 1.05)
-    ax.set_ylabel("Spearman ρ with gradient norm")
-    ax.set_title("Inside an answer vs across answers", fontsize=10)
+    for (label, sub, block), (ax1, ax2) in zip(rows, axes):
+        per_answer = within_values(sub.reset_index(drop=True), ests)
+        _within_panel(ax1, per_answer, ests, block, rng)
+        n = len(per_answer)
+        ax1.set_title(f"within answers ({n} answers): {label}", fontsize=9)
+        ax1.set_ylabel("Spearman ρ with ‖∇ log p‖", fontsize=8)
+        _cross_panel(ax2, ests, block)
+        ax2.set_title(f"across answers: {label}", fontsize=9)
+        ax2.set_ylabel("Spearman ρ with grad_norm", fontsize=8)
+    axes[0][1].errorbar([], [], fmt="D", color="grey", mfc="white", label="all tokens (95% CI)")
+    axes[0][1].errorbar([], [], fmt="D", color="grey", mec="black", label="informative tokens, ω ≠ 0")
+    axes[0][0].errorbar([], [], fmt="D", color="black", mfc="white", label="mean over answers (95% CI)")
     fig.legend(loc="outside lower center", ncols=3, fontsize=7, frameon=False)
+    fig.suptitle("Inside an answer (target ‖∇ log p‖, zoomed axis) vs across answers (target grad_norm = |ω| ‖∇ log p‖)",
+                 fontsize=10)
     return fig
 
 
@@ -199,7 +229,8 @@ def fig_group_answers(tokens: pd.DataFrame, group_id: Any = None) -> Figure:
     ax.set_yscale("log")
     ax.set_xlabel("entropy (nats, log scale)")
     ax.set_ylabel("grad_norm = |ω| · ‖∇ log p‖ (log scale)")
-    title = f"One group ({group_id}): each answer its own band"
+    n_adv = df[ok]["advantage"].round(6).nunique() if "advantage" in df.columns else 0
+    title = f"One group ({group_id}): one band per advantage value ({n_adv} values, |ω| = w |A|)"
     if n_zero:
         title += f"\n{n_zero} tokens with zero gradient (A = 0) not shown"
     ax.set_title(title, fontsize=10)
@@ -211,30 +242,44 @@ def fig_group_answers(tokens: pd.DataFrame, group_id: Any = None) -> Figure:
 
 
 def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entropy", "gmts")) -> Figure:
-    """All tokens pooled: each estimator vs grad_norm, log-log hexbins, Spearman in the title."""
-    from gmts_analysis.stats import spearman
+    """Every token pooled: each estimator vs grad_norm on log-log hexbins of the tokens with both
+    positive; tokens with zero gradient (omega = 0) as a rug under the axis at their score. The
+    title gives Spearman over all tokens (the zero-gradient ones included) and over informative
+    tokens (omega != 0), and says how many tokens each mark stands for."""
+    from gmts_analysis.stats import informative_mask, spearman
 
     ests = [s for s in estimators if s in tokens.columns]
-    fig = Figure(figsize=(4.6 * max(1, len(ests)), 4.2), layout="constrained")
+    fig = Figure(figsize=(5.6 * max(1, len(ests)), 5.0), layout="constrained")
     axes = fig.subplots(1, max(1, len(ests)), squeeze=False)[0]
     if not ests:
         return _empty(fig, axes[0], "no estimator columns")
+    inf = informative_mask(tokens)
     for ax, s in zip(axes, ests):
         x = tokens[s].to_numpy(dtype=float)
         y = tokens["grad_norm"].to_numpy(dtype=float) if "grad_norm" in tokens.columns else np.full(len(x), np.nan)
-        ok = np.isfinite(x) & np.isfinite(y) & (x > 0) & (y > 0)
+        fin = np.isfinite(x) & np.isfinite(y)
+        ok = fin & (x > 0) & (y > 0)
         if ok.sum() < 2:
             _empty(fig, ax, f"{s}: no positive values")
             continue
         hb = ax.hexbin(x[ok], y[ok], xscale="log", yscale="log", gridsize=40, bins="log", cmap="viridis", mincnt=1)
         fig.colorbar(hb, ax=ax, label="tokens (log)")
-        rho = spearman(x, y)
+        rug = fin & (y == 0) & (x > 0)
+        if rug.any():
+            ax.plot(x[rug], np.zeros(int(rug.sum())), "|", color="#d62728", ms=8, alpha=0.3,
+                    transform=ax.get_xaxis_transform(), clip_on=False)
+        n_x0 = int((fin & (x <= 0)).sum())
+        rho_all = spearman(x[fin], y[fin])
+        rho_inf = spearman(x[fin & inf], y[fin & inf])
         ax.set_xlabel(f"{s} (log scale)")
         ax.set_ylabel("grad_norm (log scale)")
-        n_zero = int((np.isfinite(x) & np.isfinite(y) & (y == 0)).sum())
-        hidden = f"; {n_zero} with zero gradient (A = 0) not drawn" if n_zero else ""
-        ax.set_title(f"{s} vs grad_norm, all tokens pooled: Spearman ρ = {rho:.2f}\n"
-                     f"({int(ok.sum())} tokens drawn{hidden})", fontsize=9)
+        parts = [f"{int(ok.sum())} tokens in the hexbins"]
+        if rug.any():
+            parts.append(f"{int(rug.sum())} with zero gradient (red rug)")
+        if n_x0:
+            parts.append(f"{n_x0} with {s} = 0 (off the log axis)")
+        ax.set_title(f"{s} vs grad_norm: Spearman ρ = {rho_all:.2f} over all tokens,\n{rho_inf:.2f} over "
+                     f"informative tokens (ω ≠ 0)\n{'; '.join(parts)}", fontsize=8)
     return fig
 
 
@@ -242,7 +287,7 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
     The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
-    entropy and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
+    entropy, the masked baseline entropy_inf (dashed) and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
     is taken among tokens with grad_norm > 0; scopes without one are left out (the title says how many).
     """
     tk = stats.get("topk_overlap", {})
@@ -256,9 +301,10 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
             ks = sorted(by_rho, key=float)
             xs = [float(k) for k in ks]
             ys = [_num(by_rho[k]) for k in ks]
-            bold = s in ("entropy", "gmts")
+            bold = s in ("entropy", "entropy_inf", "gmts")  # entropy_inf: the masked baseline (dashed)
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
-                    color=_color(s, i), alpha=1.0 if bold else 0.75, label=s)
+                    color=_color(s, i), alpha=1.0 if bold else 0.75, label=s,
+                    ls="--" if s == "entropy_inf" else "-")
             ci = stats.get("topk_overlap_ci", {}).get(scope, {}).get(s, {})
             for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
                 v, lo, hi = _num(by_rho.get(k)), _num(b.get("ci_low")), _num(b.get("ci_high"))
@@ -271,7 +317,45 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
         ax.set_title(f"scope: {scope}" + (f" ({n_ex} without gradient left out)" if n_ex else ""), fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("|S ∩ S_true| / |S_true|  (S_true: top by grad_norm > 0)")
+    axes[0].set_ylabel("|S ∩ S_true| / |S_true|")
+    fig.suptitle("Top-k overlap with the top tokens by grad_norm (S_true among grad_norm > 0)", fontsize=10)
+    axes[-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
+
+
+MASS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "one_minus_prob_inf", "gmts_lgn")
+
+
+def fig_mass_capture(stats: dict, scopes: Sequence[str] = ("batch", "group"),
+                     estimators: Sequence[str] = MASS_ESTIMATORS) -> Figure | None:
+    """Gradient mass captured vs the kept fraction: sum of grad_norm over a top-rho selection by
+    each score over the sum over the true top-rho (``mass_capture``), with 95% CIs, per scope."""
+    mc = stats.get("mass_capture") or {}
+    scopes = [s for s in scopes if s in mc]
+    if not scopes:
+        return None
+    fig = Figure(figsize=(4.4 * len(scopes) + 1.8, 4.0), layout="constrained")
+    axes = fig.subplots(1, len(scopes), squeeze=False, sharey=True)[0]
+    for ax, scope in zip(axes, scopes):
+        ests = [s for s in estimators if s in mc[scope]]
+        for i, s in enumerate(ests):
+            by = mc[scope][s]
+            ks = sorted(by, key=float)
+            xs = np.array([float(k) for k in ks])
+            ys = np.array([_num(by[k]) for k in ks])
+            ci = (stats.get("mass_capture_ci") or {}).get(scope, {}).get(s, {})
+            lo = np.array([_num((ci.get(k) or {}).get("ci_low")) for k in ks])
+            hi = np.array([_num((ci.get(k) or {}).get("ci_high")) for k in ks])
+            dx = (i - (len(ests) - 1) / 2) * 0.004  # side by side, so the intervals do not hide each other
+            ax.errorbar(xs + dx, ys, yerr=[np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)],
+                        marker="o", ms=4, lw=1.4, capsize=2, color=_color(s, i), label=s,
+                        ls="--" if s.endswith("_inf") else "-")
+        ax.set_xlabel("kept fraction ρ")
+        ax.set_title(f"scope: {scope}", fontsize=10)
+        ax.set_ylim(0, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("captured / best possible grad_norm mass")
+    fig.suptitle("Gradient mass a top-ρ selection captures (95% CIs; dashed: masked baselines)", fontsize=10)
     axes[-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 
@@ -407,7 +491,7 @@ def _rect(x: float, y: float, face) -> Any:
     return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
 
 
-DECOMPOSITION_ESTIMATORS = ("entropy", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
+DECOMPOSITION_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
 
 
 def _errbar(ax, x: float, d: Any, key: str, **kw) -> float:
@@ -428,7 +512,7 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     tokens, omega != 0 (filled), with 95% CIs. Right: the share of a top-``rho`` selection spent
     on tokens with omega = 0 (``selection_waste``), batch and group scope, with 95% CIs. A score
     whose gap closes on informative tokens fails by wasted picks; one that stays low fails on
-    magnitude. Every number comes from ``stats`` (version 2).
+    magnitude. Every number comes from ``stats`` (version 2 or later).
     """
     from gmts_analysis.stats import run_rho_key
 
@@ -438,7 +522,7 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     fig = Figure(figsize=(3.0 + 1.5 * max(1, len(ests)), 4.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
     if not ests or not ci:
-        return _empty(fig, ax1, "no informative-token statistics (stats.json version 2 needed)")
+        return _empty(fig, ax1, "no informative-token statistics (stats.json version 2 or later needed)")
     for i, s in enumerate(ests):
         c = _color(s, i)
         a = _errbar(ax1, i - 0.13, ca.get(s), "spearman", fmt="o", color=c, mfc="white", mec=c, ms=7)
@@ -530,50 +614,65 @@ def fig_decomposition_slices(stats: dict, section: str | None = None,
     return fig
 
 
-def fig_estimators(tokens: pd.DataFrame, stats: dict) -> Figure:
-    """Every estimator, ranked (``estimators.csv``): the distribution of its per-answer Spearman
-    with grad_norm_logp over the common answer set (seaborn violins and points), and its
-    informative cross-answer Spearman with grad_norm, both with 95% CIs."""
-    import seaborn as sns
+PAIRED_PANELS = (("within_answer", "within answers: mean ρ vs ‖∇ log p‖"),
+                 ("cross_answer_informative", "across answers, ω ≠ 0: ρ vs grad_norm"),
+                 ("mass_capture", "gradient mass captured (batch, run's ρ)"))
 
-    from gmts_analysis.stats import estimator_table, prepare_tokens, within_values
+
+def fig_estimators(tokens: pd.DataFrame, stats: dict, ref: str = "entropy") -> Figure:
+    """Every estimator, ranked (``estimators.csv``, ties by paired CI): its paired difference with
+    ``ref`` (``paired_difference.<statistic>.<s>.<ref>``, 95% CI from the same group resamples) on
+    the within-answer mean, the informative cross-answer Spearman and the mass capture. A CI that
+    crosses 0 (dotted) cannot tell the score from ``ref``; identities by construction are marked
+    "=" without an interval. Deterministic: no random jitter."""
+    from gmts_analysis.stats import estimator_table
 
     table = estimator_table(stats)
-    df = prepare_tokens(tokens)
-    ests = [s for s in table["estimator"] if s in df.columns]
-    fig = Figure(figsize=(10.0, 1.2 + 0.42 * max(3, len(ests))), layout="constrained")
-    ax1, ax2 = fig.subplots(1, 2, sharey=True, width_ratios=[1.6, 1.0])
-    if not ests:
-        return _empty(fig, ax1, "no estimators")
-    vals = within_values(df, ests)
-    long = vals.melt(id_vars=["answer_id"], value_vars=ests, var_name="estimator", value_name="rho")
-    palette = {s: _color(s, i) for i, s in enumerate(ests)}
-    if len(vals):
-        sns.violinplot(data=long, x="rho", y="estimator", hue="estimator", order=ests, palette=palette, ax=ax1,
-                       cut=0, inner=None, linewidth=0.5, density_norm="width", legend=False)
-        sns.stripplot(data=long, x="rho", y="estimator", order=ests, color="black", size=1.5, alpha=0.35, ax=ax1,
-                      jitter=0.2)
-    t = table.set_index("estimator")
-    for i, s in enumerate(ests):
-        m, lo, hi = t.loc[s, "within_mean"], t.loc[s, "within_ci_low"], t.loc[s, "within_ci_high"]
-        if np.isfinite(m):
-            ax1.errorbar([m], [i], xerr=[[max(m - lo, 0)], [max(hi - m, 0)]] if np.isfinite(lo) else None, fmt="D",
-                         color="white", mec="black", ms=5, capsize=3, ecolor="black", zorder=5)
-        c, clo, chi = t.loc[s, "cross_inf_spearman"], t.loc[s, "cross_inf_ci_low"], t.loc[s, "cross_inf_ci_high"]
-        if np.isfinite(c):
-            ax2.errorbar([c], [i], xerr=[[max(c - clo, 0)], [max(chi - c, 0)]] if np.isfinite(clo) else None,
-                         fmt="o", color=palette[s], mec="black", capsize=3)
-            ax2.annotate(f"{c:.3f}", (c, i), xytext=(0, 6), textcoords="offset points", ha="center", fontsize=7)
-    n = int(t["n_answers"].iloc[0]) if len(t) and np.isfinite(t["n_answers"].iloc[0]) else len(vals)
-    ax1.set_yticks(range(len(ests)), [f"{int(t.loc[s, 'rank'])}. {s}" for s in ests], fontsize=8)
-    ax1.set_ylabel("")
-    ax1.set_xlabel(f"within answers: ρ vs ‖∇ log p‖ ({n} answers; ◇ mean, 95% CI)", fontsize=8)
-    lo_x = float(np.nanmin(long["rho"])) if len(long) else 0.0
-    ax1.set_xlim(min(0.0, lo_x) - 0.05, 1.02)
-    ax1.axvline(0, color="grey", lw=0.6, ls=":")
-    ax2.set_xlabel("across answers, ω ≠ 0: ρ vs grad_norm (95% CI)", fontsize=8)
-    ax2.grid(alpha=0.3, axis="x")
-    fig.suptitle("Estimators ranked by agreement with the exact gradient", fontsize=10)
+    ests = [s for s in table["estimator"] if s != ref]
+    panels = [(k, t) for k, t in PAIRED_PANELS if k in (stats.get("paired_difference") or {})]
+    fig = Figure(figsize=(3.6 * max(1, len(panels)) + 1.6, 1.3 + 0.36 * max(3, len(ests))), layout="constrained")
+    axes = fig.subplots(1, max(1, len(panels)), squeeze=False, sharey=True)[0]
+    if not ests or not panels:
+        return _empty(fig, axes[0], f"no paired differences with {ref} in stats (run gmts stats)")
+    rk = table.set_index("estimator")["rank"]
+    fixed = {e.get("key") for e in stats.get("by_construction") or []}
+    for ax, (stat, title) in zip(axes, panels):
+        pdiff = stats["paired_difference"][stat]
+        # the axis spans the estimators' intervals; the |omega| baseline (far off) is written at the edge
+        ends = [_num(((pdiff.get(s) or {}).get(ref) or {}).get(k)) for s in ests if s != "abs_omega"
+                for k in ("diff", "ci_low", "ci_high")]
+        ends = [e for e in ends if np.isfinite(e)] + [0.0]
+        pad = 0.08 * (max(ends) - min(ends) or 1e-3)
+        x_lo, x_hi = min(ends) - pad, max(ends) + pad
+        ax.set_xlim(x_lo, x_hi)
+        for i, s in enumerate(ests):
+            d = (pdiff.get(s) or {}).get(ref)
+            if d is None:
+                continue
+            v, lo, hi = _num(d.get("diff")), _num(d.get("ci_low")), _num(d.get("ci_high"))
+            if f"paired_difference.{stat}.{s}.{ref}" in fixed:
+                ax.annotate("= by construction", (0, i), ha="center", va="center", fontsize=6, color="#555555")
+                continue
+            if not np.isfinite(v):
+                continue
+            sig = np.isfinite(lo) and (lo > 0 or hi < 0)
+            if not x_lo <= v <= x_hi:
+                edge, ha = (x_lo, "left") if v < x_lo else (x_hi, "right")
+                ax.annotate(("◀ " if v < x_lo else "") + f"{v:+.3f}" + (" ▶" if v > x_hi else ""), (edge, i),
+                            ha=ha, va="center", fontsize=7, color=_color(s, i))
+                continue
+            ax.errorbar([v], [i], xerr=[[max(v - lo, 0)], [max(hi - v, 0)]] if np.isfinite(lo) else None, fmt="o",
+                        color=_color(s, i) if sig else "white", mec=_color(s, i), ecolor=_color(s, i), capsize=3, ms=5)
+        ax.axvline(0, color="grey", lw=0.8, ls=":")
+        ax.set_title(title, fontsize=8)
+        ax.set_xlabel(f"score - {ref} (paired, 95% CI)", fontsize=8)
+        ax.grid(alpha=0.3, axis="x")
+        ax.tick_params(axis="x", labelsize=7)
+    axes[0].set_yticks(range(len(ests)), [f"{int(rk[s])}. {s}" for s in ests], fontsize=8)
+    axes[0].set_ylim(len(ests) - 0.5, -0.5)
+    n = (stats.get("meta") or {}).get("n_ci_units")
+    fig.suptitle(f"Estimators vs {ref}: paired differences over {n} resampled {(stats.get('meta') or {}).get('ci_unit', 'group')}s "
+                 "(filled: CI excludes 0; rank ties by paired CI)", fontsize=9)
     return fig
 
 
@@ -601,6 +700,7 @@ FIGURES: dict[str, Callable[[Run], Figure | None]] = {
     "group_answers": lambda r: fig_group_answers(r.tokens),
     "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),
     "topk_overlap": lambda r: fig_topk_overlap(r.stats),
+    "mass_capture": lambda r: fig_mass_capture(r.stats),
     "update_fidelity": lambda r: fig_update_fidelity(r.stats),
     "token_strip": lambda r: fig_token_strip(r.tokens, rho=run_rho(r)),
     "token_strings": _token_strings,
@@ -619,7 +719,9 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf")
     out = []
     for fmt in formats:
         buf = _io.BytesIO()
-        fig.savefig(buf, format=fmt, dpi=dpi, metadata={"Creator": "gmts_analysis"} if fmt == "png" else None)
+        # fixed metadata (no creation date), so two renders of one run are the same bytes
+        meta = {"Creator": "gmts_analysis"} if fmt == "png" else {"Creator": "gmts_analysis", "CreationDate": None}
+        fig.savefig(buf, format=fmt, dpi=dpi, metadata=meta)
         out.append(atomic_write_bytes(stem.with_suffix(f".{fmt}"), buf.getvalue()))
     return out
 

@@ -107,8 +107,17 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     stats = read_json_object(path / "stats.json") if (path / "stats.json").exists() else {}
     manifest = read_json_object(path / "manifest.json") if (path / "manifest.json").exists() else {}
     if compute_missing_stats and not is_current(stats):  # absent, or an older version: `gmts stats` rewrites it
-        stats = json_normalise(compute_stats(tokens, answers, rho=manifest_rho(manifest), **kept_fidelity(stats)))
+        stats = json_normalise(compute_stats(tokens, answers, rho=manifest_rho(manifest),
+                                                  uncertain_below=manifest_uncertain_below(manifest),
+                                                  **kept_fidelity(stats)))
     return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)
+
+
+def manifest_uncertain_below(manifest: Any) -> float:
+    """The uncertain-token threshold a run was made with (manifest ``config.uncertain_below``; 0.9 when none)."""
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    r = cfg.get("uncertain_below") if isinstance(cfg, dict) else None
+    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.9
 
 
 def manifest_rho(manifest: Any) -> float:

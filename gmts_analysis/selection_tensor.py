@@ -23,7 +23,10 @@ Scores (:func:`token_scores`): ``entropy``; ``gmts`` = entropy * |omega| with th
 omega of docs/definitions.md section 4 (:func:`token_omega`); ``gmts_lgn`` = logit_grad_norm * |omega|
 (``logit_grad_norm`` = ||d logprob / d z||_2, the closed form of
 :func:`gmts_analysis.tokens.token_quantities`, passed in by the caller); ``random``
-(uniform, seeded); ``all`` / ``none`` (every real token).
+(uniform, seeded); ``all`` / ``none`` (every real token); the masked baselines ``entropy_inf`` =
+entropy * 1[omega != 0] and ``one_minus_prob_inf`` = (1 - p) * 1[omega != 0] (p the sampled
+token's probability, from ``token_logprobs``), which skip tokens without signal without
+weighting by ``|omega|`` (:func:`masked_scores`).
 
 Loss normalizer after selection (:func:`aggregate_loss`): ``all`` divides by the
 real-token count as if nothing were dropped (TRL's ``top_entropy_quantile`` and the GMTS
@@ -41,10 +44,12 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from gmts_analysis.estimators import gmts_score, times_abs_omega
+from gmts_analysis.estimators import gmts_score, informative_only, times_abs_omega
 from gmts_analysis.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
 
-SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random")
+SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
+#: the masked baselines: a per-token score times 1[omega != 0] (no |omega| magnitude)
+MASKED_SELECTIONS = ("entropy_inf", "one_minus_prob_inf")
 TENSOR_SCOPES = ("batch", "group")
 NORMALIZERS = ("all", "selected")
 
@@ -210,6 +215,24 @@ def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, *
     return torch.where(mask.bool(), times_abs_omega(lgn, om), torch.zeros_like(om))
 
 
+def masked_scores(selection: str, entropy: Tensor, advantages: Tensor, mask: Tensor,
+                  token_logprobs: Tensor | None = None, **omega_kwargs) -> Tensor:
+    """``(B, T)`` masked baseline (float64; 0 on padding): ``entropy_inf`` = entropy * 1[omega != 0],
+    ``one_minus_prob_inf`` = (1 - exp(token_logprobs)) * 1[omega != 0]. ``token_logprobs`` ``(B, T)``:
+    log p of each sampled token (default: ``omega_kwargs["logprobs"]``)."""
+    om = token_omega(advantages, mask, **omega_kwargs)
+    if selection == "entropy_inf":
+        x = entropy.detach().to(device=om.device, dtype=torch.float64)
+    elif selection == "one_minus_prob_inf":
+        lp = token_logprobs if token_logprobs is not None else omega_kwargs.get("logprobs")
+        if lp is None:
+            raise ValueError("selection 'one_minus_prob_inf' needs the sampled tokens' log-probs (B, T)")
+        x = 1.0 - torch.exp(lp.detach().to(device=om.device, dtype=torch.float64))
+    else:
+        raise ValueError(f"not a masked selection: {selection!r}; choose from {MASKED_SELECTIONS}")
+    return torch.where(mask.bool(), informative_only(x, om), torch.zeros_like(om))
+
+
 def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Tensor:
     """``(B, T)`` uniform [0, 1) scores drawn on CPU from ``generator`` (then moved to mask's device)."""
     return torch.rand(mask.shape, generator=generator, dtype=torch.float64).to(mask.device)
@@ -222,12 +245,16 @@ def token_scores(
     mask: Tensor,
     generator: torch.Generator | None = None,
     logit_grad_norm: Tensor | None = None,
+    token_logprobs: Tensor | None = None,
     **omega_kwargs,
 ) -> Tensor | None:
-    """The score a selection ranks by: ``entropy``, ``gmts``, ``gmts_lgn``, ``random``; ``None`` for
-    ``all``/``none``. ``gmts_lgn`` needs ``logit_grad_norm`` ``(B, T)``."""
+    """The score a selection ranks by: ``entropy``, ``gmts``, ``gmts_lgn``, ``random``, ``entropy_inf``,
+    ``one_minus_prob_inf``; ``None`` for ``all``/``none``. ``gmts_lgn`` needs ``logit_grad_norm``
+    ``(B, T)``; ``one_minus_prob_inf`` the sampled tokens' log-probs ``token_logprobs`` ``(B, T)``."""
     if selection in ("all", "none"):
         return None
+    if selection in MASKED_SELECTIONS:
+        return masked_scores(selection, entropy, advantages, mask, token_logprobs, **omega_kwargs)
     if selection == "entropy":
         return entropy.detach()
     if selection == "gmts":
@@ -251,10 +278,12 @@ def selection_mask(
     group_ids: Tensor | Sequence | None = None,
     generator: torch.Generator | None = None,
     logit_grad_norm: Tensor | None = None,
+    token_logprobs: Tensor | None = None,
     **omega_kwargs,
 ) -> Tensor:
     """Boolean ``(B, T)`` tokens kept by ``selection`` (``all``/``none``: every real token)."""
-    s = token_scores(selection, entropy, advantages, mask, generator, logit_grad_norm, **omega_kwargs)
+    s = token_scores(selection, entropy, advantages, mask, generator, logit_grad_norm, token_logprobs,
+                     **omega_kwargs)
     if s is None:
         return mask.bool().clone()
     return select_tokens(s, mask, rho, scope, group_ids)

@@ -82,7 +82,7 @@ def test_update_fidelity_all_is_one_and_selection_gradient_is_the_loss_gradient(
         torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-4)
 
 
-@pytest.mark.parametrize("selection", ["all", "entropy", "gmts", "gmts_lgn", "random"])
+@pytest.mark.parametrize("selection", ["all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf"])
 def test_train_steps_select_exact_k_and_move_the_policy(selection):
     torch.manual_seed(0)
     model, tok = _model(), _tok()

@@ -188,3 +188,23 @@ def test_bad_inputs_raise():
         select_tokens(scores, mask, 0.2, "group")
     with pytest.raises(ValueError):
         select_tokens(scores, mask[:, :-1], 0.2)
+
+
+def test_masked_baselines_select_like_the_masked_table_score():
+    from gmts_analysis.selection_tensor import MASKED_SELECTIONS, masked_scores, selection_mask
+
+    g = torch.Generator().manual_seed(0)
+    ent = torch.rand(6, 5, generator=g, dtype=torch.float64)
+    lp = -torch.rand(6, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(6, 5)
+    mask[2, 3:] = 0
+    adv = torch.tensor([1.0, -1.0, 0.0, 0.0, 0.5, -0.5])
+    for name, x in (("entropy_inf", ent), ("one_minus_prob_inf", 1 - torch.exp(lp))):
+        want = torch.where((adv != 0)[:, None] & mask.bool(), x, torch.zeros_like(x))
+        got = masked_scores(name, ent, adv, mask, token_logprobs=lp)
+        assert torch.equal(got, want) and name in MASKED_SELECTIONS
+        sel = selection_mask(name, ent, adv, mask, rho=0.3, token_logprobs=lp)
+        assert not sel[2:4].any()  # 30% of 28 tokens = 9 picks, all among the 20 with signal
+        assert int(sel.sum()) == 9
+    with pytest.raises(ValueError, match="log-probs"):
+        masked_scores("one_minus_prob_inf", ent, adv, mask)

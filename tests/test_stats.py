@@ -15,7 +15,7 @@ from scipy.stats import kendalltau, spearmanr
 from gmts_analysis import rank
 from gmts_analysis import stats as S
 from gmts_analysis.io import to_json
-from gmts_analysis.selection import overlap
+from gmts_analysis.selection import overlap, select_top
 
 RHO_KEYS = {"0.05", "0.1", "0.2", "0.3", "0.5"}
 SUMMARY_KEYS = {"median", "mean", "q25", "q75", "n_answers", "ci_low", "ci_high"}
@@ -23,6 +23,7 @@ CROSS_KEYS = {"spearman", "kendall", "n_tokens", "ci_low", "ci_high"}
 BLOCK_KEYS = {"zero_advantage", "cross_answer", "cross_answer_informative", "within_answer", "within_group",
               "topk_overlap", "topk_overlap_ci", "topk_scopes_excluded", "selection_waste", "selection_waste_ci",
               "update_fidelity"}
+NEW_KEYS = {"mass_capture", "mass_capture_ci", "uncertain", "paired_difference", "paired_leader", "by_construction"}
 ESTS = ["entropy", "gmts", "abs_omega", "surprisal"]
 
 
@@ -92,7 +93,7 @@ def test_zero_advantage_counts(hand):
     za = st["zero_advantage"]
     zero = df["omega"] == 0
     assert za == {"answers": 3, "groups": 2, "tokens": int(zero.sum()), "token_share": zero.mean()}
-    assert st["meta"]["version"] == 2 and st["meta"]["ci_unit"] == "group"
+    assert st["meta"]["version"] == 3 and st["meta"]["ci_unit"] == "group"
 
 
 def test_cross_answer_all_and_informative_match_scipy(hand):
@@ -123,7 +124,7 @@ def test_within_answer_one_answer_set_for_every_estimator(hand):
     v = np.array(list(expected.values()))
     for s in ("entropy", "gmts"):
         wa = st["within_answer"][s]
-        assert set(wa) == SUMMARY_KEYS and wa["n_answers"] == 3
+        assert set(wa) == SUMMARY_KEYS | {"weighted_tau", "top1"} and wa["n_answers"] == 3
         assert wa["mean"] == pytest.approx(v.mean()) and wa["median"] == pytest.approx(np.median(v))
         assert wa["q25"] == pytest.approx(np.quantile(v, 0.25)) and wa["q75"] == pytest.approx(np.quantile(v, 0.75))
     assert st["within_answer"]["abs_omega"]["n_answers"] == 3 and st["within_answer"]["abs_omega"]["mean"] == 0.0
@@ -201,8 +202,8 @@ def test_group_bootstrap_equals_explicit_resampling(hand):
         m = ex["omega"] != 0
         rs.append(spearmanr(ex["entropy"][m], ex["grad_norm"][m]).statistic)
         pos = ex["grad_norm"] > 0
-        sel = S.select_top(ex, "entropy", 0.2, "group")
-        true = S.select_top(ex, np.where(pos, ex["grad_norm"], np.nan), 0.2, "group") & pos
+        sel = select_top(ex, "entropy", 0.2, "group")
+        true = select_top(ex, np.where(pos, ex["grad_norm"], np.nan), 0.2, "group") & pos
         tk.append((sel & true).sum() / true.sum() if true.sum() else np.nan)
         waste.append((sel & ~m.to_numpy()).sum() / sel.sum())
         w = [within["entropy"].iloc[j] for g in range(len(units)) for _ in range(int(counts[b, g]))
@@ -310,9 +311,10 @@ def test_bootstrap_is_seeded_and_brackets_the_estimate(tables, stats):
     other = S.compute_stats(*tables, seed=1, n_boot=200)
     assert other["cross_answer"]["entropy"]["ci_low"] != stats["cross_answer"]["entropy"]["ci_low"]
     assert other["cross_answer"]["entropy"]["spearman"] == stats["cross_answer"]["entropy"]["spearman"]
+    fixed = {e["key"] for e in stats["by_construction"]}
     for s in stats["meta"]["estimators"]:
         wa, wg = stats["within_answer"][s], stats["within_group"][s]
-        assert wa["ci_low"] <= wa["mean"] <= wa["ci_high"]
+        assert f"within_answer.{s}" in fixed or wa["ci_low"] <= wa["mean"] <= wa["ci_high"]
         assert wg["ci_low"] <= wg["mean"] <= wg["ci_high"]
         for key in ("cross_answer", "cross_answer_informative"):
             ca = stats[key][s]
@@ -329,11 +331,11 @@ def test_stats_json_structure(tables, stats):
     ests = stats["meta"]["estimators"]
     assert {"entropy", "gmts", "abs_omega", "logit_grad_norm", "surprisal", "one_minus_prob", "rsi", "gmts_lgn",
             "head_grad_norm"} <= set(ests)
-    assert set(stats) == {"meta", "by_domain"} | BLOCK_KEYS
+    assert set(stats) == {"meta", "by_domain"} | BLOCK_KEYS | NEW_KEYS
     n_ans = {stats["within_answer"][s]["n_answers"] for s in ests}
     assert len(n_ans) == 1  # one answer set for every estimator
     for s in ests:
-        assert set(stats["within_answer"][s]) == SUMMARY_KEYS
+        assert set(stats["within_answer"][s]) == SUMMARY_KEYS | {"weighted_tau", "top1"}
         assert set(stats["cross_answer"][s]) == CROSS_KEYS == set(stats["cross_answer_informative"][s])
         assert set(stats["within_group"][s]) == SUMMARY_KEYS - {"n_answers"} | {"n_groups"}
         for scope in ("batch", "group"):
@@ -345,7 +347,7 @@ def test_stats_json_structure(tables, stats):
     meta = stats["meta"]
     assert meta["n_answers"] == 24 and meta["n_groups"] == 6 and meta["n_tokens"] == len(tables[0])
     assert meta["target"] == "grad_norm" and meta["n_boot"] == 200 and meta["seed"] == 0
-    assert meta["version"] == 2 and meta["ci_unit"] == "group"
+    assert meta["version"] == 3 and meta["ci_unit"] == "group"
     assert set(stats["by_domain"]) == {"math", "code"}
     for blk in stats["by_domain"].values():
         assert BLOCK_KEYS <= set(blk)
@@ -416,12 +418,16 @@ def test_stats_table_and_estimator_ranking(stats):
     row = t.set_index("estimator").loc["gmts"]
     assert row["cross_spearman"] == stats["cross_answer"]["gmts"]["spearman"]
     e = S.estimator_table(stats)
-    assert list(e.columns) == list(S.ESTIMATOR_TABLE_COLUMNS) and list(e["rank"]) == list(range(1, len(e) + 1))
+    assert list(e.columns) == list(S.ESTIMATOR_TABLE_COLUMNS) and list(e["rank"]) == sorted(e["rank"])
+    assert e["rank"].iloc[0] == 1
     assert set(e["estimator"]) == set(stats["meta"]["estimators"])
     by = e.set_index("estimator")
     best_within = max(stats["within_answer"][s]["mean"] for s in by.index)
-    assert set(by.index[by["rank_within"] == 1]) == {s for s in by.index
-                                                     if stats["within_answer"][s]["mean"] == best_within}
+    leader = stats["paired_leader"]["within_answer"]
+    tied = {s for s in by.index if s == leader or stats["within_answer"][s]["mean"] == best_within
+            or (stats["paired_difference"]["within_answer"][s][leader]["ci_low"] or 0) <= 0
+            <= (stats["paired_difference"]["within_answer"][s][leader]["ci_high"] or 0)}
+    assert set(by.index[by["rank_within"] == 1]) == tied
     score = by["rank_within"] + by["rank_cross_informative"]
     assert list(score.loc[e["estimator"]]) == sorted(score)  # ordered by the sum of the two ranks
 

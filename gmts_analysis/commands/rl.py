@@ -7,7 +7,7 @@ import argparse
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from gmts_analysis.config import add_offline_flag
-    from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig
+    from gmts_analysis.rl.config import ALL_DOMAINS, DEFAULT_ARMS, SELECTION_ARMS, RLConfig
 
     d = RLConfig()
     p = subparsers.add_parser(
@@ -21,8 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, a checkpoint directory or a "
                    f"hub id (default: {d.policy})")
     add_offline_flag(p)
-    p.add_argument("--selection", nargs="+", default=list(SELECTION_ARMS), choices=SELECTION_ARMS,
-                   help="one or more arms (default: all five)")
+    p.add_argument("--selection", nargs="+", default=list(DEFAULT_ARMS), choices=SELECTION_ARMS,
+                   help="one or more arms; entropy_inf and one_minus_prob_inf are the masked baselines (score "
+                   f"x 1[omega != 0]) (default: {' '.join(DEFAULT_ARMS)})")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
     p.add_argument("--max-steps", type=int, default=d.steps,
                    help=f"optimizer steps per run (TRL's max_steps; --steps is a deprecated alias) "

@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rho", type=float, default=0.2, metavar="FRACTION",
                    help="keep fraction of the token selections quoted by the report, update fidelity and the "
                    "summary (TRL's top_entropy_quantile) (default: 0.2)")
+    p.add_argument("--uncertain-below", type=float, default=0.9, metavar="PROB",
+                   help="the statistics' uncertain-token view keeps tokens with prob below this (default: 0.9)")
     p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
     p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
@@ -83,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
                       figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
                       answers_per_chunk=args.answers_per_chunk, rho=args.rho, offline=args.offline,
+                      uncertain_below=args.uncertain_below,
                       aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)

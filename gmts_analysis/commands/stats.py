@@ -21,6 +21,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs (default 1000; 0: no CIs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    p.add_argument("--uncertain-below", type=float, default=None, metavar="PROB",
+                   help="the uncertain-token view keeps tokens with prob below this (default: the run's "
+                   "manifest value, else 0.9)")
     p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
                    "(estimators.csv beside it)")
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
@@ -34,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.io import read_json, read_parquet
-    from gmts_analysis.runs import manifest_rho
+    from gmts_analysis.runs import manifest_rho, manifest_uncertain_below
     from gmts_analysis.stats import compute_stats, is_current, kept_fidelity, write_stats
     from gmts_analysis.summary import summary_text
 
@@ -63,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     manifest = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").exists() else {}
+    below = args.uncertain_below if args.uncertain_below is not None else manifest_uncertain_below(manifest)
     stats = compute_stats(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=manifest_rho(manifest),
-                          **kept_fidelity(old))
+                          uncertain_below=below, **kept_fidelity(old))
     paths = write_stats(run_dir, stats, json_path=args.out)
     m = stats["meta"]
     log.info(

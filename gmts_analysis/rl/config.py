@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from gmts_analysis.errors import GmtsError
 
 ALL_DOMAINS = ("arithmetic", "program", "logic")
-SELECTION_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
+SELECTION_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
+#: the arms `gmts rl` runs by default (the masked baselines entropy_inf / one_minus_prob_inf on request)
+DEFAULT_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
 
 
 @dataclass
@@ -15,7 +17,7 @@ class RLConfig:
     """Everything one training run depends on (recorded in the results JSON)."""
 
     policy: str = "small"
-    selection: str = "gmts"  # all | entropy | gmts | gmts_lgn | random
+    selection: str = "gmts"  # all | entropy | gmts | gmts_lgn | random | entropy_inf | one_minus_prob_inf
     seed: int = 0
     steps: int = 100
     domains: tuple[str, ...] = ALL_DOMAINS

@@ -186,7 +186,9 @@ def load_experiment(out: str | Path) -> dict:
     if not runs:
         raise GmtsError(f"{rdir}: no finished run yet")
     cfg = init["config"] if init is not None else to_json(_shared(runs[0]["config"]))
-    sels = [s for s in ("all", "entropy", "gmts", "gmts_lgn", "random") if any(r["config"]["selection"] == s for r in runs)]
+    from gmts_analysis.rl.config import SELECTION_ARMS
+
+    sels = [s for s in SELECTION_ARMS if any(r["config"]["selection"] == s for r in runs)]
     return {
         "config": cfg,
         "selections": sels,

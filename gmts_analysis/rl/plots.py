@@ -16,8 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-COLORS = {"all": "#4d4d4d", "entropy": "#1f77b4", "gmts": "#d62728", "gmts_lgn": "#9467bd", "random": "#2ca02c"}
-ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
+COLORS = {"all": "#4d4d4d", "entropy": "#1f77b4", "gmts": "#d62728", "gmts_lgn": "#9467bd", "random": "#2ca02c",
+          "entropy_inf": "#17becf", "one_minus_prob_inf": "#ff7f0e"}
+ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
 
 
 def _runs_by_arm(result: dict) -> dict[str, list[dict]]:
@@ -204,34 +205,49 @@ def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Pa
     return _save(fig, path, atomic_write_bytes)
 
 
+def _final_by_seed(res: dict, arm: str) -> dict[int, float]:
+    """``{seed: final pass@1, mean of domains}`` of one arm (from the runs when present)."""
+    runs = [r for r in res.get("runs") or [] if r["config"]["selection"] == arm]
+    if runs:
+        return {int(r["config"]["seed"]): float(np.mean(list(r["final_pass1"].values()))) for r in runs}
+    vals = res["summary"][arm]["mean"]["values"]
+    return dict(zip([int(x) for x in res.get("seeds") or range(len(vals))], [float(v) for v in vals]))
+
+
 def plot_final_pass1(results: dict[str, dict], path: str | Path) -> Path:
-    """Final pass@1 (mean over domains) per arm, one panel per condition: every seed a dot, the
-    mean a bar; the untrained policy as a dotted line."""
+    """Final pass@1 (mean over domains) per arm, one panel per condition: one line per seed across
+    the arms (arms share the seed's data order and evaluation prompts, so a seed's line shows the
+    paired differences), the mean of the seeds a black tick; the untrained policy dotted."""
     from matplotlib.figure import Figure
 
     from gmts_analysis.io import atomic_write_bytes
 
     labels = list(results)
-    fig = Figure(figsize=(3.6 * len(labels), 3.4))
+    fig = Figure(figsize=(3.8 * len(labels) + 0.6, 3.8), layout="constrained")
     axes = fig.subplots(1, len(labels), squeeze=False, sharey=True)
     for ax, label in zip(axes[0], labels):
         res = results[label]
         arms = [a for a in ARMS if a in res["summary"]]
+        by_arm = {a: _final_by_seed(res, a) for a in arms}
+        seeds = sorted({sd for v in by_arm.values() for sd in v})
+        for j, sd in enumerate(seeds):
+            xs = [i for i, a in enumerate(arms) if sd in by_arm[a]]
+            ys = [by_arm[a][sd] for a in arms if sd in by_arm[a]]
+            ax.plot(xs, ys, "-", color="grey", lw=0.8, alpha=0.7, zorder=1,
+                    label="one seed" if j == 0 else None)
+            for x, y in zip(xs, ys):
+                ax.plot([x], [y], "o", color=COLORS.get(arms[x], "black"), ms=4, zorder=2)
         for i, a in enumerate(arms):
-            b = res["summary"][a]["mean"]
-            ax.bar(i, b["mean"], color=COLORS[a], alpha=0.35, width=0.7)
-            ax.plot([i] * len(b["values"]), b["values"], "o", color=COLORS[a], ms=4)
+            m = float(np.mean(list(by_arm[a].values())))
+            ax.plot([i - 0.25, i + 0.25], [m, m], color="black", lw=2, zorder=3, label="mean" if i == 0 else None)
         init = float(np.mean(list(res["initial_pass1"].values())))
         ax.axhline(init, color="k", ls=":", lw=1, label="untrained")
         ax.set_xticks(range(len(arms)))
-        ax.set_xticklabels(arms, rotation=30, fontsize=8)
-        ax.set_title(label, fontsize=9)
+        ax.set_xticklabels(arms, rotation=30, ha="right", fontsize=8)
+        ax.set_title(f"{label} ({len(seeds)} seeds)", fontsize=9)
         ax.grid(alpha=0.3, axis="y")
-        lo = min(min(res["summary"][a]["mean"]["values"]) for a in arms)
-        ax.set_ylim(min(lo, init) - 0.05, None)
-    axes[0][0].set_ylabel("final pass@1 (T=1, held-out; mean of domains)")
+    axes[0][0].set_ylabel("final pass@1 (held-out, mean of domains)", fontsize=8)
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
     return _save(fig, path, atomic_write_bytes)
 
 

@@ -282,6 +282,8 @@ def train(
             }
             if cfg.selection == "random":
                 sels["random"] = selection_mask("random", ent, adv, mask, generator=gen, **sel_kw)
+            elif cfg.selection in ("entropy_inf", "one_minus_prob_inf"):  # the masked baselines
+                sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, token_logprobs=lp, **sel_kw)
             selected = mask.bool() if cfg.selection == "all" else sels[cfg.selection]
             ratio = torch.exp(lp - lp.detach())
             per_token = -adv[:, None] * ratio

@@ -58,8 +58,9 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("gmts_analysis.rl.trl_trainer needs TRL: pip install 'gmts_analysis[trl]'") from e
 
 from gmts_analysis.selection import gmts_lgn_scores, gmts_scores, random_scores, select_tokens, selection_overlap
+from gmts_analysis.selection_tensor import MASKED_SELECTIONS, masked_scores
 
-TOKEN_SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random")  # "none": old name of "all"
+TOKEN_SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")  # "none": old name of "all"
 _TOKEN_MEAN = ("dapo", "bnpo", "cispo", "vespo")
 _SEQ_MEAN = ("grpo", "sapo")
 
@@ -206,6 +207,9 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         )
         if self.token_selection == "gmts_lgn":
             s = gmts_lgn_scores(self._sel_lgn, inputs["advantages"], mask, **omega_kw)
+        elif self.token_selection in MASKED_SELECTIONS:  # score x 1[omega != 0]: no |omega| scale to undo
+            return masked_scores(self.token_selection, entropies, inputs["advantages"], mask,
+                                 token_logprobs=self._sel_logps, **omega_kw)
         else:
             s = gmts_scores(entropies, inputs["advantages"], mask, **omega_kw)
         if loss_agg == "token-mean":  # w = 1/n_local differs across processes; the true w is one constant
