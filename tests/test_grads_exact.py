@@ -187,7 +187,7 @@ def test_embedding_subclass_with_own_forward(kind):
 
 
 def test_refused_model_goes_to_the_loop_once(caplog):
-    """Gemma 2 soft-caps its logits (not lm_head(h)): the exact engine refuses it, once; later
+    """Gemma 2 soft-caps its logits (its config says so: a structural refusal): the exact engine refuses it, once; later
     answers go to the loop without a planning pass or a second warning, and the norms are exact."""
     import logging
 

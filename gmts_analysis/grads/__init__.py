@@ -246,13 +246,17 @@ def grad_norms(
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:
+        from gmts_analysis.grads.exact import NumericalRefusal
+
         log.warning("exact engine unavailable for this model (%s); falling back to the per-token loop", e)
-        _NO_EXACT[model] = (key, str(e))
+        if not isinstance(e, NumericalRefusal):  # a check on numbers decides for this answer only
+            _NO_EXACT[model] = (key, str(e))
         return _loop(model, input_ids, prompt_len, temperature, groups)
 
 
-# model -> (plan key, reason): models the exact engine refused (what they are made of decides it,
-# as for the plan cache), so that later answers go to the loop at once and it is said once
+# model -> (plan key, reason): models the exact engine refused for what they are made of (as for
+# the plan cache; never a refusal from comparing numbers), so that later answers go to the loop
+# at once and it is said once
 _NO_EXACT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
