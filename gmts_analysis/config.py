@@ -100,7 +100,9 @@ class JobSettings:
                         help_off="skip figures/ and report.html (default: both are written)")
     overwrite: bool = opt(False, "replace an existing output directory (default: resume a run of the same "
                           "model, rollouts and configuration; refuse anything else)")
-    strict: bool = opt(False, "stop at the first answer that fails (default: record it in errors.jsonl and go on)")
+    strict: bool = opt(False, "stop at the first answer that fails, and count an answer the exact engine refuses "
+                       "as failed (default: record a failed answer in errors.jsonl and go on; send a refused "
+                       "one to the per-token loop, exact but slower, with a warning)")
     answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
                                  "at most one record per rank")
     quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr", short="-q")

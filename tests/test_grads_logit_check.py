@@ -125,3 +125,71 @@ def test_bound_is_rigorous_for_float32_and_bfloat16():
         raw, tol = head_error_bound(hd, Wd, None, dt)
         assert bool(((z - raw).abs() <= tol).all())
         assert bool(((1.5 * z - raw).abs() > tol).any())
+
+
+def _false_alarm_on_first_answer(monkeypatch):
+    import gmts_analysis.grads.exact as ex
+
+    real = ex.check_head_logits
+    calls = {"n": 0}
+
+    def once(*a):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ex.NumericalRefusal("injected false alarm")
+        return real(*a)
+
+    monkeypatch.setattr(ex, "check_head_logits", once)
+
+
+def test_probe_with_a_false_alarm_is_exact_and_says_so(tmp_path, monkeypatch, caplog):
+    """A run where the engine refuses one answer: every norm is still exact (the loop), the
+    warning names the answer, the reason and the expected slowdown, the tables say which
+    answer used the loop, and the manifest says ``mixed`` with counts (not ``exact``);
+    ``strict=True`` refuses instead."""
+    import json
+
+    from conftest import make_rollouts
+
+    import gmts_analysis as gmts
+    from gmts_analysis.errors import GmtsError
+
+    model = build_tiny_model("gpt2", seed=11)
+    rows = [json.loads(x) for x in make_rollouts(tmp_path / "r.jsonl", n_groups=2, group_size=2, seed=5,
+                                                 vocab=64).read_text().splitlines()]
+    clean = gmts.probe(model, rows, quiet=True, fidelity="off", device="cpu")
+    assert clean.manifest["grad_norm_method"] == "exact" and clean.manifest["n_loop_answers"] == 0
+    assert set(clean.answers["grad_norm_method"]) == {"exact"}
+
+    _false_alarm_on_first_answer(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis"):
+        run = gmts.probe(model, rows, quiet=True, fidelity="off", device="cpu")
+    first = run.answers["answer_id"].iloc[0]
+    m = run.manifest
+    assert m["grad_norm_method"] == "mixed" and m["n_loop_answers"] == 1
+    assert m["grad_norm_methods"] == {"loop": 1, "exact": len(rows) - 1}
+    assert list(run.answers["grad_norm_method"]) == ["loop"] + ["exact"] * (len(rows) - 1)
+    assert set(run.tokens.loc[run.tokens.answer_id == first, "grad_norm_method"]) == {"loop"}
+    msg = " ".join(r.getMessage() for r in caplog.records)
+    assert f"answer '{first}'" in msg and "injected false alarm" in msg and "expected about" in msg
+    got, ref = run.tokens["grad_norm_logp"].to_numpy(), clean.tokens["grad_norm_logp"].to_numpy()
+    assert float(abs(got - ref).max() / ref.min()) < 1e-5  # float32: loop and engine agree to rounding
+
+    _false_alarm_on_first_answer(monkeypatch)
+    with pytest.raises(GmtsError, match=f"answer '{first}'.*--strict refuses the per-token loop"):
+        gmts.probe(model, rows, quiet=True, fidelity="off", device="cpu", strict=True)
+
+
+def test_cli_strict_refuses_the_loop(tiny_model_dirs, tmp_path, monkeypatch, capsys):
+    """``gmts probe --strict``: an answer the engine refuses stops the run (exit 2, one line)."""
+    from conftest import make_rollouts
+
+    from gmts_analysis.cli import main
+
+    r = make_rollouts(tmp_path / "r.jsonl", n_groups=2, group_size=2)
+    _false_alarm_on_first_answer(monkeypatch)
+    rc = main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(r), "--out",
+               str(tmp_path / "run"), "--device", "cpu", "--quiet", "--no-figures", "--fidelity", "off", "--strict"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "--strict refuses the per-token loop" in err and "Traceback" not in err
