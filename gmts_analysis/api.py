@@ -221,6 +221,9 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
         if opts.mask_truncated_completions:
             kernel.mark_unterminated(answers, tokenizer, model)
         coefs = kernel.answer_coefficients(answers, opts)
+        from gmts_analysis.preflight import check_before_probe
+
+        check_before_probe(opts, model, answers, settings.get("out"))
         result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress,
                                       strict=bool(settings.get("strict", False)))
         tables = finish_result(opts, model, model_path, answers, result,

@@ -61,7 +61,8 @@ class ProbeOptions:
     chunk_size: str = opt("auto", "tokens per batched VJP (an integer, or auto from --max-memory)")
     max_memory: int = opt(None, "memory budget in MiB for --chunk-size auto")
     grad_groups: str = opt(None, "also write grad_groups.parquet per layer or module", choices=("layer", "module"))
-    fidelity: str = opt("auto", "update fidelity of selections (needs the model): auto = on under 100k tokens",
+    fidelity: str = opt("auto", "update fidelity of selections (needs the model): auto = on under 100k tokens when its "
+                        "gradients fit in memory (n_estimators+7 copies of the parameters in 2 GiB)",
                         choices=("auto", "on", "off"))
     verifier: str = opt(None, "score answers without a reward: a toy domain name, or 'domain' to use each row's domain")
     truncate: bool = opt(False, "cut responses that do not fit the model's context instead of failing")

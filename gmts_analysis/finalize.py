@@ -109,7 +109,13 @@ def add_answer_methods(cfg: ProbeOptions, result: ProbeResult) -> None:
         result.answers["grad_norm_method"] = answer_methods(cfg, result)
 
 
-def fidelity_enabled(cfg: ProbeOptions, n_tokens: int) -> bool:
+def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | None = None) -> bool:
+    """Whether update fidelity runs: :func:`gmts_analysis.preflight.fidelity_decision` (auto: on under
+    100k tokens when its accumulators fit the budget; the model gives their size)."""
+    if model is not None:
+        from gmts_analysis.preflight import fidelity_decision
+
+        return fidelity_decision(cfg, model, n_tokens)[0]
     if cfg.fidelity == "on":
         return True
     if cfg.fidelity == "off" or cfg.grad_norm == "none":
@@ -126,7 +132,7 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
     rho = float(getattr(cfg, "rho", 0.2))
     stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho)
     result.timings["stats_s"] = time.perf_counter() - t0
-    if fidelity_enabled(cfg, len(result.tokens)):
+    if fidelity_enabled(cfg, len(result.tokens), model):
         from gmts_analysis.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()

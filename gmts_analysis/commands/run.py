@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
     p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
-                   help="update fidelity of selections (default: auto = on under 100k tokens)")
+                   help="update fidelity of selections (default: auto = on under 100k tokens when its gradients fit in "
+                   "memory)")
     p.add_argument("--answers-per-chunk", type=int, default=16,
                    help="answers per record (a resumable unit of work) (default: 16)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory (default: resume "
