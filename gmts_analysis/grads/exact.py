@@ -270,7 +270,11 @@ def check_head_logits(h: Tensor, head_out: Tensor | None, logits: Tensor, W: Ten
     and the head's output on the first and last token must lie within the rigorous rounding
     bound of :func:`head_error_bound` of ``h W^T + b`` in float64 (a head module whose forward
     is not a plain linear map)."""
-    if head_out is None or head_out.shape != logits.shape or not torch.equal(head_out.to(logits.dtype), logits):
+    same = head_out is not None and head_out.shape == logits.shape
+    if same:
+        ho = head_out.to(logits.dtype)
+        same = bool(((ho == logits) | (ho.isnan() & logits.isnan())).all())  # NaN: the finiteness check's job
+    if not same:
         diff = ("" if head_out is None or head_out.shape != logits.shape
                 else f"; max |logit - lm_head(h)| = {(logits.double() - head_out.double()).abs().max().item():.3g}")
         raise NumericalRefusal(f"model logits are not the output head's output (post-processing such as "
