@@ -179,5 +179,37 @@ def main(argv=None) -> int:
     return 0
 
 
+def table(paths: list[str]) -> str:
+    """Markdown table of the rows of result files (``python benchmarks/smollm2_bench.py --table A.json ...``)."""
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            res = json.load(f)
+        rows += [dict(r, file=os.path.basename(p), flops=res["matmul_flops_per_s"]) for r in res["rows"]]
+    naive = {r["T"]: r["cpu_tokens_per_s"] for r in rows if r["method"] == "naive loop"}
+    order = {"exact": 0, "sketch K=16": 1, "sketch K=32": 2, "naive loop": 3}
+    rows.sort(key=lambda r: (r["T"], order.get(r["method"], 9)))
+    out = ["| T | method | CPU tokens/s | x naive (CPU) | wall tokens/s | peak MB | notes |",
+           "|---:|---|---:|---:|---:|---:|---|"]
+    for r in rows:
+        x = f"{r['cpu_tokens_per_s'] / naive[r['T']]:.2f}" if r["T"] in naive else "-"
+        notes = []
+        if r["method"] == "exact":
+            notes.append(f"FLOP limit {r['limit_tokens_per_s']:.2f} tok/s ({r['fraction_of_limit']:.0%} of it; "
+                         f"{r['achieved_flops_per_s'] / 1e9:.0f} of {r['flops'] / 1e9:.0f} GFLOP/s)")
+        if "spearman_vs_exact" in r:
+            notes.append(f"Spearman vs exact {r['spearman_vs_exact']:.2f}, 95% coverage {r['coverage_95']:.0%}")
+        if r["method"] == "naive loop":
+            notes.append(r["scope"])
+            if "max_rel_err_exact_vs_naive" in r:
+                notes.append(f"exact vs naive max rel. error {r['max_rel_err_exact_vs_naive']:.1e}")
+        out.append(f"| {r['T']} | {r['method']} | {r['cpu_tokens_per_s']:.3f} | {x} | {r['tokens_per_s']:.3f} | "
+                   f"{r['peak_mib']:.0f} | {'; '.join(notes)} ({r['file']}) |")
+    return "\n".join(out)
+
+
 if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--table":
+        print(table(sys.argv[2:]))
+        raise SystemExit(0)
     raise SystemExit(main())
