@@ -151,29 +151,49 @@ def _read_json_or_none(path: Path) -> Any:
         return None
 
 
+WORK_STEM = "gmts-work"  # the work area stepped aside while the finished directory is renamed in
+NEXT_STEM = "gmts-next"  # the work area of a run replacing another (--overwrite)
+
+
 def work_area_sibling(out: Path) -> Path:
-    """Where the work area waits while the finished directory is renamed into place."""
-    return out.parent / f".{out.name}.gmts-work"
+    """The work area of ``out`` stepped aside (ours, by its marker) while the finished directory is
+    renamed into place; a new name when there is none (never a look-alike's)."""
+    from gmts_analysis import io
+
+    found = io.ours_beside(out, "work", WORK_STEM)
+    return found[0] if found else io.fresh_sibling_name(out, WORK_STEM)
+
+
+def replacement_area(out: Path) -> Path:
+    """Where a run started with ``--overwrite`` works while the previous run stays intact at ``out``
+    (one of ours left by an interrupted job, else a new name)."""
+    from gmts_analysis import io
+
+    found = io.ours_beside(out, "next", NEXT_STEM)
+    return found[0] if found else io.fresh_sibling_name(out, NEXT_STEM)
 
 
 def recover_work_area(out: Path) -> None:
-    """Undo an interrupted final rename: bring the work area back, or drop it if the run finished."""
+    """Undo an interrupted final rename: bring the work area back, or drop it if the run finished.
+
+    Only a sibling carrying our marker (:func:`gmts_analysis.io.is_ours`, written when the work area
+    was created) is touched; a directory that merely has such a name is left alone."""
     import shutil
 
-    work = work_area_sibling(out)
-    if not work.exists():
-        return
-    if out.exists() and (out / "manifest.json").exists():
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()  # an empty directory took the work area's place: the work area wins
-    if not out.exists():
-        os.replace(work, out)
-        log.warning("%s: recovered the work area of an interrupted job (%s)", out, work.name)
-    else:
-        log.warning("%s: %s holds the work of an interrupted job and %s is in its place; not touching either",
-                    out, work, out)
+    from gmts_analysis import io
+
+    for work in io.ours_beside(out, "work", WORK_STEM):
+        if out.exists() and (out / "manifest.json").exists():
+            shutil.rmtree(work, ignore_errors=True)
+            continue
+        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+            out.rmdir()  # an empty directory took the work area's place: the work area wins
+        if not os.path.lexists(out):
+            os.replace(work, out)
+            log.warning("%s: recovered the work area of an interrupted job (%s)", out, work.name)
+        else:
+            log.warning("%s: %s holds the work of an interrupted job and %s is in its place; not touching either",
+                        out, work, out)
 
 
 def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
@@ -212,36 +232,48 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
 
 
 def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int,
-                      finishing: dict | None = None) -> int:
-    """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...).
+                      finishing: dict | None = None) -> tuple[int, Path]:
+    """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...)
+    and the work area: ``out`` itself, or under ``overwrite`` :func:`replacement_area`.
 
-    ``overwrite`` empties ``out`` first. Parts of earlier attempts are removed (they are
-    rebuilt from the chunk records); chunk records are kept.
+    ``overwrite`` never empties ``out``: the new run is built in a work area beside it
+    (:func:`replacement_area`; one of ours left by an interrupted job of the same fingerprint is
+    resumed, of another removed) and replaces the previous run only once complete.
+    A new work area gets our marker. Parts of earlier attempts are removed (they are rebuilt from
+    the chunk records); chunk records are kept.
     """
     import shutil
 
     from gmts_analysis import io
 
+    work = replacement_area(out) if status == "overwrite" else out
+    state = None
     if status == "overwrite":
-        io.check_ours(out)  # never empty a directory that holds someone else's files
-        for child in out.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
+        io.check_ours(out)  # the run it will replace: never someone else's files
+        if os.path.lexists(work):  # ours (replacement_area checks the marker)
+            state = _read_json_or_none(work / STATE_FILE)
+            if not (isinstance(state, dict) and state.get("run_hash") == fp.run_hash):
+                state = None  # a replacement of another configuration: start over
+                shutil.rmtree(work)
             else:
-                child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    state = _read_json_or_none(out / STATE_FILE) if status == "resume" else None
+                log.info("%s: resuming the replacement of %s left by an interrupted --overwrite job", work, out)
+    elif status == "resume":
+        state = _read_json_or_none(work / STATE_FILE)
+    work.mkdir(parents=True, exist_ok=True)
     if not isinstance(state, dict):
         state = {"format": STATE_FORMAT, "run_hash": fp.run_hash, "fingerprint": fp.to_json(),
                  "config": asdict(cfg), "created": _now(), "attempts": []}
+    role = "next" if status == "overwrite" else "work"
+    if not io.is_ours(work, role, out):
+        io.mark_ours(work, role, out)
     state["attempts"].append({"started": _now(), "world_size": world_size})
     state["config"] = asdict(cfg)  # the latest command (gmts merge uses it)
     state["finish"] = finishing or {}  # manifest entries and files the finished directory gets (gmts merge too)
-    shutil.rmtree(out / PARTS, ignore_errors=True)
-    (out / CHUNKS).mkdir(exist_ok=True)
-    (out / PARTS).mkdir(exist_ok=True)
-    io.atomic_write_json(out / STATE_FILE, state)
-    return len(state["attempts"])
+    shutil.rmtree(work / PARTS, ignore_errors=True)
+    (work / CHUNKS).mkdir(exist_ok=True)
+    (work / PARTS).mkdir(exist_ok=True)
+    io.atomic_write_json(work / STATE_FILE, state)
+    return len(state["attempts"]), work
 
 
 def read_state(out: Path) -> dict:
