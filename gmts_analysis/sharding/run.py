@@ -138,7 +138,8 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         def inspect() -> tuple[str, state.Fingerprint]:
             fp = state.run_fingerprint(cfg)
             io.clean_stale_siblings(out)
-            return state.inspect_directory(out, fp, cfg.overwrite), fp
+            finishing = {k: getattr(cfg, k) for k in state.FINISH_FIELDS}
+            return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
 
         status, fp = _on_main(ctx, inspect)
         if status == "complete":

@@ -18,10 +18,10 @@ manifest keeps the hash.
 
 The hash covers what changes the results: the model's files (config and tokenizer files
 hashed whole, weight files by size and 16 sampled 64 KiB blocks), the rollouts file
-(sha256), and the configuration fields in :data:`RESULT_FIELDS`. Not covered: paths,
-``out``, ``device``, ``chunk_size``, ``max_memory`` (performance only), ``fidelity``
-and ``figures`` (decided at the end), ``overwrite``, ``strict``, ``answers_per_chunk``
-and ``quiet``.
+(sha256), and every configuration field except those in :data:`NOT_IN_FINGERPRINT`, each
+listed with the reason it cannot change a number (derived, so a new option is covered by
+construction). ``figures`` and ``fidelity`` change only what finishing writes: a finished run
+is compared with its manifest on those (:data:`FINISH_FIELDS`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,32 @@ PARTS = "parts"
 INDEX_COLUMN = "_answer_index"  # position of the answer in the rollouts file (0-based)
 STATE_FORMAT = "gmts-run-state/1"
 
-# configuration fields that change the rows of tokens.parquet or the statistics
-RESULT_FIELDS = ("format", "dtype", "temperature", "advantage", "loss_agg", "max_len", "clip_low", "clip_high",
-                 "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed", "loss_type", "clip_ratio_c",
-                 "kl_bias_correction", "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max",
-                 "mask_truncated_completions")
+# The fingerprint is derived: every field of ProbeConfig is in it except those listed here, each
+# with the reason it cannot change a number the run writes (tokens.parquet, answers.parquet,
+# grad_groups.parquet, stats.json). A new option is fingerprinted unless it is added here.
+NOT_IN_FINGERPRINT: dict[str, str] = {
+    "model": "fingerprinted by content instead (model_fingerprint): nodes may mount it at other paths",
+    "rollouts": "fingerprinted by content instead (its sha256, or the files of a rollouts directory)",
+    "out": "where the run is written, not what",
+    "overwrite": "whether a previous run may be replaced, not what the new one holds",
+    "strict": "whether the job stops at the first failing answer; the answers it writes are the same",
+    "answers_per_chunk": "how the work is cut into resumable records; the merged rows are the same",
+    "quiet": "progress and info lines on stderr only",
+    "offline": "whether a hub model may be downloaded; the model is fingerprinted by content",
+    "config_file": "the file the options were read from; the options themselves are fingerprinted",
+    "aliases": "the names the options were given under; the values they set are fingerprinted",
+    "device": "where the numbers are computed: a run may resume on other devices or GPU counts "
+              "(docs/scaling.md); the values agree to float tolerance",
+    "chunk_size": "tokens per batched VJP: performance only (the same values to float tolerance)",
+    "max_memory": "the memory budget of --chunk-size auto: performance only",
+    "figures": "decided when the run is finished (gmts merge may change it); a finished run is compared "
+               "with its manifest instead (FINISH_FIELDS)",
+    "fidelity": "decided when the run is finished (gmts merge may change it); a finished run is compared "
+                "with its manifest instead (FINISH_FIELDS)",
+}
+# options that only change what finishing the run writes: a finished run made with other values is
+# not "already complete" (inspect_directory compares them with its manifest's config)
+FINISH_FIELDS = ("figures", "fidelity")
 _TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".py", ".tiktoken", ".vocab", ".merges")
 _BLOCK = 64 * 1024
 _BLOCKS = 16
@@ -98,11 +119,10 @@ def model_fingerprint(name_or_path: str) -> dict[str, Any]:
 
 
 def result_config(cfg: ProbeConfig) -> dict[str, Any]:
-    """The configuration fields that change results (``probes`` only for a sketch)."""
-    d = {k: getattr(cfg, k) for k in RESULT_FIELDS}
-    if cfg.grad_norm == "sketch":
-        d["probes"] = cfg.probes
-    return d
+    """The configuration part of the fingerprint: every field of ``cfg`` but :data:`NOT_IN_FINGERPRINT`."""
+    import dataclasses
+
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NOT_IN_FINGERPRINT}
 
 
 @dataclass
@@ -196,8 +216,11 @@ def recover_work_area(out: Path) -> None:
                         out, work, out)
 
 
-def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
+def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool, finishing: dict | None = None) -> str:
     """What to do with ``out``: ``fresh``, ``resume``, ``complete`` or ``overwrite``.
+
+    ``finishing``: the :data:`FINISH_FIELDS` of this job; a finished run of the same fingerprint
+    made with other values is not ``complete`` (refused, naming them).
 
     Raises :class:`GmtsError` when ``out`` holds anything else than this run (another
     model, rollouts or configuration, or files that are not a run) and not ``overwrite``.
@@ -215,6 +238,12 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
     manifest = _read_json_or_none(out / "manifest.json") if (out / "manifest.json").exists() else None
     if manifest is not None and (out / "tokens.parquet").exists():
         if manifest.get("run_hash") == fp.run_hash:
+            old_cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+            changed = [f"--{k} {old_cfg.get(k)} -> {v}" for k, v in (finishing or {}).items()
+                       if k in old_cfg and old_cfg.get(k) != v]
+            if changed:
+                raise GmtsError(f"{out}: holds this run finished with other settings ({'; '.join(changed)}); "
+                                "pass --overwrite to redo it (or gmts figures / gmts stats on it)")
             return "complete"
         old = manifest.get("run_fingerprint")
         why = "; ".join(fp.differences(old)) if isinstance(old, dict) else "an earlier run"
