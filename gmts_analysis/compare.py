@@ -320,8 +320,9 @@ def _run_names(dirs: Sequence[Path]) -> list[str]:
 def checkpoint_series(model: str) -> list[str] | None:
     """The checkpoints named by ``--model``: a comma-separated list, or a directory holding
     checkpoint directories (each with a config.json) that is not itself a model (sorted by the
-    step in their names, then by name); ``None`` for a single model."""
-    if "," in model:
+    step in their names, then by name); ``None`` for a single model. An existing path is never
+    split at its commas (a checkpoint directory may be named ``lr=1e-6,bs=64``)."""
+    if "," in model and not os.path.lexists(model):
         items = [m.strip() for m in model.split(",") if m.strip()]
         if len(items) < 2:
             raise GmtsError(f"--model {model!r}: a checkpoint list needs at least two names separated by commas")
