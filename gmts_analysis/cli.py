@@ -101,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     debug = bool(getattr(args, "debug", False))
     try:
+        from gmts_analysis.validate import validate_namespace
+
+        validate_namespace(args.command, args)  # every option in its domain before any work
         rc = args.func(args)
     except GmtsError as e:
         if debug:
