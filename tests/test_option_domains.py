@@ -125,3 +125,37 @@ def test_option_domains_out_with_dotdot_leaves_no_stray_directory(tmp_path, monk
     assert_one_line_error(*run_cli(["probe", "--model", "tiny", "--rollouts", "r.jsonl", "--out", "nope/../run"]),
                           "nope")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl"]
+
+
+# ---------------------------------------------------------------- 7. --config within limits
+
+_BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi"))
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("bomb.yaml", _BOMB.encode(), "anchors"),
+    ("alias.yaml", b"rho: &r 0.3\nclip_low: *r\n", "anchors"),
+    ("utf16.yaml", "rho: 0.3\n".encode("utf-16"), "UTF-16"),
+    ("latin1.yaml", "verifier: caf\xe9\n".encode("latin-1"), "not valid UTF-8"),
+    ("deep.yaml", b"rho: " + b"[" * 3000 + b"]" * 3000 + b"\n", "nested deeper"),
+    ("deepmap.yaml", b"".join(b"  " * i + b"k%d:\n" % i for i in range(40)) + b"  " * 40 + b"v\n", "nested deeper"),
+    ("huge.yaml", b"# " + b"x" * (2 << 20) + b"\n", "larger than"),
+    ("int.yaml", b"seed: " + b"9" * 5000 + b"\n", "digits"),
+])
+def test_config_limits_refused_in_one_line_with_bounded_memory(tmp_path, name, content, needle):
+    import tracemalloc
+
+    f = tmp_path / name
+    f.write_bytes(content)
+    tracemalloc.start()
+    try:
+        rc, err = run_cli(["probe", "--config", str(f), "--model", "tiny", "--rollouts", str(f), "--out",
+                           str(tmp_path / "run")])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    line = assert_one_line_error(rc, err, needle)
+    assert name in line
+    assert peak < 64 * 2**20, peak
+    assert not (tmp_path / "run").exists()
