@@ -109,7 +109,9 @@ def find_runs(paths: Sequence[str | os.PathLike]) -> list[Path]:
             continue
         if not p.is_dir():
             raise GmtsError(f"{p}: not a run directory (no stats.json)")
-        subs = sorted((d for d in p.iterdir() if d.is_dir() and (d / "stats.json").is_file()), key=_natural)
+        # hidden directories (a job's staging or work area, .git) are never runs of the comparison
+        subs = sorted((d for d in p.iterdir() if not d.name.startswith(".") and d.is_dir() and not d.is_symlink()
+                       and (d / "stats.json").is_file()), key=_natural)
         if not subs:
             raise GmtsError(f"{p}: neither a run (no stats.json) nor a directory of runs")
         out.extend(subs)

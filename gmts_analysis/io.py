@@ -165,6 +165,7 @@ POLICY_ENTRIES = frozenset({
     "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
     "special_tokens_map.json", "card.json", "README.md", "chat_template.jinja",
 })
+COMPARE_ENTRIES = frozenset({"compare.parquet", "compare.json", "compare.html", "figures"})
 _TMP_NAME = re.compile(r"^\..+\.tmp$")  # atomic_write_* temporaries
 
 
@@ -214,8 +215,11 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
         raise GmtsError(f"{out}: exists and is not a directory")
     if not any(out.iterdir()):
         return
-    allowed, marker, what = ((RUN_ENTRIES, _is_run_marker, "a gmts run") if kind == "run"
-                             else (POLICY_ENTRIES, _is_policy_marker, "a gmts toy policy"))
+    allowed, marker, what = {
+        "run": (RUN_ENTRIES, _is_run_marker, "a gmts run"),
+        "policy": (POLICY_ENTRIES, _is_policy_marker, "a gmts toy policy"),
+        "compare": (COMPARE_ENTRIES, lambda d: (d / "compare.json").is_file(), "a gmts comparison"),
+    }[kind]
     foreign = foreign_entries(out, allowed)
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
@@ -224,6 +228,30 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
     if not marker(out):
         raise GmtsError(f"{out}: is not empty and is not {what} (no manifest.json or run.json of gmts); "
                         "gmts never replaces such a directory: choose another output directory")
+
+
+def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, overwrite: bool = False,
+                      inputs: dict[str, Any] | None = None) -> Path:
+    """Refuse an output file that would replace an input (``inputs``: ``{"--prompts": path}``, always
+    refused), a directory, or an existing file :func:`is_ours_file` does not recognise as one gmts
+    wrote, unless ``overwrite``. Returns the path; nothing is created."""
+    p = Path(path)
+    for name, ip in (inputs or {}).items():
+        if ip is not None and os.path.lexists(ip) and os.path.lexists(p) and os.path.samefile(ip, p):
+            raise GmtsError(f"{flag} {path}: is the same file as {name} {ip}; write the output elsewhere")
+    if p.is_symlink():
+        raise GmtsError(f"{flag} {path}: is a symbolic link (to {os.readlink(p)}); give the file itself")
+    if p.is_dir():
+        raise GmtsError(f"{flag} {path}: is a directory; expected a file name")
+    if p.exists() and not overwrite:
+        try:
+            ours = bool(is_ours_file(p))
+        except Exception:  # unreadable, not JSON, ...: not recognisably ours
+            ours = False
+        if not ours:
+            raise GmtsError(f"{flag} {path}: exists and was not written by gmts; pass --overwrite to replace it, "
+                            "or choose another file name")
+    return p
 
 
 def check_output_location(out: str | os.PathLike, inputs: dict[str, str | os.PathLike | None] | None = None,
@@ -560,7 +588,7 @@ def staged_directory(out: str | os.PathLike, overwrite: bool = False, kind: str 
             mark_ours(tmp, "staging", out)
             yield tmp
             os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: honour the umask like mkdir
-            if kind == "run":  # what we wrote: recognised as ours later, whatever new files runs gain
+            if kind in ("run", "compare"):  # what we wrote: recognised as ours later, whatever new files runs gain
                 atomic_write_json(tmp / RUN_LISTING, sorted(c.name for c in tmp.iterdir()
                                                             if not _TMP_NAME.match(c.name) and c.name != OWNER_MARKER))
             swap_in(tmp, out, kind)

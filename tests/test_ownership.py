@@ -245,3 +245,130 @@ def test_known_os_errors_are_plain_messages(model_dir, rollouts, tmp_path, monke
     assert "unexpected" not in line
     assert not (tmp_path / "run" / "manifest.json").exists()  # the work area is back, resumable
     assert (tmp_path / "run" / "run.json").is_file()
+
+
+# ---------------------------------------------------------------- 5. every writer checks its target
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, model_dir):
+    d = tmp_path_factory.mktemp("fin")
+    r = write_rollouts(d / "r.jsonl", sizes=(2, 3))
+    assert run_cli(probe(model_dir, r, d / "run"))[0] == 0
+    return d / "run"
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    import shutil
+
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_every_writer_checks_its_target_stats_out_writes_only_the_named_file(finished, tmp_path):
+    run = _copy_run(finished, tmp_path / "run")
+    (tmp_path / "estimators.csv").write_text("the user's own table")
+    before = snapshot(tmp_path)
+    assert run_cli(["stats", str(run), "--out", str(tmp_path / "s.json"), "--n-boot", "10", "-q"])[0] == 0
+    after = snapshot(tmp_path)
+    assert set(after) - set(before) == {"s.json"}
+    assert {k: after[k] for k in before} == before  # no sibling estimators.csv, nothing else changed
+    # a second time: the file is ours (a stats JSON), replaced
+    assert run_cli(["stats", str(run), "--out", str(tmp_path / "s.json"), "--n-boot", "10", "-q"])[0] == 0
+    # a file of the user's: refused without --overwrite, bytes kept
+    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["stats", str(run), "--out", str(tmp_path / "notes.json"), "-q"]),
+                          "not written by gmts", "--overwrite")
+    assert_one_line_error(*run_cli(["stats", str(run), "--out", str(run / "manifest.json"), "--overwrite", "-q"]),
+                          "same file")
+    assert_untouched(before, snapshot(tmp_path))
+    assert run_cli(["stats", str(run), "--out", str(tmp_path / "notes.json"), "--overwrite", "--n-boot", "10",
+                    "-q"])[0] == 0
+
+
+def test_every_writer_checks_its_target_sample_out_is_never_prompts(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "What is 2+2?", "answer": "4"}\n')
+    before = snapshot(tmp_path)
+    for extra in ((), ("--overwrite",)):
+        assert_one_line_error(*run_cli(["sample", "--model", "tiny", "--prompts", str(prompts), "--out", str(prompts),
+                                        "--device", "cpu", "-q", *extra]), "same file", "--prompts")
+    (tmp_path / "mine.jsonl").write_text('{"a": 1}\n')
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["sample", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "1",
+                                    "--out", str(tmp_path / "mine.jsonl"), "--device", "cpu", "-q"]),
+                          "not written by gmts")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_every_writer_checks_its_target_compare_out_over_user_files(finished, tmp_path):
+    a, b = _copy_run(finished, tmp_path / "a"), _copy_run(finished, tmp_path / "b")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "compare.html").write_text("my page")
+    (mine / "paper.tex").write_text("mine")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["compare", str(a), str(b), "--out", str(mine), "--no-figures", "-q"]),
+                          "did not write", "paper.tex")
+    assert_untouched(before, snapshot(tmp_path))
+    out = tmp_path / "cmp"
+    for _ in range(2):  # a comparison of ours is replaced whole
+        assert run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q"])[0] == 0
+    assert (out / "compare.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "a", "b", "cmp", "mine"]
+
+
+def test_every_writer_checks_its_target_figures_to_a_dir_of_user_files(finished, tmp_path):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "holiday.png").write_bytes(b"\x89PNG mine")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["figures", str(finished), "--to", str(mine), "-q"]), "did not write", "holiday.png")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_every_writer_checks_its_target_api_save_refuses_a_directory_not_ours(finished, tmp_path):
+    import gmts_analysis as gmts
+    from gmts_analysis.errors import GmtsError
+
+    run = gmts.load_run(finished)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("mine")
+    before = snapshot(tmp_path)
+    for overwrite in (False, True):
+        with pytest.raises(GmtsError, match="did not write"):
+            run.save(mine, figures=False, overwrite=overwrite)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+# ---------------------------------------------------------------- 8. the smaller points
+
+
+def test_smaller_points_compare_dir_skips_hidden_staging_directories(finished, tmp_path):
+    root = tmp_path / "runs"
+    root.mkdir()
+    _copy_run(finished, root / "r1")
+    _copy_run(finished, root / "r2")
+    _copy_run(finished, root / ".r3.AbCd1234.partial")  # a job's staging area, not a run of the series
+    from gmts_analysis.compare import compare_runs
+
+    cmp = compare_runs([str(root)])
+    assert len(cmp.runs) == 2
+
+
+def test_smaller_points_tampered_stats_json_names_the_file(finished, tmp_path):
+    import gmts_analysis as gmts
+    from gmts_analysis.errors import GmtsError
+
+    run_dir = _copy_run(finished, tmp_path / "run")
+    import json
+
+    stats = json.loads((run_dir / "stats.json").read_text())
+    stats["meta"]["n_tokens"] = "many"
+    stats["headline"] = [1, 2]
+    (run_dir / "stats.json").write_text(json.dumps(stats))
+    run = gmts.load_run(run_dir)
+    with pytest.raises(GmtsError, match="stats.json"):
+        run.report()
