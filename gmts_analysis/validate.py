@@ -311,6 +311,18 @@ def _positive_finite(flag: str, v: Any) -> None:
         raise GmtsError(f"{flag}: must be a finite number > 0, got {v}")
 
 
+def _nonneg_finite(flag: str, v: Any) -> None:
+    x = _float_value(flag, v)
+    if not (math.isfinite(x) and x >= 0):
+        raise GmtsError(f"{flag}: must be a finite number >= 0, got {v}")
+
+
+def _difficulty(flag: str, v: Any) -> None:
+    n = _int_value(flag, v)
+    if not 1 <= n <= 3:
+        raise GmtsError(f"{flag}: must be a difficulty level 1, 2 or 3, got {v}")
+
+
 def _rho(flag: str, v: Any) -> None:
     x = _float_value(flag, v)
     if not (math.isfinite(x) and 0 < x <= 1):
@@ -417,10 +429,11 @@ OPTION_DOMAINS: dict[str, Any] = {
     "num_prompts": _int_at_least(1), "group_size": _int_at_least(2), "max_new_tokens": _int_at_least(1),
     "answers_per_chunk": _int_at_least(1), "domains": _domains, "verifier": _verifier, "model": _model,
     "out": _output_path, "to": _output_path, "prompts": _input_file,
-    "rollouts": _input_path, "difficulty": _int_at_least(1),
+    "rollouts": _input_path, "difficulty": _difficulty,
     "batch_size": _int_at_least(1), "n_boot": _int_at_least(1), "max_answers": _int_at_least(1),
     "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),
-    "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1), "diag_every": _int_at_least(1),
+    "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1), "diag_every": _int_at_least(0),  # 0: never
+   
     "diag_answers": _int_at_least(1), "threads": _int_at_least(1), "layers": _int_at_least(1),
     "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(1), "naive_full_max": _int_at_least(1),
     "max_memory": _int_at_least(1), "lengths": _int_list, "probes": _int_list, "models": _input_path,
@@ -429,6 +442,8 @@ COMMAND_DOMAINS: dict[str, dict[str, Any]] = {
     "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None},  # validate_options
     "bench": {"models": None},  # names or paths: checked when each loads
     "rl": {"figures": _output_path},
+    "sample": {"temperature": _nonneg_finite, "group_size": _int_at_least(1)},  # 0: greedy; one answer per prompt
+    "stats": {"n_boot": _int_at_least(0)},  # 0: no confidence intervals
 }
 
 
