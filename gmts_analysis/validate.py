@@ -155,6 +155,61 @@ def check_answers(answers: Sequence[Any], model_name: str) -> None:
                             f"of --model {model_name} has no usable vocabulary")
     if answers and not any(a.response_ids for a in answers):
         raise GmtsError(f"{answers[0].where.rsplit(':', 1)[0]}: every response is empty (0 tokens): nothing to probe")
+    coerce_ids(answers)
+    check_extra_columns(answers)
+
+
+def coerce_ids(answers: Sequence[Any]) -> None:
+    """Integer ``answer_id`` / ``group_id`` values outside int64 cannot be a parquet integer: when
+    any answer has one, that field becomes a string in every answer (``2**64`` -> ``"18446744073709551616"``),
+    decided once for the whole input so every chunk writes the same type (docs/definitions.md section 7)."""
+    for name in ("answer_id", "group_id"):
+        vals = [getattr(a, name, None) for a in answers]
+        if any(isinstance(v, int) and not isinstance(v, bool) and not -2**63 <= v < 2**63 for v in vals):
+            for a in answers:
+                v = getattr(a, name, None)
+                if v is not None and not isinstance(v, str):
+                    setattr(a, name, str(v))
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, int):
+        return "int"
+    if isinstance(v, float):
+        return "float"
+    return type(v).__name__
+
+
+def check_extra_columns(answers: Sequence[Any]) -> None:
+    """The rollouts' own extra columns, kept in answers.parquet as given, must each be one parquet
+    type: refused at read time (before any answer is probed) when a column mixes types between
+    rows (an int here, a string there) or holds an integer outside int64, naming the file, the
+    column and the two rows. Ints mixed with floats are fine (stored as float); nulls are fine."""
+    import pyarrow as pa
+
+    keys: list[str] = []
+    for a in answers:
+        keys.extend(k for k in getattr(a, "extra", {}) if k not in keys)
+    for k in keys:
+        vals = [(a, a.extra[k]) for a in answers if k in a.extra and a.extra[k] is not None]
+        big = next(((a, v) for a, v in vals if isinstance(v, int) and not isinstance(v, bool)
+                    and not -2**63 <= v < 2**63), None)
+        if big is not None:
+            raise GmtsError(f"{big[0].where}: column '{k}' holds the integer {big[1]}, outside int64; write it "
+                            "as a string, or drop the column")
+        try:
+            pa.array([v for _, v in vals])
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            first = vals[0]
+            kinds = {"int": "number", "float": "number"}
+            other = next(((a, v) for a, v in vals if kinds.get(_kind(v), _kind(v)) != kinds.get(_kind(first[1]),
+                                                                                               _kind(first[1]))),
+                         vals[-1])
+            raise GmtsError(f"{other[0].where}: column '{k}' is {_kind(other[1])} here but {_kind(first[1])} at "
+                            f"{first[0].where}; an extra column must have one type in every row (make it "
+                            "one type, or drop the column)") from None
 
 
 def check_finite(cols: Mapping[str, Any], where: str, allow_nan: Sequence[str] = ()) -> None:

@@ -169,3 +169,53 @@ def test_config_limits_refused_in_one_line_with_bounded_memory(tmp_path, name, c
     assert name in line
     assert peak < 64 * 2**20, peak
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- 6. columns coerced or refused at read time
+
+
+def _rows(**extra_by_row):
+    import json
+
+    rows = []
+    for g in range(2):
+        for j in range(2):
+            i = 2 * g + j
+            r = {"prompt_ids": [1, 5, 6], "response_ids": [7, 8, 9], "reward": float(j), "group_id": f"g{g}",
+                 "answer_id": f"a{i}", "extra": 1}
+            r.update({k: v[i] for k, v in extra_by_row.items()})
+            rows.append(json.dumps(r) + "\n")
+    return "".join(rows)
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("mixed.jsonl", _rows(extra=[1, 2, "x", 4]), "column 'extra' is str here but int"),
+    ("bigint.jsonl", _rows(extra=[1, 2, 3, 2**64]), "outside int64"),
+])
+def test_columns_at_read_time_refused_before_any_answer_is_probed(tiny_model_dirs, tmp_path, monkeypatch, name,
+                                                                   content, needle):
+    def no_probe(*a, **k):
+        raise AssertionError("answers were probed before the bad column was refused")
+
+    monkeypatch.setattr("gmts_analysis.sharding.run.probe_share", no_probe)
+    f = tmp_path / name
+    f.write_text(content)
+    before = snapshot(tmp_path)
+    line = assert_one_line_error(*run_cli(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(f),
+                                           "--out", str(tmp_path / "run"), "--device", "cpu", "--quiet"]), needle)
+    assert name in line
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_columns_at_read_time_ids_beyond_int64_are_kept_as_strings(tiny_model_dirs, tmp_path):
+    import pandas as pd
+
+    f = tmp_path / "r.jsonl"
+    f.write_text(_rows(answer_id=[2**64, 3, 4, 5], group_id=[2**70, 2**70, 1, 1]))
+    out = tmp_path / "run"
+    rc, err = run_cli(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(f), "--out", str(out),
+                       "--device", "cpu", "--grad-norm", "none", "--fidelity", "off", "--no-figures", "--quiet"])
+    assert rc == 0, err
+    a = pd.read_parquet(out / "answers.parquet")
+    assert a["answer_id"].tolist() == [str(2**64), "3", "4", "5"]
+    assert set(pd.read_parquet(out / "tokens.parquet")["group_id"]) == {str(2**70), "1"}
