@@ -230,11 +230,12 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
                         "gmts never replaces such a directory: choose another output directory")
 
 
-def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, overwrite: bool = False,
+def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, overwrite: bool | None = False,
                       inputs: dict[str, Any] | None = None) -> Path:
     """Refuse an output file that would replace an input (``inputs``: ``{"--prompts": path}``, always
     refused), a directory, or an existing file :func:`is_ours_file` does not recognise as one gmts
-    wrote, unless ``overwrite``. Returns the path; nothing is created."""
+    wrote, unless ``overwrite`` (None: the command has no --overwrite, none is suggested). Returns the
+    path; nothing is created."""
     p = Path(path)
     for name, ip in (inputs or {}).items():
         if ip is not None and os.path.lexists(ip) and os.path.lexists(p) and os.path.samefile(ip, p):
@@ -249,8 +250,8 @@ def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, ove
         except Exception:  # unreadable, not JSON, ...: not recognisably ours
             ours = False
         if not ours:
-            raise GmtsError(f"{flag} {path}: exists and was not written by gmts; pass --overwrite to replace it, "
-                            "or choose another file name")
+            hint = "pass --overwrite to replace it, or choose" if overwrite is not None else "choose"
+            raise GmtsError(f"{flag} {path}: exists and was not written by gmts; {hint} another file name")
     return p
 
 

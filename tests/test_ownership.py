@@ -372,3 +372,20 @@ def test_smaller_points_tampered_stats_json_names_the_file(finished, tmp_path):
     run = gmts.load_run(run_dir)
     with pytest.raises(GmtsError, match="stats.json"):
         run.report()
+
+
+def test_every_writer_checks_its_target_rl_out_and_its_runs_directory(tmp_path, monkeypatch):
+    def no_model(*a, **k):
+        raise AssertionError("training started before the target was checked")
+
+    monkeypatch.setattr("gmts_analysis.models.load_model", no_model)
+    mine = tmp_path / "mine.json"
+    mine.write_text('{"my": "results"}')
+    (tmp_path / "exp.runs").mkdir()
+    (tmp_path / "exp.runs" / "draft.tex").write_text("mine")
+    before = snapshot(tmp_path)
+    base = ["rl", "--model", "tiny", "--max-steps", "1", "--device", "cpu", "--figures", "none", "-q"]
+    line = assert_one_line_error(*run_cli([*base, "--out", str(mine)]), "not written by gmts")
+    assert "--overwrite" not in line  # gmts rl has none
+    assert_one_line_error(*run_cli([*base, "--out", str(tmp_path / "exp.json")]), "did not write", "draft.tex")
+    assert_untouched(before, snapshot(tmp_path))
