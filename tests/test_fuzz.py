@@ -406,6 +406,12 @@ def test_command_sequences_touch_only_their_outputs_and_leave_consistent_runs(st
             assert "Traceback" not in err and rc in (0, 2), (kind, rc, err[-2000:])
             if rc == 2:
                 assert_one_line_error(rc, err)
+            if kind == "killed":  # rerun at once with other options: refused, or a run of one configuration
+                rerun = [x for x in argv if x != "--overwrite"]
+                i = rerun.index(_SEQ_OPTIONS[opt][0]) if _SEQ_OPTIONS[opt] else len(rerun)
+                rerun[i:i + len(_SEQ_OPTIONS[opt])] = _SEQ_OPTIONS[(opt + 3) % len(_SEQ_OPTIONS)]
+                rc, err = run_cli(rerun)
+                assert "Traceback" not in err and rc in (0, 2), (kind, rc, err[-2000:])
             if kind in ("killed", "disk_full") and rc == 2 and (before.get(f"{run}/manifest.json")):
                 # a failed replacement leaves the previous finished run byte for byte
                 assert {k: v for k, v in snapshot(root).items() if k == run or k.startswith(run + "/")} == {
