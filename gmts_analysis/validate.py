@@ -489,13 +489,14 @@ OPTION_DOMAINS: dict[str, Any] = {
     "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),
     "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1), "diag_every": _int_at_least(0),  # 0: never
     "diag_answers": _int_at_least(1), "threads": _int_at_least(1), "layers": _int_at_least(1),
-    "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(1), "naive_full_max": _int_at_least(1),
+    "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(2),
+    "naive_full_max": _int_at_least(0),  # 0: no full naive reference
     "max_memory": _int_at_least(1), "lengths": _int_list, "probes": _int_list, "models": _input_path,
 }
 COMMAND_DOMAINS: dict[str, dict[str, Any]] = {
     "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None},  # validate_options
     "bench": {"models": None},  # names or paths: checked when each loads
-    "rl": {"figures": _output_path},
+    "rl": {"figures": _output_path, "max_steps": _int_at_least(0)},  # 0: evaluate the start only (RLConfig)
     "sample": {"temperature": _nonneg_finite, "group_size": _int_at_least(1)},  # 0: greedy; one answer per prompt
     "stats": {"n_boot": _int_at_least(0)},  # 0: no confidence intervals
 }

@@ -19,14 +19,15 @@ BAD = {
     "model": "{file}", "out": "{under_file}", "to": "{under_file}", "figures": "{under_file}", "prompts": "{missing}",
     "rollouts": "{missing}", "difficulty": "0", "batch_size": "0", "n_boot": "0", "max_answers": "0",
     "max_steps": "0", "lr": "-1", "prompts_per_domain": "0", "eval_every": "0", "eval_prompts": "0",
-    "diag_every": "-1", "diag_answers": "0", "threads": "0", "layers": "0", "prompt_len": "0", "naive_tokens": "0",
-    "naive_full_max": "0", "max_memory": "0", "lengths": "8,x", "probes": "1", "config": "{missing}",
+    "diag_every": "-1", "diag_answers": "0", "threads": "0", "layers": "0", "prompt_len": "0", "naive_tokens": "1",
+    "naive_full_max": "-1", "max_memory": "0", "lengths": "8,x", "probes": "1", "config": "{missing}",
     "clip_low": "1", "clip_high": "-0.5", "clip_ratio_c": "1", "kl_beta": "-1", "vllm_is_min": "-1",
     "vllm_is_max": "0", "max_len": "0", "chunk_size": "0", "num_generations": "0", "max_completion_length": "0",
     "steps": "x-y", "reward_columns": "a,,b", "reward_weights": "1,2", "loss_type": "cispo",
 }
 BAD_BY_COMMAND = {("bench", "probes"): "8,0", ("rl", "seed"): "-1", ("sample", "temperature"): "-0.5",
-                  ("sample", "group_size"): "0", ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4"}
+                  ("sample", "group_size"): "0", ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4",
+                  ("rl", "max_steps"): "-1"}
 
 # options without an out-of-domain value, with the reason
 NO_BAD_VALUE = {
@@ -94,11 +95,12 @@ def test_option_domains_refused_before_the_model_loads(command, flag, dest, choi
 
 
 @pytest.mark.parametrize("argv", [["sample", "--temperature", "0"], ["sample", "--group-size", "1"],
-                                  ["stats", "--n-boot", "0"], ["sample", "--difficulty", "3"]])
+                                  ["stats", "--n-boot", "0"], ["sample", "--difficulty", "3"],
+                                  ["rl", "--max-steps", "0"], ["rl", "--diag-every", "0"]])
 def test_option_domains_edges_inside_the_domain_are_accepted(argv):
     from gmts_analysis.validate import validate_namespace
 
-    ns = build_parser().parse_args([argv[0], *(["RUN"] if argv[0] == "stats" else ["--out", "x.jsonl"]), *argv[1:]])
+    ns = build_parser().parse_args([argv[0], *(["RUN"] if argv[0] == "stats" else ["--out", "x.json"]), *argv[1:]])
     validate_namespace(argv[0], ns)
 
 
