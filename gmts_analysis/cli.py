@@ -12,6 +12,7 @@ and so is a usage error (an unknown flag or a bad flag value).
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import os
@@ -58,6 +59,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_KNOWN_OS_ERRORS = {
+    errno.ENOSPC: "no space left on the device; free some space and run the same command again (a probe "
+                  "resumes where it stopped; nothing finished was replaced)",
+    errno.EDQUOT: "disk quota exceeded; free some space and run the same command again (a probe resumes "
+                  "where it stopped; nothing finished was replaced)",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "the file system is read-only",
+}
+
+
+def os_error_message(e: OSError) -> str | None:
+    """A plain one-line message for a known condition of the system (disk full, quota, permission,
+    read-only file system) naming the path at fault; None for any other OSError."""
+    what = _KNOWN_OS_ERRORS.get(e.errno)
+    if what is None:
+        return None
+    where = e.filename if e.filename is not None else None
+    return f"{where}: {what}" if where else what
+
+
 def _version() -> str:
     from gmts_analysis import __version__
 
@@ -79,6 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     debug = bool(getattr(args, "debug", False))
     try:
+        from gmts_analysis.validate import validate_namespace
+
+        validate_namespace(args.command, args)  # every option in its domain before any work
         rc = args.func(args)
     except GmtsError as e:
         if debug:
@@ -88,6 +113,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("gmts: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        plain = os_error_message(e)
+        if plain is None or debug:
+            if debug:
+                raise
+            print(f"gmts: error: unexpected {type(e).__name__}: {_one_line(e) or '(no message)'} "
+                  f"(rerun with gmts --debug {args.command} ... for the traceback)", file=sys.stderr)
+            return 2
+        print(f"gmts: error: {plain}", file=sys.stderr)
+        return 2
     except Exception as e:  # a bug or an input we do not check yet: one line, traceback with --debug
         if debug:
             raise

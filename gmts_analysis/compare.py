@@ -109,7 +109,9 @@ def find_runs(paths: Sequence[str | os.PathLike]) -> list[Path]:
             continue
         if not p.is_dir():
             raise GmtsError(f"{p}: not a run directory (no stats.json)")
-        subs = sorted((d for d in p.iterdir() if d.is_dir() and (d / "stats.json").is_file()), key=_natural)
+        # hidden directories (a job's staging or work area, .git) are never runs of the comparison
+        subs = sorted((d for d in p.iterdir() if not d.name.startswith(".") and d.is_dir() and not d.is_symlink()
+                       and (d / "stats.json").is_file()), key=_natural)
         if not subs:
             raise GmtsError(f"{p}: neither a run (no stats.json) nor a directory of runs")
         out.extend(subs)
@@ -320,8 +322,9 @@ def _run_names(dirs: Sequence[Path]) -> list[str]:
 def checkpoint_series(model: str) -> list[str] | None:
     """The checkpoints named by ``--model``: a comma-separated list, or a directory holding
     checkpoint directories (each with a config.json) that is not itself a model (sorted by the
-    step in their names, then by name); ``None`` for a single model."""
-    if "," in model:
+    step in their names, then by name); ``None`` for a single model. An existing path is never
+    split at its commas (a checkpoint directory may be named ``lr=1e-6,bs=64``)."""
+    if "," in model and not os.path.lexists(model):
         items = [m.strip() for m in model.split(",") if m.strip()]
         if len(items) < 2:
             raise GmtsError(f"--model {model!r}: a checkpoint list needs at least two names separated by commas")

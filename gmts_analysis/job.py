@@ -16,6 +16,7 @@ The sampled rows are kept in the finished directory as ``rollouts.jsonl``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,32 @@ def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str
     return run_sharded(cfg, extra=extra, extra_files=extra_files)
 
 
+SAMPLE_STEM = "gmts-sample"
+
+
 def sample_work_dir(out: str | Path) -> Path:
-    """Where ``gmts run`` keeps its sampled rollouts until the run is finished (a hidden sibling)."""
+    """Where ``gmts run`` keeps its sampled rollouts until the run is finished: a hidden sibling of
+    ours (by its marker; :func:`gmts_analysis.io.ours_beside`), or the name a new one gets."""
+    from gmts_analysis import io
+
     out = Path(out)
-    return out.parent / f".{out.name}.gmts-sample"
+    found = io.ours_beside(out, "sample", SAMPLE_STEM)
+    if found:
+        return found[0]
+    plain = out.parent / f".{out.name}.{SAMPLE_STEM}"
+    return plain if not os.path.lexists(plain) else io.fresh_sibling_name(out, SAMPLE_STEM)
+
+
+def _own_work_dir(out: str | Path) -> Path:
+    """:func:`sample_work_dir`, created with our marker when absent; a look-alike without it
+    (someone else's) is never written into or removed."""
+    from gmts_analysis import io
+
+    work = sample_work_dir(out)
+    if not os.path.lexists(work):
+        work.mkdir(parents=True)
+        io.mark_ours(work, "sample", out)
+    return work
 
 
 def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool) -> Path:
@@ -50,7 +73,7 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
     else sampled and written (atomically) with its parameters beside it."""
     from gmts_analysis import io
 
-    work = sample_work_dir(cfg.out)
+    work = _own_work_dir(cfg.out)
     path, params = work / SAMPLE_ROLLOUTS, work / "sampling.json"
     key = {"model": cfg.model, **sampling}
     if path.exists() and params.exists():
@@ -66,7 +89,6 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
                   group_size=sampling["group_size"], temperature=sampling["temperature"],
                   max_new_tokens=sampling["max_new_tokens"], seed=sampling["seed"], device=sampling["device"],
                   progress=progress, offline=bool(getattr(cfg, "offline", False)))
-    work.mkdir(parents=True, exist_ok=True)
     io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     io.atomic_write_json(params, key)
     return path
@@ -86,10 +108,12 @@ def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
 def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     import dataclasses
 
+    from gmts_analysis import io
+
     out = Path(cfg.out)
     key = json.loads(_json({"model": cfg.model, **sampling}))
     work = sample_work_dir(out)
-    if (out / SAMPLE_ROLLOUTS).exists() and not work.exists() and not cfg.overwrite:
+    if (out / SAMPLE_ROLLOUTS).exists() and not io.is_ours(work, "sample", out) and not cfg.overwrite:
         # a finished gmts run: if it is this sampling, its rollouts.jsonl is the input again
         # (the job then finds the run complete, or refuses a different configuration)
         try:
@@ -99,6 +123,7 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
         if old == key:
             from gmts_analysis import io
 
+            work = _own_work_dir(out)
             io.atomic_write_text(work / SAMPLE_ROLLOUTS, (out / SAMPLE_ROLLOUTS).read_text(encoding="utf-8"))
             io.atomic_write_json(work / "sampling.json", key)
     rollouts = _sampled_rollouts(cfg, sampling, progress=not cfg.quiet)
@@ -106,7 +131,7 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
                        extra={"job": "gmts run", "sampling": key,
                               **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}},
                        extra_files={SAMPLE_ROLLOUTS: rollouts})
-    if (out / "manifest.json").exists():
+    if (out / "manifest.json").exists() and io.is_ours(work, "sample", out):
         shutil.rmtree(work, ignore_errors=True)
     return result
 

@@ -283,6 +283,71 @@ def _dests_given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[st
 # ------------------------------------------------------------------------ --config FILE.yaml
 
 
+#: limits of a --config file: a flat mapping of options needs none of these to be large
+CONFIG_MAX_BYTES = 1 << 20
+CONFIG_MAX_DEPTH = 16
+
+
+def _limited_loader(path: str) -> type:
+    """A ``yaml.SafeLoader`` that refuses anchors and aliases (a few hundred bytes of nested aliases
+    expand to billions of nodes) and nesting deeper than :data:`CONFIG_MAX_DEPTH`."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        depth = 0
+
+        def compose_node(self, parent, index):  # noqa: D102
+            if self.check_event(yaml.AliasEvent):
+                ev = self.peek_event()
+                raise GmtsError(f"{CONFIG_FLAG} {path}: line {ev.start_mark.line + 1}: YAML aliases (*{ev.anchor}) "
+                                "are not accepted in a config file; write the values out")
+            ev = self.peek_event()
+            if getattr(ev, "anchor", None):
+                raise GmtsError(f"{CONFIG_FLAG} {path}: line {ev.start_mark.line + 1}: YAML anchors (&{ev.anchor}) "
+                                "are not accepted in a config file; write the values out")
+            self.depth += 1
+            if self.depth > CONFIG_MAX_DEPTH:
+                raise GmtsError(f"{CONFIG_FLAG} {path}: line {ev.start_mark.line + 1}: nested deeper than "
+                                f"{CONFIG_MAX_DEPTH} levels (a config file is a flat mapping of options)")
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+    return Loader
+
+
+def read_config_file(path: str) -> Any:
+    """The YAML (or JSON) value of a ``--config`` file, read within limits: at most
+    :data:`CONFIG_MAX_BYTES`, UTF-8, no anchors or aliases, nesting at most :data:`CONFIG_MAX_DEPTH`.
+    Every failure is a :class:`GmtsError` naming the file (and the line where YAML gives one)."""
+    import yaml
+
+    p = Path(path)
+    try:
+        with open(p, "rb") as f:
+            raw = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as e:
+        raise GmtsError(f"{CONFIG_FLAG} {path}: cannot read ({e.strerror or e})") from None
+    if len(raw) > CONFIG_MAX_BYTES:
+        raise GmtsError(f"{CONFIG_FLAG} {path}: larger than {CONFIG_MAX_BYTES // 1024} KiB; a config file is a "
+                        "short mapping of options")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        bom = " (it starts with a UTF-16 byte order mark: save it as UTF-8)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        raise GmtsError(f"{CONFIG_FLAG} {path}: not valid UTF-8 (byte {e.start + 1}){bom}") from None
+    try:
+        return yaml.load(text, Loader=_limited_loader(str(path)))  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise GmtsError(f"{CONFIG_FLAG} {path}:{where} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    except (RecursionError, ValueError, OverflowError) as e:
+        why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise GmtsError(f"{CONFIG_FLAG} {path}: cannot be read as options ({why})") from None
+
+
 def config_file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
     """The command-line tokens equivalent to a YAML (or JSON) config file, for ``parser``.
 
@@ -291,17 +356,7 @@ def config_file_args(parser: argparse.ArgumentParser, path: str) -> list[str]:
     ``env`` mapping sets environment variables, as TRL's ``TrlParser`` does (``env: {HF_HUB_OFFLINE: 1}``).
     Raises :class:`GmtsError` for an unreadable file, a nested mapping or unknown keys (all named).
     """
-    import yaml
-
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise GmtsError(f"{CONFIG_FLAG} {path}: cannot read ({e.strerror or e})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}" if mark is not None else ""
-        raise GmtsError(f"{CONFIG_FLAG} {path}:{where} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    data = read_config_file(path)
     if data is None:
         return []
     if not isinstance(data, dict):
@@ -417,6 +472,8 @@ class GmtsParser(argparse.ArgumentParser):
             expanded, path, file_tokens = _expand_config(self, argv)
         except GmtsError as e:
             self.error(str(e))
+        except (RecursionError, MemoryError, ValueError, TypeError) as e:  # a config value we cannot turn into flags
+            self.error(f"{CONFIG_FLAG}: cannot be read as options ({type(e).__name__}: {str(e)[:200]})")
         expanded, renamed = _rename_required(self, expanded)
         ns, rest = super().parse_known_args(expanded, namespace)
         if renamed:

@@ -521,12 +521,27 @@ JS = """
 
 
 def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
-    """The report of a run (a directory, or a run in memory) as one HTML string (see module docstring)."""
+    """The report of a run (a directory, or a run in memory) as one HTML string (see module docstring).
+
+    A stats.json or manifest.json whose values are not what gmts writes (edited by hand, damaged)
+    is a :class:`GmtsError` naming the run's files, not a raw exception from the rendering."""
+    from gmts_analysis.errors import GmtsError
     from gmts_analysis.plots import load_run
     from gmts_analysis.runs import RunTables
-    from gmts_analysis.stats import run_rho_key
 
     run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
+    try:
+        return _render_report(run, max_answers)
+    except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
+        where = f"{run.path}/stats.json or manifest.json" if run.path is not None else "the run's stats or manifest"
+        why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+        raise GmtsError(f"{where}: holds values gmts did not write, the report cannot be drawn "
+                        f"({type(e).__name__}: {why}); rerun gmts stats on the run to rewrite stats.json") from None
+
+
+def _render_report(run: Any, max_answers: int) -> str:
+    from gmts_analysis.stats import run_rho_key
+
     # the probe writes the report inside a staging directory: name the run after its final place
     out = run.manifest.get("config", {}).get("out") if isinstance(run.manifest.get("config"), Mapping) else None
     if run.path is None:

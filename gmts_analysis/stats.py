@@ -1040,11 +1040,13 @@ def kept_fidelity(old: Mapping[str, Any]) -> dict[str, Any]:
 
 def write_stats(run_dir: str | Path, stats: Mapping[str, Any], json_path: str | Path | None = None) -> list[Path]:
     """Write ``stats.json`` and the estimator ranking ``estimators.csv`` (atomically) into
-    ``run_dir`` (the JSON to ``json_path`` when given; the CSV beside it). Returns the paths."""
+    ``run_dir``; with ``json_path`` only that file (no sibling the caller did not name). Returns the paths."""
     from gmts_analysis.io import atomic_write_json, atomic_write_text
 
     jp = Path(json_path) if json_path is not None else Path(run_dir) / "stats.json"
     out = [atomic_write_json(jp, dict(stats))]
+    if json_path is not None:
+        return out
     table = estimator_table(stats)
     out.append(atomic_write_text(jp.parent / "estimators.csv", table.to_csv(index=False, float_format="%.6g")))
     return out

@@ -20,8 +20,9 @@ TOKEN_COLUMNS = (
 
 
 def id_column(values: list) -> list:
-    """Keep ids as ints when all are ints, else strings (parquet needs one type)."""
-    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+    """Keep ids as ints when all are ints within int64, else strings (parquet needs one type)."""
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and -2**63 <= int(v) < 2**63
+           for v in values):
         return [int(v) for v in values]
     return [str(v) for v in values]
 

@@ -288,3 +288,137 @@ def test_random_rollouts_finish_finite_or_fail_in_one_line(rows, options):
         out = root / "run"
         check_outcome(["probe", "--model", MODEL, "--rollouts", str(r), "--out", str(out), *FAST, *options],
                       root, out)
+
+
+# ---------------------------------------------------------------- command sequences over one directory tree (issue 22)
+#
+# Generated sequences of gmts commands (probe, probe killed after a chunk, probe failing late with
+# a full disk, rerun with changed options, --overwrite, stats, compare, sample) over one tree that
+# also holds the user's files and directories that look like ours. After every step: no byte
+# outside the step's named outputs changed (the named --out, its own hidden siblings, the files
+# it names), the look-alikes are intact, and every finished run is internally consistent.
+
+_SEQ_RUNS = ("A", "B")
+_SEQ_OPTIONS = ([], ["--temperature", "0.5"], ["--rho", "0.3"], ["--advantage", "batch"])
+_SEQ_STEP = st.one_of(
+    st.tuples(st.just("probe"), st.sampled_from(_SEQ_RUNS), st.sampled_from(range(len(_SEQ_OPTIONS))),
+              st.booleans()),
+    st.tuples(st.just("killed"), st.sampled_from(_SEQ_RUNS), st.sampled_from(range(len(_SEQ_OPTIONS))),
+              st.booleans()),
+    st.tuples(st.just("disk_full"), st.sampled_from(_SEQ_RUNS), st.sampled_from(range(len(_SEQ_OPTIONS))),
+              st.just(True)),
+    st.tuples(st.just("stats"), st.sampled_from(_SEQ_RUNS), st.just(0), st.booleans()),
+    st.tuples(st.just("compare"), st.just("A"), st.just(0), st.just(False)),
+    st.tuples(st.just("sample"), st.just("A"), st.just(0), st.just(False)),
+)
+
+
+def _plant_user_tree(root: Path) -> list[Path]:
+    (root / "notes.txt").write_text("the user's notes")
+    planted = []
+    for name in (".A.AbCd1234.partial", ".A.gmts-old-deadbeef", ".A.gmts-work-0badf00d", ".B.gmts-next",
+                 ".B.gmts-sample", "estimators.csv"):
+        p = root / name
+        if name.endswith(".csv"):
+            p.write_text("the user's table")
+        else:
+            p.mkdir()
+            (p / "mine.txt").write_text("not gmts's")
+        planted.append(p)
+    return planted
+
+
+def assert_consistent_run(out: Path) -> None:
+    """A finished run agrees with itself: every token's answer is in answers.parquet with the same
+    advantage and loss weight, lengths add up to the token count, stats.json counts the same tokens,
+    and the listing names exactly the files present."""
+    import numpy as np
+
+    t = pd.read_parquet(out / "tokens.parquet")
+    a = pd.read_parquet(out / "answers.parquet")
+    m = t.merge(a[["answer_id", "advantage", "loss_weight"]], on="answer_id", suffixes=("", "_a"), how="left")
+    assert m["advantage_a"].notna().all()
+    assert np.allclose(m["advantage"], m["advantage_a"], atol=1e-6), "tokens and answers disagree on advantages"
+    assert np.allclose(m["loss_weight"], m["loss_weight_a"], rtol=1e-5, atol=1e-9)
+    assert int(a["length"].sum()) == len(t)
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["meta"]["n_tokens"] == len(t)
+    listed = set(json.loads((out / ".gmts-files").read_text()))
+    assert listed == {p.name for p in out.iterdir()} - {".gmts-files"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["run_hash"] == manifest["run_fingerprint"]["run_hash"]
+
+
+def _outside(snap: dict[str, str], named: list[str]) -> dict[str, str]:
+    return {k: v for k, v in snap.items() if not any(k == n or k.startswith(n + "/") or k.startswith("." + n + ".")
+                                                        for n in named)}
+
+
+@settings(max_examples=6, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(steps=st.lists(_SEQ_STEP, min_size=2, max_size=5))
+def test_command_sequences_touch_only_their_outputs_and_leave_consistent_runs(steps):
+    import errno
+    import os
+
+    from _sharding_helpers import write_rollouts
+
+    import gmts_analysis.stats as stats_mod
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        r = write_rollouts(root / "r.jsonl", sizes=(2, 2))
+        planted = _plant_user_tree(root)
+        planted_snap = {p.name: snapshot(p) if p.is_dir() else p.read_bytes() for p in planted}
+        for kind, run, opt, flag in steps:
+            out = root / run
+            argv = ["probe", "--model", MODEL, "--rollouts", str(r), "--out", str(out), *FAST, *_SEQ_OPTIONS[opt],
+                    "--answers-per-chunk", "1", *(["--overwrite"] if flag else [])]
+            named = [run]
+            patch = None
+            if kind == "killed":
+                os.environ["GMTS_TEST_FAIL_AFTER_CHUNKS"] = "1"
+            elif kind == "disk_full":
+                def full(*a, _out=out, **k):
+                    raise OSError(errno.ENOSPC, "No space left on device", str(_out))
+                patch, stats_mod.write_stats = stats_mod.write_stats, full
+            elif kind == "stats":
+                if not (out / "manifest.json").exists():
+                    continue
+                argv = ["stats", str(out), "--n-boot", "5", "-q", *(["--out", str(root / "s.json")] if flag else [])]
+                named = ["s.json"] if flag else [run]
+            elif kind == "compare":
+                if not all((root / x / "stats.json").exists() for x in _SEQ_RUNS):
+                    continue
+                argv = ["compare", str(root / "A"), str(root / "B"), "--out", str(root / "cmp"), "--no-figures", "-q"]
+                named = ["cmp"]
+            elif kind == "sample":
+                argv = ["sample", "--model", MODEL, "--domains", "arithmetic", "--num-prompts", "1", "--group-size",
+                        "2", "--max-new-tokens", "4", "--device", "cpu", "--out", str(root / "s.jsonl"), "-q"]
+                named = ["s.jsonl"]
+            before = snapshot(root)
+            try:
+                rc, err = run_cli(argv)
+            finally:
+                os.environ.pop("GMTS_TEST_FAIL_AFTER_CHUNKS", None)
+                if patch is not None:
+                    stats_mod.write_stats = patch
+            assert "Traceback" not in err and rc in (0, 2), (kind, rc, err[-2000:])
+            if rc == 2:
+                assert_one_line_error(rc, err)
+            if kind == "killed":  # rerun at once with other options: refused, or a run of one configuration
+                rerun = [x for x in argv if x != "--overwrite"]
+                i = rerun.index(_SEQ_OPTIONS[opt][0]) if _SEQ_OPTIONS[opt] else len(rerun)
+                rerun[i:i + len(_SEQ_OPTIONS[opt])] = _SEQ_OPTIONS[(opt + 3) % len(_SEQ_OPTIONS)]
+                rc, err = run_cli(rerun)
+                assert "Traceback" not in err and rc in (0, 2), (kind, rc, err[-2000:])
+            if kind in ("killed", "disk_full") and rc == 2 and (before.get(f"{run}/manifest.json")):
+                # a failed replacement leaves the previous finished run byte for byte
+                assert {k: v for k, v in snapshot(root).items() if k == run or k.startswith(run + "/")} == {
+                    k: v for k, v in before.items() if k == run or k.startswith(run + "/")}
+            assert _outside(snapshot(root), named) == _outside(before, named), (kind, run)
+            for p in planted:
+                assert (snapshot(p) if p.is_dir() else p.read_bytes()) == planted_snap[p.name], p
+            for x in _SEQ_RUNS:
+                if (root / x / "manifest.json").exists():
+                    assert_consistent_run(root / x)

@@ -152,12 +152,15 @@ def test_stale_staging_and_stranded_work_area_are_recovered(model_dir, rollouts,
     out.mkdir()
     partial = tmp_path / ".run.k1llEd_0.partial"
     partial.mkdir()
+    gio.mark_ours(partial, "staging", out)  # a killed job's staging directory carries our marker
     (partial / "tokens.parquet").write_bytes(b"half")
-    old = tmp_path / ".run.old-999"
-    old.mkdir()
+    lookalike = tmp_path / ".run.l00kAl1k.partial"  # the same name pattern, no marker: someone else's
+    lookalike.mkdir()
+    (lookalike / "notes.txt").write_text("mine")
     assert run_cli(probe(model_dir, rollouts, out, "--answers-per-chunk", "2"))[0] == 0
     pd.testing.assert_frame_equal(pd.read_parquet(out / "tokens.parquet"), pd.read_parquet(ref / "tokens.parquet"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.jsonl", "ref", "run"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.l00kAl1k.partial", "r.jsonl", "ref", "run"]
+    assert (lookalike / "notes.txt").read_text() == "mine"
 
 
 # ---------------------------------------------------------------- validation before work
@@ -445,8 +448,10 @@ def test_a_run_left_aside_by_a_killed_replacement_is_restored(model_dir, rollout
     out = tmp_path / "run"
     assert run_cli(probe(model_dir, rollouts, out))[0] == 0
     before = (out / "tokens.parquet").read_bytes()
-    os.replace(out, tmp_path / ".run.old-4242")  # killed between the two renames of staged_directory
+    gio.mark_ours(out, "backup", out)  # killed between the two renames of io.swap_in
+    os.replace(out, tmp_path / ".run.gmts-old-00c0ffee")
     (tmp_path / ".run.abcd1234.partial").mkdir()
+    gio.mark_ours(tmp_path / ".run.abcd1234.partial", "staging", out)
     rc, err = run_cli(probe(model_dir, rollouts, out))
     assert rc == 0 and "already complete" in err, err
     assert (out / "tokens.parquet").read_bytes() == before

@@ -12,6 +12,7 @@ token); the table says so.
 from __future__ import annotations
 
 import argparse
+import os
 
 
 def _ints(s: str) -> list[int]:
@@ -83,7 +84,9 @@ def run(args: argparse.Namespace) -> int:
     probes = _ints(args.probes)
     if any(k < 2 for k in probes):
         raise GmtsError("--probes: each K must be >= 2")
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    # an existing path is one model, never split at its commas
+    models = ([args.models] if os.path.lexists(args.models)
+              else [m.strip() for m in args.models.split(",") if m.strip()])
     layers = args.layers if args.layers is not None else (1 if args.quick else 2)
     naive_tokens = args.naive_tokens if args.naive_tokens is not None else (4 if args.quick else 8)
     if args.prompt_len < 1 or layers < 1 or naive_tokens < 2:

@@ -43,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
         rp = Path(r).expanduser().resolve()
         if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
             raise GmtsError(f"--out {args.out}: is inside the run directory {r}; write the comparison elsewhere")
+    from gmts_analysis.io import check_ours, staged_directory
+
+    check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
     cmp = compare_runs(args.runs)
-    paths = write_comparison(cmp, args.out, figures=not args.no_figures)
+    with staged_directory(out, overwrite=True, kind="compare") as tmp:  # a comparison of ours is replaced whole
+        paths = write_comparison(cmp, tmp, figures=not args.no_figures)
     log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",
              len(cmp.runs), cmp.x_label, ", ".join(str(r["x"]) for r in cmp.runs),
              cmp.table["statistic"].nunique(), len(cmp.mismatches), len(paths), args.out)

@@ -25,6 +25,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_figures_dir(to) -> None:
+    """--to: absent, empty, or holding only the figure files gmts writes (any other file is someone
+    else's: refused, never mixed with or replaced by figures)."""
+    import re
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.plots import FIGURES
+
+    if not to.is_dir():
+        return
+    ours = {f"{n}.{ext}" for n in FIGURES for ext in ("png", "pdf")}
+    foreign = sorted(c.name for c in to.iterdir() if c.name not in ours and not re.match(r"^\..+\.tmp$", c.name))
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise GmtsError(f"--to {to}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
+                        "choose an empty or new directory for the figures")
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
@@ -45,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
         from gmts_analysis.io import check_output_location
 
         check_output_location(args.to, flag="--to", whole_dir=False)
+        _check_figures_dir(Path(args.to))
     paths = render_all(run_dir, to=args.to)
     log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
     if args.report:

@@ -60,6 +60,40 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _is_rl_result(path) -> bool:
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    return isinstance(j, dict) and {"selections", "runs", "summary"} <= set(j)
+
+
+def _check_targets(out, figures) -> None:
+    """--out: absent, or an experiment JSON of gmts rl; its ``<stem>.runs/`` directory: absent or only
+    run records of gmts rl; --figures: the two rl_<stem>_*.png files may be replaced, nothing else is
+    touched. Anything else is someone else's: refused before any training."""
+    import re
+
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.io import check_output_file
+
+    check_output_file(out, "--out", _is_rl_result, overwrite=None)
+    runs = out.with_suffix("").with_name(out.stem + ".runs")
+    if runs.exists():
+        if not runs.is_dir() or runs.is_symlink():
+            raise GmtsError(f"--out {out}: {runs} exists and is not a directory of run records; choose another --out")
+        foreign = sorted(c.name for c in runs.iterdir()
+                         if not re.fullmatch(r"(initial|[A-Za-z_]+-s\d+)\.json|\..+\.tmp", c.name))
+        if foreign:
+            raise GmtsError(f"--out {out}: {runs} holds files that gmts rl did not write ({', '.join(foreign[:3])}); "
+                            "choose another --out")
+    if figures is not None:
+        for name in (f"rl_{out.stem}_curves.png", f"rl_{out.stem}_diagnostics.png"):
+            p = figures / name
+            if p.is_symlink() or p.is_dir():
+                raise GmtsError(f"--figures {figures}: {name} is a link or a directory; choose another --figures")
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
@@ -83,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
     )
     cfg.check()
     out = Path(args.out)
+    _check_targets(out, None if args.figures == "none" else Path(args.figures))
     result = run_experiment(cfg, args.selection, args.seed, out, progress=not args.quiet, offline=args.offline)
     log = logging.getLogger("gmts")
     if args.figures != "none":

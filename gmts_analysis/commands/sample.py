@@ -42,6 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(the same --seed gives the same file on the same device) (default: auto)")
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--out", required=True, metavar="FILE", help="rollouts file to write (JSONL)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that is not a rollouts file of gmts (default: refuse it)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
@@ -80,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
+    _check_out_file(args)
     check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
@@ -95,6 +98,23 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
                                    args.out, len(rows), args.num_prompts * len(domains), mean)
     return 0
+
+
+def _is_sampled_rollouts(path) -> bool:
+    """Whether ``path`` is a rollouts file as gmts sample writes it (first row: ids, reward)."""
+    import json
+
+    with open(path, encoding="utf-8") as f:
+        row = json.loads(f.readline())
+    return isinstance(row, dict) and {"prompt_ids", "response_ids", "reward"} <= set(row)
+
+
+def _check_out_file(args: argparse.Namespace) -> None:
+    """--out: never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)."""
+    from gmts_analysis.io import check_output_file
+
+    check_output_file(args.out, "--out", _is_sampled_rollouts, overwrite=getattr(args, "overwrite", False),
+                      inputs={"--prompts": getattr(args, "prompts", None)})
 
 
 def _run_prompts(args: argparse.Namespace) -> int:
@@ -123,6 +143,7 @@ def _run_prompts(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.is_dir():
         raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
+    _check_out_file(args)
     check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
     rows = read_prompts(args.prompts, args.num_prompts)
     verifier = resolve_verifier(args.verifier)

@@ -26,6 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "manifest value, else 0.9)")
     p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
                    "(estimators.csv beside it)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out file that gmts did not write (default: refuse it)")
     p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
     p.set_defaults(func=run)
 
@@ -51,10 +53,14 @@ def run(args: argparse.Namespace) -> int:
 
     validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
     if args.out:
-        from gmts_analysis.io import check_output_location
+        from gmts_analysis.io import check_output_file, check_output_location, read_json_object
 
         if Path(args.out).is_dir():
             raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. stats.json)")
+        check_output_file(args.out, "--out", lambda p: "meta" in read_json_object(p) and "estimators" in
+                          read_json_object(p)["meta"], overwrite=args.overwrite,
+                          inputs={f"{run_dir}/{n}": run_dir / n for n in ("tokens.parquet", "answers.parquet",
+                                                                         "manifest.json")})
         check_output_location(Path(args.out).parent, flag=f"--out {args.out}: directory", whole_dir=False)
     tokens = read_parquet(run_dir / "tokens.parquet")
     answers = read_parquet(run_dir / "answers.parquet") if (run_dir / "answers.parquet").exists() else None

@@ -139,17 +139,20 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
 
 def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: Sequence[Any], coefs: Sequence[Any],
              fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict,
-             extra_files: dict[str, Any] | None = None) -> Path:
+             extra_files: dict[str, Any] | None = None, work: Path | None = None) -> Path:
     """Merge the rows and write the final run directory (statistics, manifest, figures, report).
 
-    The work area (run.json, chunks/, parts/) is replaced by the finished directory in one
-    rename (:func:`gmts_analysis.finalize.write_run`), ``errors.jsonl`` with it. When every
-    answer failed, ``errors.jsonl`` is written into the work area and a :class:`GmtsError` raised.
+    ``work`` is the work area (run.json, chunks/, parts/): ``out`` itself (default), or its
+    sibling :func:`state.work_area_sibling` for a run started with ``--overwrite``, where the
+    previous run stays complete at ``out`` until the finished directory replaces it in one
+    rename (:func:`gmts_analysis.finalize.write_run`); any failure leaves it as it was. When
+    every answer failed, ``errors.jsonl`` is written into the work area and a :class:`GmtsError` raised.
     """
     from gmts_analysis.estimators import add_estimator_columns
 
     t0 = time.perf_counter()
-    tokens, groups, errors = assemble(out, fp.run_hash, len(answers), parts)
+    work = out if work is None else work
+    tokens, groups, errors = assemble(work, fp.run_hash, len(answers), parts)
     failed = {e["index"] for e in errors}
     keep = [i for i in range(len(answers)) if i not in failed]
     if tokens is None:
@@ -160,10 +163,10 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
         groups = groups.drop(columns=[state.INDEX_COLUMN])
     errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
     if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
-        io.atomic_write_text(out / ERRORS_FILE, errors_text)
+        io.atomic_write_text(work / ERRORS_FILE, errors_text)
         first = errors[0]["reason"] if errors else "no answer"
         raise GmtsError(f"every answer failed ({len(errors)} of {len(answers)}; first: {first}); "
-                        f"the reasons are in {out / ERRORS_FILE}")
+                        f"the reasons are in {work / ERRORS_FILE}")
     ok_answers = [answers[i] for i in keep]
     ok_coefs = [coefs[i] for i in keep]
     timings = {**timings, "merge_s": time.perf_counter() - t0}
@@ -171,18 +174,25 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
                                    grad_groups=groups, timings=timings)
     extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
              "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
-    # write_run builds the finished directory in a temporary sibling and renames it to ``out``:
-    # the work area steps aside first (and comes back if anything fails; see recover_work_area)
-    work = state.work_area_sibling(out)
-    os.replace(out, work)
-    try:
+    if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)
         finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
                                extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
-    except BaseException:
-        if not out.exists():
-            os.replace(work, out)
-        raise
-    shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        # write_run builds the finished directory in a temporary sibling and renames it to ``out``:
+        # the work area steps aside first (and comes back if anything fails; see recover_work_area)
+        if not io.is_ours(out, "work", out):
+            io.mark_ours(out, "work", out)
+        aside = io.fresh_sibling_name(out, state.WORK_STEM)
+        os.replace(out, aside)
+        try:
+            finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
+                                   extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+        except BaseException:
+            if not os.path.lexists(out):
+                os.replace(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
     if errors:
         log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
     return out

@@ -138,7 +138,8 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         def inspect() -> tuple[str, state.Fingerprint]:
             fp = state.run_fingerprint(cfg)
             io.clean_stale_siblings(out)
-            return state.inspect_directory(out, fp, cfg.overwrite), fp
+            finishing = {k: getattr(cfg, k) for k in state.FINISH_FIELDS}
+            return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
 
         status, fp = _on_main(ctx, inspect)
         if status == "complete":
@@ -153,10 +154,13 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         # every need knowable before the model runs (memory, disk): checked once, refused on every rank
         _on_main(ctx, lambda: check_before_probe(cfg, model, answers, out))
         finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
-        attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size, finishing))
+        # the work area: out itself, or beside it under --overwrite (the previous run kept until the end)
+        attempt, work = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size,
+                                                                     finishing))
+        work = Path(work)
 
         share = shard_answers(answers, ctx.world_size)[ctx.rank]
-        done = state.owners(state.read_chunks(out, fp.run_hash))
+        done = state.owners(state.read_chunks(work, fp.run_hash))
         todo = [i for i in share if i not in done]
         if ctx.is_main:
             n_done = len(done)
@@ -164,16 +168,16 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
                      sum(a.length for a in answers), type(model).__name__, device,
                      f", {ctx.world_size} ranks" if ctx.distributed else "",
                      f"; resuming: {n_done} answers already done" if n_done else "")
-        summary = probe_share(model, tokenizer, answers, coefs, todo, cfg, out, fp.run_hash, ctx, attempt,
+        summary = probe_share(model, tokenizer, answers, coefs, todo, cfg, work, fp.run_hash, ctx, attempt,
                               progress=ctx.is_main and not cfg.quiet)
-        merge.write_part(out, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
+        merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
                          {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
                           "n_tokens_probed": summary.n_tokens, "device": device})
         if not ctx.is_main:
             return out
-        parts = merge.wait_for_parts(out, ctx.world_size, fp.run_hash, attempt)
+        parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
         return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
-                      time.perf_counter() - t_start, ctx.world_size, extra, extra_files)
+                      time.perf_counter() - t_start, ctx.world_size, extra, extra_files, work=work)
 
 
 def truncation_counts(cfg: Any, answers: list, n_cut: int) -> dict[str, int | None]:
@@ -192,12 +196,15 @@ def truncation_counts(cfg: Any, answers: list, n_cut: int) -> dict[str, int | No
 
 def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
            fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
-           world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None) -> Path:
-    """Merge and write the final directory, with the manifest's timings and distribution record."""
-    records = state.read_chunks(out, fp.run_hash)
+           world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None,
+           work: Path | None = None) -> Path:
+    """Merge and write the final directory, with the manifest's timings and distribution record
+    (``work``: the work area, ``out`` unless the run replaces a previous one: :func:`state.work_area`)."""
+    work = out if work is None else work
+    records = state.read_chunks(work, fp.run_hash)
     n_tok = sum(r.n_tokens for r in records)
     probe_s = sum(r.seconds for r in records)
-    st = state.read_state(out)
+    st = state.read_state(work)
     timings = {"load_s": t_load, "probe_s": probe_s, "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"),
                "wall_s": wall_s}
     extra = {
@@ -214,7 +221,8 @@ def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: li
         },
     }
     extra.update(more or {})
-    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra, extra_files)
+    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra, extra_files,
+                          work=work)
 
 
 def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
@@ -227,7 +235,7 @@ def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = 
     import dataclasses
 
     out = Path(run_dir)
-    if not out.is_dir() and not state.work_area_sibling(out).is_dir():
+    if not out.is_dir() and not state.work_area_sibling(out).is_dir():  # (an existing one is ours)
         raise GmtsError(f"{out}: no such run directory")
     with io.exclusive_lock(out):  # no probe or merge may work on it meanwhile
         io.clean_stale_siblings(out)

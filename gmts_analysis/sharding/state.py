@@ -18,10 +18,10 @@ manifest keeps the hash.
 
 The hash covers what changes the results: the model's files (config and tokenizer files
 hashed whole, weight files by size and 16 sampled 64 KiB blocks), the rollouts file
-(sha256), and the configuration fields in :data:`RESULT_FIELDS`. Not covered: paths,
-``out``, ``device``, ``chunk_size``, ``max_memory`` (performance only), ``fidelity``
-and ``figures`` (decided at the end), ``overwrite``, ``strict``, ``answers_per_chunk``
-and ``quiet``.
+(sha256), and every configuration field except those in :data:`NOT_IN_FINGERPRINT`, each
+listed with the reason it cannot change a number (derived, so a new option is covered by
+construction). ``figures`` and ``fidelity`` change only what finishing writes: a finished run
+is compared with its manifest on those (:data:`FINISH_FIELDS`).
 """
 
 from __future__ import annotations
@@ -49,11 +49,32 @@ PARTS = "parts"
 INDEX_COLUMN = "_answer_index"  # position of the answer in the rollouts file (0-based)
 STATE_FORMAT = "gmts-run-state/1"
 
-# configuration fields that change the rows of tokens.parquet or the statistics
-RESULT_FIELDS = ("format", "dtype", "temperature", "advantage", "loss_agg", "max_len", "clip_low", "clip_high",
-                 "kl_beta", "grad_norm", "grad_groups", "verifier", "truncate", "seed", "loss_type", "clip_ratio_c",
-                 "kl_bias_correction", "importance_sampling_level", "vllm_is_mode", "vllm_is_min", "vllm_is_max",
-                 "mask_truncated_completions")
+# The fingerprint is derived: every field of ProbeConfig is in it except those listed here, each
+# with the reason it cannot change a number the run writes (tokens.parquet, answers.parquet,
+# grad_groups.parquet, stats.json). A new option is fingerprinted unless it is added here.
+NOT_IN_FINGERPRINT: dict[str, str] = {
+    "model": "fingerprinted by content instead (model_fingerprint): nodes may mount it at other paths",
+    "rollouts": "fingerprinted by content instead (its sha256, or the files of a rollouts directory)",
+    "out": "where the run is written, not what",
+    "overwrite": "whether a previous run may be replaced, not what the new one holds",
+    "strict": "whether the job stops at the first failing answer; the answers it writes are the same",
+    "answers_per_chunk": "how the work is cut into resumable records; the merged rows are the same",
+    "quiet": "progress and info lines on stderr only",
+    "offline": "whether a hub model may be downloaded; the model is fingerprinted by content",
+    "config_file": "the file the options were read from; the options themselves are fingerprinted",
+    "aliases": "the names the options were given under; the values they set are fingerprinted",
+    "device": "where the numbers are computed: a run may resume on other devices or GPU counts "
+              "(docs/scaling.md); the values agree to float tolerance",
+    "chunk_size": "tokens per batched VJP: performance only (the same values to float tolerance)",
+    "max_memory": "the memory budget of --chunk-size auto: performance only",
+    "figures": "decided when the run is finished (gmts merge may change it); a finished run is compared "
+               "with its manifest instead (FINISH_FIELDS)",
+    "fidelity": "decided when the run is finished (gmts merge may change it); a finished run is compared "
+                "with its manifest instead (FINISH_FIELDS)",
+}
+# options that only change what finishing the run writes: a finished run made with other values is
+# not "already complete" (inspect_directory compares them with its manifest's config)
+FINISH_FIELDS = ("figures", "fidelity")
 _TEXT_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".py", ".tiktoken", ".vocab", ".merges")
 _BLOCK = 64 * 1024
 _BLOCKS = 16
@@ -98,11 +119,10 @@ def model_fingerprint(name_or_path: str) -> dict[str, Any]:
 
 
 def result_config(cfg: ProbeConfig) -> dict[str, Any]:
-    """The configuration fields that change results (``probes`` only for a sketch)."""
-    d = {k: getattr(cfg, k) for k in RESULT_FIELDS}
-    if cfg.grad_norm == "sketch":
-        d["probes"] = cfg.probes
-    return d
+    """The configuration part of the fingerprint: every field of ``cfg`` but :data:`NOT_IN_FINGERPRINT`."""
+    import dataclasses
+
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NOT_IN_FINGERPRINT}
 
 
 @dataclass
@@ -151,33 +171,56 @@ def _read_json_or_none(path: Path) -> Any:
         return None
 
 
+WORK_STEM = "gmts-work"  # the work area stepped aside while the finished directory is renamed in
+NEXT_STEM = "gmts-next"  # the work area of a run replacing another (--overwrite)
+
+
 def work_area_sibling(out: Path) -> Path:
-    """Where the work area waits while the finished directory is renamed into place."""
-    return out.parent / f".{out.name}.gmts-work"
+    """The work area of ``out`` stepped aside (ours, by its marker) while the finished directory is
+    renamed into place; a new name when there is none (never a look-alike's)."""
+    from gmts_analysis import io
+
+    found = io.ours_beside(out, "work", WORK_STEM)
+    return found[0] if found else io.fresh_sibling_name(out, WORK_STEM)
+
+
+def replacement_area(out: Path) -> Path:
+    """Where a run started with ``--overwrite`` works while the previous run stays intact at ``out``
+    (one of ours left by an interrupted job, else a new name)."""
+    from gmts_analysis import io
+
+    found = io.ours_beside(out, "next", NEXT_STEM)
+    return found[0] if found else io.fresh_sibling_name(out, NEXT_STEM)
 
 
 def recover_work_area(out: Path) -> None:
-    """Undo an interrupted final rename: bring the work area back, or drop it if the run finished."""
+    """Undo an interrupted final rename: bring the work area back, or drop it if the run finished.
+
+    Only a sibling carrying our marker (:func:`gmts_analysis.io.is_ours`, written when the work area
+    was created) is touched; a directory that merely has such a name is left alone."""
     import shutil
 
-    work = work_area_sibling(out)
-    if not work.exists():
-        return
-    if out.exists() and (out / "manifest.json").exists():
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    if out.is_dir() and not any(out.iterdir()):
-        out.rmdir()  # an empty directory took the work area's place: the work area wins
-    if not out.exists():
-        os.replace(work, out)
-        log.warning("%s: recovered the work area of an interrupted job (%s)", out, work.name)
-    else:
-        log.warning("%s: %s holds the work of an interrupted job and %s is in its place; not touching either",
-                    out, work, out)
+    from gmts_analysis import io
+
+    for work in io.ours_beside(out, "work", WORK_STEM):
+        if out.exists() and (out / "manifest.json").exists():
+            shutil.rmtree(work, ignore_errors=True)
+            continue
+        if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+            out.rmdir()  # an empty directory took the work area's place: the work area wins
+        if not os.path.lexists(out):
+            os.replace(work, out)
+            log.warning("%s: recovered the work area of an interrupted job (%s)", out, work.name)
+        else:
+            log.warning("%s: %s holds the work of an interrupted job and %s is in its place; not touching either",
+                        out, work, out)
 
 
-def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
+def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool, finishing: dict | None = None) -> str:
     """What to do with ``out``: ``fresh``, ``resume``, ``complete`` or ``overwrite``.
+
+    ``finishing``: the :data:`FINISH_FIELDS` of this job; a finished run of the same fingerprint
+    made with other values is not ``complete`` (refused, naming them).
 
     Raises :class:`GmtsError` when ``out`` holds anything else than this run (another
     model, rollouts or configuration, or files that are not a run) and not ``overwrite``.
@@ -195,6 +238,12 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
     manifest = _read_json_or_none(out / "manifest.json") if (out / "manifest.json").exists() else None
     if manifest is not None and (out / "tokens.parquet").exists():
         if manifest.get("run_hash") == fp.run_hash:
+            old_cfg = manifest.get("config") if isinstance(manifest.get("config"), dict) else {}
+            changed = [f"--{k} {old_cfg.get(k)} -> {v}" for k, v in (finishing or {}).items()
+                       if k in old_cfg and old_cfg.get(k) != v]
+            if changed:
+                raise GmtsError(f"{out}: holds this run finished with other settings ({'; '.join(changed)}); "
+                                "pass --overwrite to redo it (or gmts figures / gmts stats on it)")
             return "complete"
         old = manifest.get("run_fingerprint")
         why = "; ".join(fp.differences(old)) if isinstance(old, dict) else "an earlier run"
@@ -212,36 +261,48 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool) -> str:
 
 
 def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int,
-                      finishing: dict | None = None) -> int:
-    """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...).
+                      finishing: dict | None = None) -> tuple[int, Path]:
+    """Create or reopen the work area (rank 0 only); returns this attempt's number (1, 2, ...)
+    and the work area: ``out`` itself, or under ``overwrite`` :func:`replacement_area`.
 
-    ``overwrite`` empties ``out`` first. Parts of earlier attempts are removed (they are
-    rebuilt from the chunk records); chunk records are kept.
+    ``overwrite`` never empties ``out``: the new run is built in a work area beside it
+    (:func:`replacement_area`; one of ours left by an interrupted job of the same fingerprint is
+    resumed, of another removed) and replaces the previous run only once complete.
+    A new work area gets our marker. Parts of earlier attempts are removed (they are rebuilt from
+    the chunk records); chunk records are kept.
     """
     import shutil
 
     from gmts_analysis import io
 
+    work = replacement_area(out) if status == "overwrite" else out
+    state = None
     if status == "overwrite":
-        io.check_ours(out)  # never empty a directory that holds someone else's files
-        for child in out.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
+        io.check_ours(out)  # the run it will replace: never someone else's files
+        if os.path.lexists(work):  # ours (replacement_area checks the marker)
+            state = _read_json_or_none(work / STATE_FILE)
+            if not (isinstance(state, dict) and state.get("run_hash") == fp.run_hash):
+                state = None  # a replacement of another configuration: start over
+                shutil.rmtree(work)
             else:
-                child.unlink()
-    out.mkdir(parents=True, exist_ok=True)
-    state = _read_json_or_none(out / STATE_FILE) if status == "resume" else None
+                log.info("%s: resuming the replacement of %s left by an interrupted --overwrite job", work, out)
+    elif status == "resume":
+        state = _read_json_or_none(work / STATE_FILE)
+    work.mkdir(parents=True, exist_ok=True)
     if not isinstance(state, dict):
         state = {"format": STATE_FORMAT, "run_hash": fp.run_hash, "fingerprint": fp.to_json(),
                  "config": asdict(cfg), "created": _now(), "attempts": []}
+    role = "next" if status == "overwrite" else "work"
+    if not io.is_ours(work, role, out):
+        io.mark_ours(work, role, out)
     state["attempts"].append({"started": _now(), "world_size": world_size})
     state["config"] = asdict(cfg)  # the latest command (gmts merge uses it)
     state["finish"] = finishing or {}  # manifest entries and files the finished directory gets (gmts merge too)
-    shutil.rmtree(out / PARTS, ignore_errors=True)
-    (out / CHUNKS).mkdir(exist_ok=True)
-    (out / PARTS).mkdir(exist_ok=True)
-    io.atomic_write_json(out / STATE_FILE, state)
-    return len(state["attempts"])
+    shutil.rmtree(work / PARTS, ignore_errors=True)
+    (work / CHUNKS).mkdir(exist_ok=True)
+    (work / PARTS).mkdir(exist_ok=True)
+    io.atomic_write_json(work / STATE_FILE, state)
+    return len(state["attempts"]), work
 
 
 def read_state(out: Path) -> dict:
