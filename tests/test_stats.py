@@ -480,4 +480,4 @@ def test_the_runs_rho_joins_the_grid_and_the_words():
     ov, waste, _ = ref_topk_waste(S.prepare_tokens(df), "entropy", 0.25, "batch")
     assert st["topk_overlap"]["batch"]["entropy"]["0.25"] == pytest.approx(ov)
     assert st["selection_waste"]["batch"]["entropy"]["0.25"] == pytest.approx(waste)
-    assert any("top-25% selection" in w for w in findings(st))
+    assert any("top-25% batch selection" in w for w in findings(st))
