@@ -58,6 +58,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def as_spelled(message: str, argv: Sequence[str]) -> str:
+    """``message`` with each of our flags written as the caller spelled it on the command line
+    (``--num-generations`` -> ``--group_size`` when that is what was typed)."""
+    import re
+
+    from gmts_analysis.options import ALIAS_BY_NAME
+
+    spelled: dict[str, str] = {}
+    for tok in argv:
+        if not tok.startswith("--") or tok == "--":
+            continue
+        name = tok.split("=", 1)[0]
+        key = name[2:].replace("-", "_")
+        al = ALIAS_BY_NAME.get(key)
+        ours = "--" + (al.dest if al is not None else key).replace("_", "-")
+        if ours != name:
+            spelled.setdefault(ours, name)
+    for ours, name in spelled.items():
+        message = re.sub(re.escape(ours) + r"(?![\w-])", name, message)
+    return message
+
+
 def _version() -> str:
     from gmts_analysis import __version__
 
@@ -79,11 +101,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     debug = bool(getattr(args, "debug", False))
     try:
+        if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
+            from gmts_analysis.threads import set_threads
+
+            args.threads = set_threads(args.threads)
         rc = args.func(args)
     except GmtsError as e:
         if debug:
             raise
-        print(f"gmts: error: {_one_line(e)}", file=sys.stderr)
+        print(f"gmts: error: {_one_line(as_spelled(str(e), sys.argv[1:] if argv is None else argv))}",
+              file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("gmts: interrupted", file=sys.stderr)

@@ -11,19 +11,27 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+
+EXAMPLES = """examples:
+  gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
+  gmts stats runs/mine --n-boot 0 --out /tmp/stats.json
+  gmts stats data/example_run --seed 1 --threads 1 --out /tmp/s1.json"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "stats",
         help="recompute stats.json of a run directory from its tokens table",
         description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs (default 1000; 0: no CIs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
                    "(estimators.csv beside it)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    add_run_control(p)
     p.set_defaults(func=run)
 
 
