@@ -268,8 +268,7 @@ def install(parser: argparse.ArgumentParser) -> None:
             if spelling not in table:
                 table[spelling] = _Spelling([spelling], target, al)
     for sp in _subparsers(parser):
-        if getattr(sp, "_gmts_groups", None) is None:
-            regroup_help(sp)
+        regroup_help(sp)  # hand-written flags (dataclass ones are in their groups already)
         install(sp)
 
 
