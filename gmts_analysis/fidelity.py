@@ -116,7 +116,7 @@ def selection_gradients(
     seen: set = set()
     it = batches
     if progress:
-        from tqdm.auto import tqdm
+        from gmts_analysis.progress import tqdm
 
         it = tqdm(batches, desc="update fidelity", unit="answer", leave=False)
     pending: list[tuple[torch.Tensor, int, np.ndarray]] = []

@@ -257,7 +257,7 @@ def probe_answers(
     ``coefs`` (advantages and weights) default to those of ``answers`` as one batch; pass
     them to probe a subset with batch-wide values. Rows come in input order, by position.
     """
-    from tqdm.auto import tqdm
+    from gmts_analysis.progress import tqdm
 
     if coefs is None:
         coefs = answer_coefficients(answers, cfg)
