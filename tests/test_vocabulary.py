@@ -197,3 +197,24 @@ def test_api_probe_records_trl_names(tmp_path):
     assert run.manifest["aliases"] == {"loss_type": "loss_type", "max_completion_length": "max_completion_length",
                                        "epsilon": "clip_low"}
     assert run.manifest["torch_threads"] == 1
+
+
+def test_uncached_hub_id_fails_fast_in_one_line(monkeypatch):
+    """A hub id that is not cached, with no network: one line, no download attempt (no retry storm)."""
+    import transformers
+
+    from gmts_analysis import models
+    from gmts_analysis.errors import GmtsError
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setattr(models, "hub_reachable", lambda timeout=3.0: False)
+
+    def no_download(*a, **k):
+        raise AssertionError("from_pretrained called: the hub would be contacted")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_download)
+    with pytest.raises(GmtsError) as e:
+        models.load_model("someorg/not-cached-model")
+    msg = str(e.value)
+    assert "\n" not in msg and "not in the local Hugging Face cache" in msg and "cannot be reached" in msg
