@@ -218,3 +218,15 @@ def test_uncached_hub_id_fails_fast_in_one_line(monkeypatch):
         models.load_model("someorg/not-cached-model")
     msg = str(e.value)
     assert "\n" not in msg and "not in the local Hugging Face cache" in msg and "cannot be reached" in msg
+
+
+def test_intervals_from_few_groups_warn(caplog):
+    import logging
+
+    from gmts_analysis.commands.stats import warn_few_groups
+
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.stats"):
+        assert warn_few_groups({"meta": {"n_groups": 2, "n_boot": 1000, "ci_unit": "group"}})
+    assert "from 2 group(s), fewer than 10" in caplog.text
+    assert not warn_few_groups({"meta": {"n_groups": 24, "n_boot": 1000}})
+    assert not warn_few_groups({"meta": {"n_groups": 2, "n_boot": 0}})  # no intervals, nothing to warn about

@@ -62,9 +62,12 @@ def print_results(out) -> None:
     """The results table of a finished run directory, as ``gmts run`` prints it (stdout)."""
     from pathlib import Path
 
+    from gmts_analysis.commands.stats import warn_few_groups
     from gmts_analysis.io import read_json
     from gmts_analysis.summary import summary_text
 
     path = Path(out) / "stats.json"
     if path.is_file():
-        print(summary_text(read_json(path)))
+        stats = read_json(path)
+        print(summary_text(stats))
+        warn_few_groups(stats)

@@ -87,6 +87,9 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.summary import summary_text
 
     print(summary_text(stats, domains))
+    from gmts_analysis.commands.stats import warn_few_groups
+
+    warn_few_groups(stats)
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()

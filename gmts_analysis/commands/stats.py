@@ -35,6 +35,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+#: fewer bootstrap units than this: the intervals are printed with a warning
+MIN_CI_UNITS = 10
+
+
+def warn_few_groups(stats: dict) -> bool:
+    """Log a warning when the intervals of ``stats`` come from fewer than :data:`MIN_CI_UNITS` groups
+    (a cluster bootstrap over 2 groups gives "0.95 [0.95, 0.95]"); returns whether it warned."""
+    import logging
+
+    meta = stats.get("meta") or {}
+    n, n_boot = meta.get("n_groups"), meta.get("n_boot") or 0
+    if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0:
+        return False
+    logging.getLogger("gmts_analysis.stats").warning(
+        "the intervals come from %d %s(s), fewer than %d: bootstrap CIs over so few groups are too narrow "
+        "to trust (sample more prompts)", n, meta.get("ci_unit") or "group", MIN_CI_UNITS)
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     import logging
     import time
@@ -79,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         "stats of %d tokens, %d answers, %d estimators in %.1f s -> %s",
         m["n_tokens"], m["n_answers"], len(m["estimators"]), time.perf_counter() - t0, ", ".join(map(str, paths)),
     )
+    warn_few_groups(stats)
     if not args.quiet:
         log.info("%s", summary_text(stats))
     return 0
