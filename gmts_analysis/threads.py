@@ -23,17 +23,20 @@ def available_cores() -> int:
 
 
 def default_threads() -> int:
-    """``$GMTS_THREADS`` if set, else the available cores minus the one-minute load average
-    (rounded), between 1 and the available cores."""
-    env = os.environ.get("GMTS_THREADS")
-    if env:
-        return check_threads(env, "GMTS_THREADS")
+    """``$GMTS_THREADS`` if set, else ``$OMP_NUM_THREADS`` (torchrun sets it to 1 per process), else
+    the available cores minus the one-minute load average (rounded), shared among the processes
+    of this node (``$LOCAL_WORLD_SIZE``), between 1 and the available cores."""
+    for name in ("GMTS_THREADS", "OMP_NUM_THREADS"):
+        env = os.environ.get(name, "").strip()
+        if env:
+            return check_threads(env, name)
     cores = available_cores()
     try:
-        busy = os.getloadavg()[0]
+        free = cores - os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): every core
-        return cores
-    return max(1, min(cores, int(cores - busy + 0.5)))
+        free = cores
+    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
+    return max(1, min(cores, int(free / local + 0.5)))
 
 
 def check_threads(value: object, name: str = "--threads") -> int:

@@ -149,9 +149,13 @@ def test_threads_default_and_checks(monkeypatch):
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.threads import available_cores, check_threads, default_threads
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("GMTS_THREADS", "3")
     assert default_threads() == 3
     monkeypatch.delenv("GMTS_THREADS")
+    assert default_threads() == 2  # an explicit OpenMP setting (torchrun's 1 per process) is kept
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
     assert default_threads() == available_cores()
     monkeypatch.setattr("os.getloadavg", lambda: (1e6, 0.0, 0.0))  # every core busy: one thread, never zero
