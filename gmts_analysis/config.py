@@ -127,7 +127,7 @@ class SamplingOptions:
 
     model: str = opt("small", "model directory, hub id, or a shipped policy: tiny | small")
     domains: str = opt(None, "one or more toy domains (arithmetic, program, logic), space- or comma-separated "
-                       "(default: all three, unless --prompts)", nargs="+")
+                       "(default: all three; gmts sample: unless --prompts)", nargs="+")
     prompts: str = opt(None, "instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': "
                        "text or chat messages, plus the verifier's columns such as 'solution')")
     verifier: str = opt(None, "with --prompts: reward function (math, a toy domain, or module:function / "
