@@ -133,9 +133,13 @@ def _run_prompts(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+    from gmts_analysis.api import card_max_new_tokens
+    from gmts_analysis.models import resolve_model_path
+
+    budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
     with torch.inference_mode():
         answers = sample_prompts(model, tokenizer, rows, args.num_generations, verifier=verifier,
-                                 temperature=args.temperature, max_new_tokens=args.max_completion_length or 96,
+                                 temperature=args.temperature, max_new_tokens=budget,
                                  seed=args.seed,
                                  chat_template=args.chat_template, batch_size=args.batch_size,
                                  progress=not args.quiet, where=str(args.prompts))
