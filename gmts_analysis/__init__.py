@@ -34,9 +34,10 @@ def _notebook_figures() -> None:
     import sys
 
     if "IPython" in sys.modules:
-        from gmts_analysis.ipython import register_figure_formatter
+        from gmts_analysis.ipython import quiet_widgetless_tqdm, register_figure_formatter
 
         register_figure_formatter()
+        quiet_widgetless_tqdm()
 
 
 _notebook_figures()

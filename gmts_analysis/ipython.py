@@ -5,7 +5,7 @@ no formatter for them until a matplotlib backend is activated: a fresh kernel pr
 ``<Figure size 740x460 with 1 Axes>``. :func:`register_figure_formatter` gives IPython a PNG
 formatter for ``Figure`` (by name, so matplotlib is not imported for it), unless one is
 registered already (``%matplotlib inline`` registers its own). ``import gmts_analysis`` calls
-it when IPython is running; it changes nothing else.
+it when IPython is running, and :func:`quiet_widgetless_tqdm`; it changes nothing else.
 """
 
 from __future__ import annotations
@@ -40,3 +40,15 @@ def register_figure_formatter() -> bool:
         return False
     png.for_type_by_name(*key, figure_png)
     return True
+
+
+def quiet_widgetless_tqdm() -> None:
+    """In a kernel without ipywidgets, ignore tqdm's ``IProgress not found`` warning, which
+    ``import transformers`` (through ``tqdm.auto``) prints into the cell; our own bars are one
+    line there (:mod:`gmts_analysis.progress`), transformers' loading bars are off."""
+    import warnings
+
+    from gmts_analysis.progress import widgetless_kernel
+
+    if widgetless_kernel():
+        warnings.filterwarnings("ignore", message="IProgress not found")

@@ -200,13 +200,24 @@ def _quiet_transformers() -> Iterator[None]:
     """Silence transformers' own loading report (we raise our own one-line error instead)."""
     import logging
 
+    from transformers.utils import logging as hf_logging
+
+    from gmts_analysis.progress import widgetless_kernel
+
     lg = logging.getLogger("transformers")
     old = lg.level
     lg.setLevel(logging.ERROR)
+    # in a notebook without ipywidgets, transformers' "Loading weights" bar (tqdm.auto) would warn
+    # "IProgress not found" and write every refresh into the cell: no bar there
+    bars_off = widgetless_kernel() and hf_logging.is_progress_bar_enabled()
+    if bars_off:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         lg.setLevel(old)
+        if bars_off:
+            hf_logging.enable_progress_bar()
 
 
 def _causal_lm_classes() -> set[str]:

@@ -22,6 +22,11 @@ def in_kernel() -> bool:
     return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
 
 
+def widgetless_kernel() -> bool:
+    """True inside a Jupyter kernel where ipywidgets is not installed (``tqdm.auto`` would warn there)."""
+    return in_kernel() and importlib.util.find_spec("ipywidgets") is None
+
+
 def tqdm(*args: Any, **kwargs: Any) -> Any:
     """A tqdm bar (same arguments as ``tqdm.tqdm``) for the place it is drawn (module docstring)."""
     if in_kernel():

@@ -90,6 +90,7 @@ def test_fresh_kernel_shows_figures_and_one_line_bars(run_dir, monkeypatch, tmp_
         "run.figure('within_vs_cross')",
         "from gmts_analysis import plots\nplots.fig_decomposition(run.stats)",
         "from gmts_analysis.progress import tqdm\nfor _ in tqdm(range(50), desc='work', mininterval=0): pass",
+        "import transformers  # imports tqdm.auto: no IProgress warning after import gmts_analysis",
     )]
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     out = [c.outputs for c in nb.cells]
@@ -98,3 +99,4 @@ def test_fresh_kernel_shows_figures_and_one_line_bars(run_dir, monkeypatch, tmp_
         assert any("image/png" in o.get("data", {}) for o in out[i]), out[i]
     text = "".join(o.get("text", "") for o in out[3])
     assert "IProgress" not in text and text.count("work:") == 1 and "100%" in text, text
+    assert not any("IProgress" in o.get("text", "") for os_ in out for o in os_)
