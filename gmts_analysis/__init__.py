@@ -29,6 +29,20 @@ _LAZY = {
 }
 
 
+def _notebook_figures() -> None:
+    """In IPython, figures display without ``%matplotlib inline`` (:mod:`gmts_analysis.ipython`)."""
+    import sys
+
+    if "IPython" in sys.modules:
+        from gmts_analysis.ipython import quiet_widgetless_tqdm, register_figure_formatter
+
+        register_figure_formatter()
+        quiet_widgetless_tqdm()
+
+
+_notebook_figures()
+
+
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
         import importlib

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
+    from gmts_analysis.config import SamplingOptions
     from gmts_analysis.notebook_view import TokenView
 
 DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
@@ -181,7 +182,8 @@ def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int 
                      "read": getattr(answers, "report", None)}
 
 
-def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, **options: Any) -> Run:
+def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, threads: int | None = None,
+          **options: Any) -> Run:
     """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
 
     model: a local directory, a hub id (see :func:`gmts_analysis.models.load_model`), ``tiny``/``small``, or a
@@ -197,18 +199,69 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
     ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
     for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
     that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
-    recorded in chunks).
+    recorded in chunks). threads: torch CPU threads to set (default: leave torch as it is).
+    TRL/verl names (``loss_type``, ``epsilon``, ``beta``, ``top_entropy_quantile``, ...) are accepted
+    and recorded in ``manifest["aliases"]``; an error names an option as the keyword it is here
+    (``max_completion_length=``), not as a flag.
     """
+    try:
+        return _probe(model, rollouts, tokenizer, progress, threads, options)
+    except GmtsError as e:
+        raise type(e)(api_spelling(str(e))) from None
+
+
+_WORDS = frozenset({"to", "or", "and", "for", "with", "is", "the", "a", "an", "on", "in", "of", "as", "when",
+                    "must", "needs", "given", "instead", "alone", "too", "only", "also"})
+
+
+def api_spelling(message: str) -> str:
+    """``message`` with the ``--flags`` of probe options written as the API's keywords
+    (``pass --max-completion-length`` -> ``pass max_completion_length=``, ``--kl-beta 0`` -> ``kl_beta=0``)."""
+    import re
+
+    from gmts_analysis.config import ProbeOptions
+
+    fields = {f.name: f for f in dataclasses.fields(ProbeOptions)}
+    names = set(fields) | set(PROBE_SETTINGS) | {"threads"}
+
+    def sub(m: "re.Match[str]") -> str:
+        name = m.group(1).replace("-", "_")
+        if name not in names:
+            return m.group(0)
+        f = fields.get(name)
+        if f is not None and f.type in (bool, "bool"):
+            return f"{name}=True" + (m.group(2) or "")
+        value = m.group(3)
+        if value is None:  # "--num-generations: must be ..." names the option itself
+            return name if m.string[m.end():m.end() + 1] == ":" else f"{name}="
+        if re.fullmatch(r"[-+]?[0-9.eE]+|'[^']*'|[A-Za-z][\w.-]*", value) and value not in _WORDS:
+            return f"{name}={value}"
+        return f"{name}=" + m.group(2)
+
+    return re.sub(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\s(\S+))?", sub, message)
+
+
+def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: int | None,
+           options: dict[str, Any]) -> Run:
     from gmts_analysis import kernel
     from gmts_analysis.finalize import finish_result
     from gmts_analysis.models import context_length
+    from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
     from gmts_analysis.rollouts import validate_against_model
     from gmts_analysis.sharding.run import truncation_counts
     from gmts_analysis.validate import check_answers, validate_options
 
+    options = dict(options)
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
     progress = progress and not settings.get("quiet", False)
+    names = {f.name for f in dataclasses.fields(ProbeOptions)}
+    aliases = {k: ALIAS_BY_NAME[k].dest if k in ALIAS_BY_NAME else k for k in options
+               if (k in ALIAS_BY_NAME and k not in names) or k in TRL_NAMES}
     opts = options_from_kwargs(options)
+    if threads is not None:
+        from gmts_analysis.threads import set_threads
+
+        set_threads(threads, "threads=")
     validate_options(opts)
     model, tokenizer, model_path, opts = _model(model, tokenizer, opts, options, bool(settings.get("offline")))
     answers, source = _answers(rollouts, tokenizer, opts, context_length(model))
@@ -227,7 +280,7 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
         result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress,
                                       strict=bool(settings.get("strict", False)))
         tables = finish_result(opts, model, model_path, answers, result,
-                               extra={"job": "gmts_analysis.probe", "rollouts": source,
+                               extra={"job": "gmts_analysis.probe", "rollouts": source, "aliases": aliases,
                                       **truncation_counts(opts, answers, n_cut)})
     finally:
         model.train(was_training)
@@ -256,51 +309,75 @@ def card_max_new_tokens(model_path: str, default: int = 96) -> int:
     return default
 
 
-def sample(
-    model: Any = "small",
-    domains: str | Sequence[str] = DEFAULT_DOMAINS,
-    *,
-    num_prompts: int = 8,
-    group_size: int = 8,
-    temperature: float = 1.0,
-    max_new_tokens: int | None = None,
-    seed: int = 0,
-    device: str = "cpu",
-    tokenizer: Any = None,
-    progress: bool = True,
-    offline: bool = False,
-) -> list[dict]:
-    """Sample ``group_size`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
+def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tokenizer: Any = None,
+           progress: bool = True, offline: bool = False, threads: int | None = None, **options: Any) -> list[dict]:
+    """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
 
     model: ``tiny``/``small``, a directory, a hub id (not downloaded when ``offline``), or a loaded model
-    (with ``tokenizer=``).
+    (with ``tokenizer=``); default ``small``. domains: names or one comma-separated string (default:
+    all three). options: the fields of :class:`gmts_analysis.config.SamplingOptions`, with the same
+    defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
+    ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
+    auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: torch CPU
+    threads to set (default: leave torch as it is).
     Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
-    ready for :func:`probe`; the same arguments give the same rows. ``max_new_tokens``
-    defaults to the policy card's budget (96 without a card).
+    ready for :func:`probe`; the same arguments give the same rows on one device.
     """
     from gmts_analysis.models import load_model, resolve_model_path
     from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.toy.sample import sample_rollouts
 
-    doms = [d.strip() for d in (domains.split(",") if isinstance(domains, str) else domains) if d.strip()]
+    opts = _sampling_options(model, domains, options)
+    if threads is not None:
+        from gmts_analysis.threads import set_threads
+
+        set_threads(threads, "threads=")
+    doms = [d.strip() for d in (opts.domains.split(",") if isinstance(opts.domains, str) else opts.domains)
+            if d.strip()]
     unknown = [d for d in doms if d not in DOMAINS]
     if not doms or unknown:
         raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
                         f"(choose from {', '.join(DOMAINS)})")
-    if num_prompts < 1 or group_size < 2:
-        raise GmtsError("num_prompts must be >= 1 and group_size >= 2 (a group needs a baseline)")
+    n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
+    if n_prompts < 1 or opts.num_generations < 2:
+        raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")
+    if opts.max_completion_length is not None and opts.max_completion_length < 1:
+        raise GmtsError(f"sample: max_completion_length must be >= 1, got {opts.max_completion_length}")
+    model = opts.model if model is None else model
     if isinstance(model, (str, os.PathLike)):
         path = resolve_model_path(os.fspath(model))
-        model, tok = load_model(os.fspath(model), device, "float32", offline=offline)
+        model, tok = load_model(os.fspath(model), opts.device, opts.dtype, offline=offline)
         tokenizer = tokenizer if tokenizer is not None else tok
     else:
         path = str(getattr(model, "name_or_path", "") or "")
     if tokenizer is None:
         raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
-    budget = max_new_tokens or card_max_new_tokens(path)
+    budget = opts.max_completion_length or card_max_new_tokens(path)
     rows: list[dict] = []
     for d in doms:
-        rows += sample_rollouts(model, tokenizer, d, num_prompts, group_size, temperature=temperature,
-                                max_new_tokens=budget, seed=seed, progress=progress)
+        rows += sample_rollouts(model, tokenizer, d, n_prompts, opts.num_generations, temperature=opts.temperature,
+                                max_new_tokens=budget, seed=opts.seed, difficulty=opts.difficulty,
+                                batch_size=opts.batch_size, progress=progress)
     return rows
 
+
+def _sampling_options(model: Any, domains: Any, options: dict[str, Any]) -> "SamplingOptions":
+    """:class:`SamplingOptions` from :func:`sample`'s keywords (aliases resolved; unknown names refused)."""
+    import difflib
+
+    from gmts_analysis.config import SamplingOptions, check_values
+    from gmts_analysis.options import resolve_aliases
+
+    names = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+    kw = resolve_aliases(options, names)
+    for k in kw:
+        if k not in names or k in ("model", "domains", "prompts", "verifier", "chat_template"):
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise GmtsError(f"gmts.sample: unknown option '{k}'{hint}")
+    if isinstance(model, (str, os.PathLike)):
+        kw["model"] = os.fspath(model)
+    kw["domains"] = domains if domains is not None else ",".join(DEFAULT_DOMAINS)
+    opts = SamplingOptions(**kw)
+    check_values(opts, skip=("model", "domains"))
+    return opts

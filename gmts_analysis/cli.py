@@ -80,6 +80,28 @@ def os_error_message(e: OSError) -> str | None:
     return f"{where}: {what}" if where else what
 
 
+def as_spelled(message: str, argv: Sequence[str]) -> str:
+    """``message`` with each of our flags written as the caller spelled it on the command line
+    (``--num-generations`` -> ``--group_size`` when that is what was typed)."""
+    import re
+
+    from gmts_analysis.options import ALIAS_BY_NAME
+
+    spelled: dict[str, str] = {}
+    for tok in argv:
+        if not tok.startswith("--") or tok == "--":
+            continue
+        name = tok.split("=", 1)[0]
+        key = name[2:].replace("-", "_")
+        al = ALIAS_BY_NAME.get(key)
+        ours = "--" + (al.dest if al is not None else key).replace("_", "-")
+        if ours != name:
+            spelled.setdefault(ours, name)
+    for ours, name in spelled.items():
+        message = re.sub(re.escape(ours) + r"(?![\w-])", name, message)
+    return message
+
+
 def _version() -> str:
     from gmts_analysis import __version__
 
@@ -104,11 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         from gmts_analysis.validate import validate_namespace
 
         validate_namespace(args.command, args)  # every option in its domain before any work
+        if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
+            from gmts_analysis.threads import set_threads
+
+            args.threads = set_threads(args.threads)
         rc = args.func(args)
     except GmtsError as e:
         if debug:
             raise
-        print(f"gmts: error: {_one_line(e)}", file=sys.stderr)
+        print(f"gmts: error: {_one_line(as_spelled(str(e), sys.argv[1:] if argv is None else argv))}",
+              file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("gmts: interrupted", file=sys.stderr)

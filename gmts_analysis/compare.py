@@ -12,7 +12,8 @@
   every numeric leaf is a statistic; a ``ci_low``/``ci_high`` pair belongs to the primary
   value of its dictionary (``spearman``, else ``mean``, else ``value``), and a block named
   ``<name>_ci`` holds the CIs of the same path under ``<name>``.
-- ``runs``: per run its directory, ``x``, where ``x`` came from (``x_source``), the model.
+- ``runs``: per run its directory, ``x``, where ``x`` came from (``x_source``), the model and its
+  ``inputs`` (the rollouts by content, :func:`inputs_of`).
 - ``mismatches``: settings that differ between runs: ``{key, values: {run: value}}``.
 
 The step of a run, in this order: ``manifest["step"]`` (written by ``gmts probe`` over
@@ -22,8 +23,9 @@ axis is labelled ``run``). Runs are sorted by step.
 
 Settings: every key of ``manifest["config"]`` except bookkeeping that cannot change a
 statistic (:data:`IGNORED_SETTINGS`: the model and step being compared, output paths,
-progress and resource knobs). Runs whose settings differ (temperature, advantage,
-loss_agg, clips, grad_norm method, rollouts, ...) are *flagged*: listed in
+progress and resource knobs, and the rollouts file: an input, told apart by its content
+in ``runs[i]["inputs"]`` and logged, not a setting). Runs whose settings differ (temperature,
+advantage, loss_agg, clips, grad_norm method, ...) are *flagged*: listed in
 ``mismatches``, in ``compare.json``, on the first page of ``compare.html`` and as a
 warning on stderr, and each run carries a ``settings`` group label (``A``, ``B``, ...)
 that the figures show as marker shapes. Nothing is averaged across runs.
@@ -57,10 +59,11 @@ def _job_fields() -> frozenset:
 
     from gmts_analysis.config import JobSettings
 
-    return frozenset(f.name for f in dataclasses.fields(JobSettings)) - {"rollouts"}
+    return frozenset(f.name for f in dataclasses.fields(JobSettings))
 
 
-# job settings never change a number (gmts_analysis.config.JobSettings), except the rollouts probed
+# job settings never change a number (gmts_analysis.config.JobSettings); the rollouts probed are an
+# input, not a setting: told apart by content (inputs_of), never by the path they were read from
 IGNORED_SETTINGS = _job_fields() | frozenset({
     "model_path", "step", "checkpoint", "chunk_size", "max_memory", "device", "format", "debug", "threads",
     "func", "command",
@@ -234,6 +237,20 @@ def settings_of(manifest: Mapping) -> dict[str, Any]:
     return {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS}
 
 
+def inputs_of(manifest: Mapping) -> dict[str, Any]:
+    """What the run probed, by content: ``{"rollouts_sha256": ...}`` from its fingerprint (or the
+    API's rollouts record), else the path as given; ``{}`` when the manifest says nothing."""
+    fp = manifest.get("run_fingerprint")
+    if isinstance(fp, Mapping) and fp.get("rollouts_sha256"):
+        return {"rollouts_sha256": fp["rollouts_sha256"]}
+    src = manifest.get("rollouts")
+    if isinstance(src, Mapping) and src.get("sha256"):
+        return {"rollouts_sha256": src["sha256"]}
+    cfg = manifest.get("config")
+    path = cfg.get("rollouts") if isinstance(cfg, Mapping) else None
+    return {"rollouts": path} if path else {}
+
+
 def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
     """Read the runs (see :func:`find_runs`) and build the comparison (module docstring)."""
     dirs = find_runs(paths)
@@ -274,6 +291,10 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
                     ", ".join(f"{n}={g}" for n, g in zip(names, labels)),
                     "; ".join(f"{m['key']}: " + ", ".join(f"{n}={v!r}" for n, v in m["values"].items())
                               for m in mismatches))
+    inputs = [inputs_of(r["manifest"]) for r in recs]
+    if len({_canon(i) for i in inputs}) > 1:  # an input, not a setting: expected across a training run
+        log.info("compare: the runs probed different rollouts (by content): %s",
+                 ", ".join(f"{n}={str(next(iter(i.values()), '?'))[:12]}" for n, i in zip(names, inputs)))
     estimators: list[str] = []
     for r in recs:
         estimators += [e for e in estimators_of(r["stats"]) if e not in estimators]
@@ -282,7 +303,8 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
     for r, name, g in zip(recs, names, labels):
         cfg = r["manifest"].get("config") if isinstance(r["manifest"].get("config"), Mapping) else {}
         runs.append({"run": name, "dir": str(r["dir"]), "x": r["x"], "x_source": r["x_source"], "settings": g,
-                     "model": r["manifest"].get("model_path") or cfg.get("model")})
+                     "model": r["manifest"].get("model_path") or cfg.get("model"),
+                     "inputs": inputs_of(r["manifest"])})
         for row in stat_rows(r["stats"], estimators):
             rows.append({"run": name, "x": r["x"], **row, "settings": g})
     table = pd.DataFrame(rows, columns=COLUMNS)

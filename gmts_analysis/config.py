@@ -18,6 +18,10 @@ def opt(default: Any, help: str, **kw: Any) -> Any:
     return field(default=default, metadata={"help": help, **kw})
 
 
+THREADS_HELP = ("torch CPU threads (default: the cores not already busy, from the load average, at least 1; "
+                "or $GMTS_THREADS): a shared machine's default of every core can run 10x slower")
+
+
 @dataclass
 class ProbeOptions:
     """The probe's mathematics and execution options: what the numbers depend on (no files).
@@ -97,8 +101,9 @@ class JobSettings:
     """Where a probe job reads and writes, and how it runs; never changes a number."""
 
     model: str = opt("small", "model directory, hub id, or a shipped policy: tiny | small", required=True)
-    rollouts: str = opt(None, "rollouts file (.jsonl or .parquet; docs/definitions.md section 7)", required=True)
-    out: str = opt(None, "output run directory", required=True)
+    rollouts: str = opt(None, "rollouts file (.jsonl or .parquet; docs/definitions.md section 7), or a TRL "
+                        "output_dir (its completions/ is read)", required=True)
+    out: str = opt(None, "output run directory (TRL's output_dir) (default: runs/<command>-YYYYmmdd-HHMMSS)")
     figures: bool = opt(True, "render figures/ and report.html", flag_off="--no-figures",
                         help_off="skip figures/ and report.html (default: both are written)")
     overwrite: bool = opt(False, "replace an existing output directory (default: resume a run of the same "
@@ -109,10 +114,93 @@ class JobSettings:
     answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
                                  "at most one record per rank")
     quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr", short="-q")
+    threads: int = opt(None, THREADS_HELP)
     offline: bool = opt(False, "never download: a hub --model must already be in the local Hugging Face cache "
                         "(HF_HUB_OFFLINE=1 does the same); without it a hub id is downloaded as transformers does")
     config_file: str = opt(None, "the --config YAML file the options were read from", cli=False)
     aliases: dict = opt(None, "TRL/verl option names used, mapped to ours ({name: our option})", cli=False)
+
+
+@dataclass
+class SamplingOptions:
+    """What ``gmts sample`` and the sampling half of ``gmts run`` take; the keywords of :func:`gmts.sample`.
+
+    One set of defaults for the CLI and the API. TRL's names are the primary ones
+    (``num_generations``, ``max_completion_length``); the older ``group_size`` and
+    ``max_new_tokens`` are aliases (:data:`gmts_analysis.options.ALIASES`).
+    """
+
+    model: str = opt("small", "model directory, hub id, or a shipped policy: tiny | small")
+    domains: str = opt(None, "one or more toy domains (arithmetic, program, logic), space- or comma-separated "
+                       "(default: all three; gmts sample: unless --prompts)", nargs="+")
+    prompts: str = opt(None, "instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': "
+                       "text or chat messages, plus the verifier's columns such as 'solution')")
+    verifier: str = opt(None, "with --prompts: reward function (math, a toy domain, or module:function / "
+                        "file.py:function, called as TRL calls reward functions); without it no reward is written")
+    chat_template: str = opt("auto", "with --prompts: auto = message prompts through the chat template, text as "
+                             "is; on = text prompts as one user message too; off = no template",
+                             choices=("auto", "on", "off"))
+    num_prompts: int = opt(None, "prompts (groups) per toy domain (default: 8); with --prompts: the first N "
+                           "(default: all)")
+    num_generations: int = opt(8, "answers per prompt G (a group; at least 2: a group needs a baseline)")
+    temperature: float = opt(1.0, "sampling temperature tau (0: greedy)")
+    max_completion_length: int = opt(None, "generation budget per answer in tokens (default: the policy "
+                                     "card's, else 96)")
+    difficulty: int = opt(None, "toy difficulty level 1-3 (default: uniform mix)")
+    seed: int = opt(0, "seed of the prompts and the sampling (the same seed gives the same rows on one device)")
+    batch_size: int = opt(64, "sequences generated together")
+    device: str = opt("auto", "auto | cpu | cuda | cuda:N; auto = cuda if available, else cpu")
+    dtype: str = opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
+
+
+@dataclass
+class OutputOptions:
+    """Where a writer puts its result (``gmts sample``, ``compare``, ``stats``): ``out`` is TRL's ``output_dir``."""
+
+    out: str = opt(None, "output directory (TRL's output_dir) (default: runs/<command>-YYYYmmdd-HHMMSS)")
+    overwrite: bool = opt(False, "replace an existing output")
+
+
+@dataclass
+class RunControl:
+    """How a command runs, never what it computes: threads, progress, downloads."""
+
+    threads: int = opt(None, THREADS_HELP)
+    quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr", short="-q")
+    offline: bool = opt(False, "never download: a hub --model must already be in the local Hugging Face cache "
+                        "(HF_HUB_OFFLINE=1 does the same)")
+
+
+class ExamplesHelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that an epilog starting with ``examples:`` keeps its lines."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("examples:"):
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def default_out(command: str) -> str:
+    """The default output folder of a writer: ``runs/<command>-YYYYmmdd-HHMMSS`` (UTC)."""
+    import time
+
+    return time.strftime(f"runs/{command}-%Y%m%d-%H%M%S", time.gmtime())
+
+
+def add_options(parser: argparse.ArgumentParser, *classes: type, skip: tuple[str, ...] = (),
+                defaults: dict[str, Any] | None = None) -> None:
+    """The flags of several option dataclasses (:func:`add_dataclass_args`), each name once: a field
+    of a later class that an earlier one already has is skipped (its first definition holds).
+    ``defaults`` overrides a field's default for this command."""
+    seen = set(skip)
+    for cls in classes:
+        add_dataclass_args(parser, cls, skip=tuple(seen), defaults=defaults)
+        seen |= {f.name for f in dataclasses.fields(cls)}
+
+
+def add_run_control(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` and ``-q/--quiet`` of :class:`RunControl`, for the subcommands that load no model."""
+    add_dataclass_args(parser, RunControl, skip=("offline",))
 
 
 def add_offline_flag(parser: argparse.ArgumentParser) -> None:
@@ -148,7 +236,15 @@ def option_names() -> tuple[str, ...]:
 
 def check_options(opts: ProbeOptions) -> None:
     """Refuse a value of the wrong type or outside its choices (what argparse checks for the CLI)."""
-    for f in dataclasses.fields(ProbeOptions):
+    check_values(opts)
+
+
+def check_values(opts: Any, skip: tuple[str, ...] = ()) -> None:
+    """Refuse a field of the dataclass ``opts`` of the wrong type or outside its choices, naming it
+    as the API keyword (``option max_completion_length='x': expected int``)."""
+    for f in dataclasses.fields(opts):
+        if f.name in skip:
+            continue
         v = getattr(opts, f.name)
         if v is None:
             continue
@@ -189,9 +285,11 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
     return opts
 
 
-def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (),
+                       defaults: dict[str, Any] | None = None) -> None:
     """Add one ``--flag`` per dataclass field (bools become switches), each in its ``--help``
-    group (:func:`gmts_analysis.options.help_group`) with its default stated."""
+    group (:func:`gmts_analysis.options.help_group`) with its default stated (``defaults``:
+    this command's own default of a field)."""
     from gmts_analysis.options import METAVARS, help_group
 
     for f in dataclasses.fields(cls):
@@ -199,6 +297,7 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
             continue
         flag = "--" + f.name.replace("_", "-")
         md = f.metadata
+        default = (defaults or {}).get(f.name, f.default)
         where = help_group(parser, f.name)
         kw: dict[str, Any] = {"help": md.get("help", ""), "dest": f.name}
         if f.type in (bool, "bool"):
@@ -216,12 +315,14 @@ def add_dataclass_args(parser: argparse.ArgumentParser, cls: type, skip: tuple[s
             kw["metavar"] = METAVARS[f.name]
         if "choices" in md:
             kw["choices"] = md["choices"]
+        if "nargs" in md:
+            kw["nargs"] = md["nargs"]
         if md.get("required"):
             kw["required"] = True
         else:
-            kw["default"] = f.default
+            kw["default"] = default
             if "(default" not in kw["help"]:
-                kw["help"] += f" (default: {'none' if f.default is None else f.default})"
+                kw["help"] += f" (default: {'none' if default is None else default})"
         where.add_argument(flag, **kw)
 
 

@@ -100,7 +100,7 @@ def selection_gradients(
     if need > memory_budget_bytes:
         raise GmtsError(
             f"update fidelity needs {need / 1e9:.2f} GB for {len(masks)} gradients of {n_params:,} parameters "
-            f"(budget {memory_budget_bytes / 1e9:.2f} GB): skip it with --fidelity off"
+            f"(budget {memory_budget_bytes / 1e9:.2f} GB): skip it (--fidelity off) or use fewer estimators"
         )
     if "omega" not in tokens.columns:
         raise GmtsError("update fidelity needs the 'omega' column of the tokens table")
@@ -116,7 +116,7 @@ def selection_gradients(
     seen: set = set()
     it = batches
     if progress:
-        from tqdm.auto import tqdm
+        from gmts_analysis.progress import tqdm
 
         it = tqdm(batches, desc="update fidelity", unit="answer", leave=False)
     pending: list[tuple[torch.Tensor, int, np.ndarray]] = []

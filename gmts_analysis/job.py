@@ -86,9 +86,9 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
     from gmts_analysis.api import sample
 
     rows = sample(cfg.model, sampling["domains"], num_prompts=sampling["num_prompts"],
-                  group_size=sampling["group_size"], temperature=sampling["temperature"],
-                  max_new_tokens=sampling["max_new_tokens"], seed=sampling["seed"], device=sampling["device"],
-                  progress=progress, offline=bool(getattr(cfg, "offline", False)))
+                  num_generations=sampling["group_size"], temperature=sampling["temperature"],
+                  max_completion_length=sampling["max_new_tokens"], seed=sampling["seed"],
+                  device=sampling["device"], progress=progress, offline=bool(getattr(cfg, "offline", False)))
     io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     io.atomic_write_json(params, key)
     return path
@@ -132,8 +132,29 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
                               **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}},
                        extra_files={SAMPLE_ROLLOUTS: rollouts})
     if (out / "manifest.json").exists() and io.is_ours(work, "sample", out):
+        _record_own_rollouts(out)
         shutil.rmtree(work, ignore_errors=True)
     return result
+
+
+def _record_own_rollouts(out: Path) -> None:
+    """The finished run names the rollouts it holds (``out/rollouts.jsonl``), not the work file they
+    were sampled into: ``manifest["config"]["rollouts"]`` and ``manifest["rollouts_file"]``."""
+    from gmts_analysis import io
+
+    path = out / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    own = str(out / SAMPLE_ROLLOUTS)
+    cfg = manifest.get("config")
+    if manifest.get("rollouts_file") == SAMPLE_ROLLOUTS and isinstance(cfg, dict) and cfg.get("rollouts") == own:
+        return
+    if isinstance(cfg, dict):
+        cfg["rollouts"] = own
+    manifest["rollouts_file"] = SAMPLE_ROLLOUTS  # relative to the run directory
+    io.atomic_write_json(path, manifest)
 
 
 def _json(obj: Any) -> str:

@@ -267,7 +267,7 @@ def probe_answers(
     them to probe a subset with batch-wide values. Rows come in input order, by position.
     ``strict``: as :func:`probe_answer`.
     """
-    from tqdm.auto import tqdm
+    from gmts_analysis.progress import tqdm
 
     if coefs is None:
         coefs = answer_coefficients(answers, cfg)

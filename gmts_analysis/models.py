@@ -40,6 +40,39 @@ def hub_offline() -> bool:
                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
 
 
+def hub_endpoint() -> str:
+    """The hub's address (``HF_ENDPOINT``, else https://huggingface.co)."""
+    return os.environ.get("HF_ENDPOINT", "").strip() or "https://huggingface.co"
+
+
+def hub_cached(repo_id: str) -> bool:
+    """True when the hub model ``repo_id`` has its config in the local Hugging Face cache (no network)."""
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # an id the hub library refuses, or no cache: not cached
+        return False
+    return isinstance(found, str)
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the hub's host, at most ``timeout`` seconds: can anything be downloaded?
+    (Instead of transformers' retries, which take about half a minute to fail without a network.)"""
+    import socket
+    from urllib.parse import urlparse
+
+    u = urlparse(hub_endpoint())
+    host = u.hostname
+    if not host:
+        return True  # an endpoint we cannot parse: let transformers try
+    try:
+        with socket.create_connection((host, u.port or (80 if u.scheme == "http" else 443)), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """``auto`` -> ``cuda`` if available else ``cpu``; ``cuda[:N]`` checked to exist."""
     if isinstance(spec, torch.device):
@@ -99,6 +132,13 @@ def load_model(
     if not local and looks_like_path:
         raise GmtsError(f"--model {name_or_path}: no such directory")
     no_download = local or offline or hub_offline()
+    if not no_download:  # a hub id that may be downloaded: the cache first, then one quick look at the hub
+        if hub_cached(path):
+            no_download = True
+        elif not hub_reachable():
+            raise GmtsError(f"--model {name_or_path}: not in the local Hugging Face cache, and {hub_endpoint()} "
+                            "cannot be reached (no network?): download it where there is one, or give a local "
+                            "directory")
     if local:
         check_model_dir(name_or_path, Path(path))
     dev = resolve_device(device)
@@ -160,13 +200,24 @@ def _quiet_transformers() -> Iterator[None]:
     """Silence transformers' own loading report (we raise our own one-line error instead)."""
     import logging
 
+    from transformers.utils import logging as hf_logging
+
+    from gmts_analysis.progress import widgetless_kernel
+
     lg = logging.getLogger("transformers")
     old = lg.level
     lg.setLevel(logging.ERROR)
+    # in a notebook without ipywidgets, transformers' "Loading weights" bar (tqdm.auto) would warn
+    # "IProgress not found" and write every refresh into the cell: no bar there
+    bars_off = widgetless_kernel() and hf_logging.is_progress_bar_enabled()
+    if bars_off:
+        hf_logging.disable_progress_bar()
     try:
         yield
     finally:
         lg.setLevel(old)
+        if bars_off:
+            hf_logging.enable_progress_bar()
 
 
 def _causal_lm_classes() -> set[str]:

@@ -75,11 +75,19 @@ ALIASES: tuple[Alias, ...] = (
           values={"true": "group", "false": "none"}),
     Alias("loss_scale_factor", "max_len", "verl actor.loss_scale_factor (L_max of seq-mean-token-sum-norm)"),
     Alias("model_name_or_path", "model", "TRL ModelConfig.model_name_or_path"),
+    Alias("output_dir", "out", "TRL TrainingArguments.output_dir"),
+    Alias("group_size", "num_generations", "gmts 0.1 (sample / run / rl); TRL's num_generations is the name"),
+    Alias("max_new_tokens", "max_completion_length",
+          "gmts 0.1 and transformers generate() (sample / run / rl); TRL's max_completion_length is the name"),
     Alias("policy", "model", "gmts before 0.2 (gmts run / gmts rl)"),
     Alias("domain", "domains", "gmts before 0.2 (gmts sample / gmts rl)"),
     Alias("steps", "max_steps", "gmts before 0.2 (gmts rl / gmts toy-train)"),
 )
 ALIAS_BY_NAME = {a.name: a for a in ALIASES}
+#: our options whose name is also TRL's (GRPOConfig): spelled TRL's way (``--loss_type``, or the API
+#: keyword) they are recorded in ``aliases`` too, mapped to themselves, so the manifest lists every TRL name used
+TRL_NAMES: tuple[str, ...] = ("num_generations", "max_completion_length", "loss_type",
+                              "mask_truncated_completions", "importance_sampling_level")
 
 # --help groups, in this order, and the options each holds (one table for every subcommand)
 HELP_GROUPS: dict[str, tuple[str, ...]] = {
@@ -250,7 +258,9 @@ def install(parser: argparse.ArgumentParser) -> None:
             if s.startswith("--") and "-" in s[2:]:
                 u = "--" + s[2:].replace("-", "_")
                 if u not in table:
-                    table[u] = _Spelling([u], a, None) if _is_switch(a) else a
+                    trl = a.dest in TRL_NAMES and u == "--" + a.dest
+                    table[u] = (_Spelling([u], a, Alias(a.dest, a.dest, f"TRL GRPOConfig.{a.dest}")) if trl
+                                else _Spelling([u], a, None) if _is_switch(a) else a)
     for al in ALIASES:
         target = by_dest.get(al.dest)
         if target is None or _is_switch(target):
@@ -259,8 +269,7 @@ def install(parser: argparse.ArgumentParser) -> None:
             if spelling not in table:
                 table[spelling] = _Spelling([spelling], target, al)
     for sp in _subparsers(parser):
-        if getattr(sp, "_gmts_groups", None) is None:
-            regroup_help(sp)
+        regroup_help(sp)  # hand-written flags (dataclass ones are in their groups already)
         install(sp)
 
 

@@ -143,6 +143,7 @@ def read_rollouts(
     files = rollout_files(path, opts.steps)
     spec = RewardSpec.from_options(opts.reward_columns, opts.reward_weights)
     state = _ReadState(opts, spec)
+    state.verified = verifier is not None
     rows = _file_rows(files, opts, state)
     answers = _build(rows, tokenizer, verifier, opts, state, str(path))
     state.report["files"] = [f.path.name for f in files][:50]
@@ -165,6 +166,7 @@ def read_rollouts_rows(
         raise GmtsError(f"{where}: no rollouts (empty input)")
     spec = RewardSpec.from_options(opts.reward_columns, opts.reward_weights)
     state = _ReadState(opts, spec)
+    state.verified = verifier is not None
     numbered = []
     for i, r in enumerate(rows):
         if not isinstance(r, dict):
@@ -230,6 +232,7 @@ class _ReadState:
         self.report: dict = {}
         self.last_digest: str | None = None
         self.repeated_files: list[str] = []
+        self.verified = False  # a --verifier scores the answers: a TRL table's reward columns are not read
 
 
 def _file_rows(files: list, opts: ReaderOptions, state: _ReadState) -> Iterator[tuple[str, dict]]:
@@ -250,7 +253,10 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
     elif fmt != state.fmt:
         raise GmtsError(f"{rf.path}: a {fmt} file among {state.fmt} files (one format per rollouts directory)")
     spec: RewardSpec | None = state.spec
-    if fmt == "trl":  # the first file decides the columns when none are named; later files must hold them
+    if fmt == "trl" and state.verified:  # the verifier's rewards replace the logged ones (kept as columns)
+        spec = RewardSpec(None, None, chosen="verifier")
+        state.trl_spec = spec
+    elif fmt == "trl":  # the first file decides the columns when none are named; later files must hold them
         spec = resolve_trl_rewards(state.trl_spec or state.spec, rf)
         state.trl_spec = spec
     elif spec.columns is not None:
@@ -432,6 +438,8 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
 
 def _reward_note(state: _ReadState) -> dict:
     spec = state.trl_spec if state.fmt == "trl" else state.spec
+    if spec is not None and spec.chosen == "verifier":
+        return {"columns": None, "field": None, "chosen": "verifier (the table's reward columns are not used)"}
     if spec is None or spec.columns is None:
         return {"columns": None, "field": {"verl": "score", "trl": None}.get(state.fmt or "", "reward")}
     return {"columns": spec.columns, "weights": spec.weights or [1.0] * len(spec.columns), "chosen": spec.chosen}

@@ -200,3 +200,23 @@ def test_probe_over_checkpoints_one_run_each_and_the_comparison(tmp_path, capsys
                  "--fidelity", "off"]) == 0
     js2 = json.loads((out2 / "compare" / "compare.json").read_text())
     assert [r["x"] for r in js2["runs"]] == [10, 20]
+
+
+def test_identical_runs_compare_equal_inputs_apart_from_settings(tmp_path, caplog):
+    """Two identical `gmts run`s: their rollouts live in their own directories (different paths, same
+    content), other --out, other threads: no settings mismatch. Other rollouts content is an input
+    difference (logged, in runs[i]['inputs']), not a setting."""
+    import logging
+
+    fp = {"rollouts_sha256": "ab" * 32}
+    a = _manifest("/m", rollouts="/runs/a/rollouts.jsonl", out="/runs/a", threads=1, aliases={})
+    b = _manifest("/m", rollouts="/runs/b/rollouts.jsonl", out="/runs/b", threads=2, aliases={"--group-size": "x"})
+    _write(tmp_path / "a", _stats(0), {**a, "run_fingerprint": fp})
+    _write(tmp_path / "b", _stats(0), {**b, "run_fingerprint": fp})
+    cmp = compare_runs([tmp_path / "a", tmp_path / "b"])
+    assert cmp.mismatches == [] and {r["settings"] for r in cmp.runs} == {"A"}
+    assert [r["inputs"] for r in cmp.runs] == [fp, fp]
+    _write(tmp_path / "c", _stats(1), {**b, "run_fingerprint": {"rollouts_sha256": "cd" * 32}})
+    with caplog.at_level(logging.INFO, logger="gmts_analysis.compare"):
+        cmp = compare_runs([tmp_path / "a", tmp_path / "c"])
+    assert cmp.mismatches == [] and "probed different rollouts" in caplog.text

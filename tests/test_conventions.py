@@ -44,8 +44,11 @@ def test_trl_command_line_maps_and_records():
               "--top_entropy_quantile", "0.1", "--mask_truncated_completions", "--max_completion_length", "64")
     assert (a.loss_type, a.clip_low, a.clip_high, a.kl_beta, a.rho) == ("dapo", 0.25, 0.3, 0.04, 0.1)
     assert a.mask_truncated_completions is True and a.max_completion_length == 64
+    # TRL's names are recorded, those that are also ours mapped to themselves (options.TRL_NAMES)
     assert a.aliases == {"--epsilon": "clip_low", "--epsilon_high": "clip_high", "--beta": "kl_beta",
-                         "--top_entropy_quantile": "rho"}
+                         "--top_entropy_quantile": "rho", "--loss_type": "loss_type",
+                         "--mask_truncated_completions": "mask_truncated_completions",
+                         "--max_completion_length": "max_completion_length"}
 
 
 def test_epsilon_alone_sets_both_sides_like_trl():
@@ -95,7 +98,8 @@ def test_config_file_like_trl(tmp_path):
     assert a.config == str(cfg)
     assert a.aliases == {"grpo.yaml: scale_rewards": "advantage", "grpo.yaml: epsilon": "clip_low",
                          "grpo.yaml: epsilon-high": "clip_high", "grpo.yaml: beta": "kl_beta",
-                         "grpo.yaml: top_entropy_quantile": "rho"}
+                         "grpo.yaml: top_entropy_quantile": "rho", "grpo.yaml: loss_type": "loss_type",
+                         "grpo.yaml: max_completion_length": "max_completion_length"}
 
 
 def test_more_trl_and_verl_names():

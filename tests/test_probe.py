@@ -12,10 +12,11 @@ from conftest import make_rollouts, plain_loop_grad_norms
 
 from gmts_analysis.cli import main
 from gmts_analysis.config import ProbeConfig
+from gmts_analysis.kernel import answer_coefficients
+from gmts_analysis.kernel import probe_answers as probe_rollouts
 from gmts_analysis.models import load_model
-from gmts_analysis.kernel import answer_coefficients, probe_answers as probe_rollouts
-from gmts_analysis.tables import TOKEN_COLUMNS
 from gmts_analysis.rollouts import read_rollouts
+from gmts_analysis.tables import TOKEN_COLUMNS
 
 CONTRACT_ANSWER_COLUMNS = ["answer_id", "group_id", "reward", "advantage", "length"]
 

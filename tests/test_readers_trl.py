@@ -275,3 +275,32 @@ def test_completion_split_by_a_response_schema_is_refused(tmp_path, tok):
     with pytest.raises(GmtsError, match=r"row 1: field 'completion' was split by the tokenizer's response schema "
                                         r"\('reasoning_content'"):
         read_rollouts(p, tok, options=ReaderOptions(reward_columns="acc"))
+
+
+def test_trl_output_dir_is_followed_to_completions(trl_dir, tok):
+    """--rollouts TRL_OUTPUT_DIR reads its completions/ (and fingerprints the same files)."""
+    from gmts_analysis.readers.sources import input_sha256
+
+    root, _ = trl_dir
+    direct = read_rollouts(root / "completions", tok, options=ReaderOptions(**OPTS))
+    via_output_dir = read_rollouts(root, tok, options=ReaderOptions(**OPTS))
+    assert [(a.answer_id, a.response_ids, a.reward) for a in via_output_dir] == \
+        [(a.answer_id, a.response_ids, a.reward) for a in direct]
+    assert input_sha256(root) == input_sha256(root / "completions")
+
+
+def test_verifier_makes_reward_columns_irrelevant(tmp_path, tok):
+    """With --verifier, a TRL table's numeric columns are neither required nor used: the verifier scores
+    every answer, the logged columns stay as columns."""
+    df = pd.DataFrame({"step": [1, 1], "prompt": ["p", "p"], "completion": ["a", "bb"], "acc": [1.0, 1.0],
+                       "fmt": [0.0, 1.0]})
+    p = tmp_path / "completions_00001.parquet"
+    df.to_parquet(p)
+
+    def by_length(prompts, completions, **kw):
+        return [float(len(c) % 2) for c in completions]
+
+    ans = read_rollouts(p, tok, verifier=by_length)
+    assert [a.reward for a in ans] == [1.0, 0.0]
+    assert [a.extra.get("acc") for a in ans] == [1.0, 1.0]
+    assert ans.report["reward"]["chosen"].startswith("verifier")

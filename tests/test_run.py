@@ -47,6 +47,10 @@ def test_gmts_run_tiny_end_to_end(tmp_path, capsys):
     # the job's own records: a run fingerprint, one chunk record per 16 answers (one here)
     assert len(manifest["run_hash"]) == 64 and manifest["distributed"]["n_chunks"] == 1
     assert manifest["sampling"]["domains"] == ["arithmetic", "program", "logic"]
+    # the run names the rollouts it holds, not the deleted work file; and the threads it ran on
+    assert manifest["rollouts_file"] == "rollouts.jsonl"
+    assert manifest["config"]["rollouts"] == str(out / "rollouts.jsonl")
+    assert manifest["config"]["threads"] == manifest["torch_threads"] >= 1
 
 
 def test_gmts_run_killed_mid_probe_resumes_to_the_same_rows(tmp_path, monkeypatch, capsys):

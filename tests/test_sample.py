@@ -106,7 +106,8 @@ def test_sample_prompts_errors(tmp_path, chat_policy):
 
     mdir, tok = chat_policy
     rows, p, v = _prompts(tmp_path)
-    assert main(["sample", "--model", str(mdir), "--out", str(tmp_path / "x.jsonl")]) == 2  # neither source
+    assert main(["sample", "--model", str(mdir), "--prompts", str(p), "--domains", "logic",
+                 "--out", str(tmp_path / "x.jsonl")]) == 2  # both sources (neither: the three toy domains)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "1+1"}\n')
     with pytest.raises(GmtsError, match="row 1: field 'prompt'"):

@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
 
 def _ints(s: str) -> list[int]:
     from gmts_analysis.errors import GmtsError
@@ -27,9 +29,15 @@ def _ints(s: str) -> list[int]:
     return vals
 
 
+EXAMPLES = """examples:
+  gmts bench --quick --threads 1
+  gmts bench --models small --lengths 64,256 --probes 16,32 --out /tmp/bench"""
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark the gradient-norm engines", description=__doc__.split("\n\n", 1)[1]
+        "bench", help="benchmark the gradient-norm engines", description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("--models", default="small,qwen0.5b", help="comma-separated: small, qwen0.5b (default both)")
     p.add_argument("--lengths", default=None, help="response lengths T (default 64,256,1024; --quick: 64,256)")

@@ -6,13 +6,21 @@ Takes run directories (each with stats.json and manifest.json), or a directory o
 to --out: ``compare.parquet`` and ``compare.json`` (one row per run and statistic, with
 95% CIs where stats.json has them), ``figures/*.png`` (statistic vs step, one line per
 estimator) and a self-contained ``compare.html``. Runs made with different settings
-(temperature, advantage, loss aggregation, clips, gradient-norm method, rollouts, ...) are
-flagged on stderr and in the outputs, never averaged together.
+(temperature, advantage, loss aggregation, clips, gradient-norm method, ...) are flagged on
+stderr and in the outputs, never averaged together; the rollouts are an input (compared by
+content, logged), not a setting.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+
+EXAMPLES = """examples:
+  gmts compare runs/ckpt-100 runs/ckpt-200 runs/ckpt-300 --out runs/cmp
+  gmts compare runs/series                       # a directory of runs; -> runs/compare-<time>/
+  gmts compare runs/a runs/b --no-figures --output_dir cmp -q"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,12 +28,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "compare",
         help="compare runs across training: every statistic vs step, with CIs, figures and an HTML page",
         description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one directory holding run directories")
-    p.add_argument("--out", required=True, help="output directory for compare.parquet, compare.json, "
-                   "figures/ and compare.html")
+    p.add_argument("--out", default=None, help="output directory for compare.parquet, compare.json, "
+                   "figures/ and compare.html (TRL's output_dir) (default: runs/compare-YYYYmmdd-HHMMSS)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures (the HTML then has tables only)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    add_run_control(p)
     p.set_defaults(func=run)
 
 
@@ -38,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.io import check_output_location
 
     log = logging.getLogger("gmts_analysis.compare")
+    if args.out is None:
+        from gmts_analysis.config import default_out
+
+        args.out = default_out("compare")
     out = check_output_location(args.out, whole_dir=False)
     for r in args.runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
         rp = Path(r).expanduser().resolve()

@@ -9,19 +9,27 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+
+EXAMPLES = """examples:
+  gmts figures runs/mine                    # runs/mine/figures/*.png and *.pdf
+  gmts figures runs/mine --to /tmp/figs
+  gmts figures runs/mine --report --max-answers 50"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "figures",
         help="render the figures of a run directory (PNG and PDF)",
         description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--to", default=None, metavar="DIR", help="output folder (default RUN_DIR/figures)")
     p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html (default: off)")
     p.add_argument("--max-answers", type=int, default=None, metavar="N",
                    help="answers in the report's audit view, most disagreeing first (default: 200)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_run_control(p)
     p.set_defaults(func=run)
 
 

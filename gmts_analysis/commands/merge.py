@@ -12,12 +12,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+
+EXAMPLES = """examples:
+  gmts merge runs/big                       # rank 0 died after every chunk was recorded
+  gmts merge runs/big --no-figures --fidelity off"""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge",
         help="merge the parts of an unfinished probe run into its final tables and statistics",
         description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the probe's --out directory")
     p.add_argument("--device", default="auto", help="device for the model (manifest, fidelity) (default: auto)")
@@ -25,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip figures and report (default: as the probe command said)")
     p.add_argument("--fidelity", default=None, choices=("auto", "on", "off"),
                    help="update fidelity of selections (default: as the probe command said)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_run_control(p)
     p.set_defaults(func=run)
 
 

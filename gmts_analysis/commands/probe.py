@@ -6,6 +6,14 @@ import argparse
 import os
 import sys
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
+EXAMPLES = """examples:
+  gmts probe --model tiny --rollouts rollouts.jsonl                       # -> runs/probe-<time>/
+  gmts probe --model_name_or_path ./ckpt --rollouts trl_output_dir --loss_type dr_grpo \\
+             --max_completion_length 256 --output_dir runs/ckpt --threads 1
+  gmts probe --model ckpt-100,ckpt-200 --rollouts rollouts.jsonl --grad-norm sketch --probes 32"""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     from gmts_analysis.config import ProbeConfig, add_dataclass_args
@@ -18,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the exact norm of the per-token policy gradient, the advantage, omega and the GMTS score. "
         "Flags also take TRL's and verl's names and underscores (--loss_type, --epsilon, --beta, "
         "--top_entropy_quantile, ...: docs/cli.md).",
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     help_group(p, "config").add_argument(
         "--config", metavar="FILE.yaml", default=None,
@@ -28,9 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts_analysis.config import ProbeConfig, from_args
+    from gmts_analysis.config import ProbeConfig, default_out, from_args
+    from gmts_analysis.errors import GmtsError
     from gmts_analysis.job import run_probe
 
+    if args.out is None:
+        if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must name the same directory
+            raise GmtsError("--out: required under torchrun (each rank would pick its own default folder)")
+        args.out = default_out("probe")
     cfg = from_args(ProbeConfig, args, config_file=getattr(args, "config", None),
                     aliases=dict(getattr(args, "aliases", None) or {}))
     from gmts_analysis.compare import checkpoint_series, probe_series
@@ -38,5 +52,22 @@ def run(args: argparse.Namespace) -> int:
     series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
     out = run_probe(cfg) if series is None else probe_series(cfg, series, figures=cfg.figures)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the run
+        if series is None:
+            print_results(out)
         print(f"wrote {out}", file=sys.stderr)
     return 0
+
+
+def print_results(out) -> None:
+    """The results table of a finished run directory, as ``gmts run`` prints it (stdout)."""
+    from pathlib import Path
+
+    from gmts_analysis.commands.stats import warn_few_groups
+    from gmts_analysis.io import read_json
+    from gmts_analysis.summary import summary_text
+
+    path = Path(out) / "stats.json"
+    if path.is_file():
+        stats = read_json(path)
+        print(summary_text(stats))
+        warn_few_groups(stats)

@@ -4,6 +4,13 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
+EXAMPLES = """examples:
+  gmts rl --model tiny --selection all gmts --seed 0 --max-steps 20 --out /tmp/rl.json
+  gmts rl --num_generations 8 --max_completion_length 64 --top_entropy_quantile 0.2 --figures none
+  gmts rl --selection entropy gmts --seed 0 1 --threads 1 -q"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     from gmts_analysis.config import add_offline_flag
@@ -17,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "loss (all | entropy | gmts | gmts_lgn | random; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x --seed, evaluates pass@1 at "
         "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
         "writes the results JSON (--out) and learning-curve figures (--figures).",
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("--model", default=d.policy, help="shipped policy tiny | small, a checkpoint directory or a "
                    f"hub id (default: {d.policy})")
@@ -37,9 +45,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default: {d.lr:g})")
     p.add_argument("--prompts-per-domain", type=int, default=d.prompts_per_domain,
                    help=f"training prompts per domain per step (default: {d.prompts_per_domain})")
-    p.add_argument("--group-size", type=int, default=d.group_size, help=f"answers per prompt (default: {d.group_size})")
-    p.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens,
-                   help=f"generation budget (default: {d.max_new_tokens})")
+    p.add_argument("--num-generations", type=int, default=d.group_size,
+                   help=f"answers per prompt G (TRL's num_generations) (default: {d.group_size})")
+    p.add_argument("--max-completion-length", type=int, default=d.max_new_tokens,
+                   help=f"generation budget in tokens (TRL's max_completion_length) (default: {d.max_new_tokens})")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help=f"steps between evaluations (default: {d.eval_every})")
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
                    help=f"held-out prompts per domain for pass@1 (default: {d.eval_prompts})")
@@ -111,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = RLConfig(
         policy=args.model, steps=args.max_steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,
-        group_size=args.group_size, max_new_tokens=args.max_new_tokens, eval_every=args.eval_every,
+        group_size=args.num_generations, max_new_tokens=args.max_completion_length, eval_every=args.eval_every,
         eval_prompts=args.eval_prompts, diag_every=args.diag_every, diag_answers=args.diag_answers,
         device=str(resolve_device(args.device)),
     )

@@ -12,52 +12,35 @@ from __future__ import annotations
 import argparse
 import time
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
 DEFAULT_DOMAINS = "arithmetic,program,logic"
 
 
+EXAMPLES = """examples:
+  gmts run                                             # small policy, three toy domains, runs/run-<time>/
+  gmts run --model tiny --num_generations 4 --max_completion_length 48 --output_dir runs/tiny --threads 1
+  gmts run --loss_type dr_grpo --max_completion_length 96 --epsilon 0.2 --beta 0.04 --top_entropy_quantile 0.2"""
+
+#: options of gmts probe that gmts run does not take: its input is the rollouts it samples
+NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights", "verifier", "chat_template",
+              "prompts", "batch_size", "difficulty")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import add_offline_flag
+    from gmts_analysis.config import ProbeConfig, RunControl, SamplingOptions, add_options
 
     p = sub.add_parser(
         "run",
         help="the main job: sample from a shipped policy, probe, statistics, figures, report",
         description="Sample answers from a shipped toy policy, probe them with exact per-token gradient norms, "
-        "and write a complete run directory (tables, stats.json, figures, report.html). Resumable like "
-        "gmts probe: run the same command again after a crash.",
+        "and write a complete run directory (tables, stats.json, figures, report.html, and the sampled "
+        "rollouts.jsonl). Resumable like gmts probe: run the same command again after a crash. Every option "
+        "of gmts probe that is not about an input file applies (TRL's and verl's names too: docs/cli.md).",
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
-    p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
-                   "hub id (default: small)")
-    add_offline_flag(p)
-    p.add_argument("--domains", nargs="+", default=[DEFAULT_DOMAINS], metavar="DOMAIN",
-                   help=f"one or more toy domains, space- or comma-separated (default: {DEFAULT_DOMAINS})")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")
-    p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default: 8)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling and probing temperature (default: 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget (default: the policy card's)")
-    p.add_argument("--grad-norm", default="exact", choices=("exact", "sketch", "none"),
-                   help="per-token gradient norm (default: exact)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]; auto = cuda if available, else cpu "
-                   "(data/example_run was made on cpu: give --device cpu to reproduce it on a GPU machine) "
-                   "(default: auto)")
-    p.add_argument("--rho", type=float, default=0.2, metavar="FRACTION",
-                   help="keep fraction of the token selections quoted by the report, update fidelity and the "
-                   "summary (TRL's top_entropy_quantile) (default: 0.2)")
-    p.add_argument("--uncertain-below", type=float, default=0.9, metavar="PROB",
-                   help="the statistics' uncertain-token view keeps tokens with prob below this (default: 0.9)")
-    p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
-    p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
-    p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
-                   help="update fidelity of selections (default: auto = on under 100k tokens when its gradients fit in "
-                   "memory)")
-    p.add_argument("--answers-per-chunk", type=int, default=16,
-                   help="answers per record (a resumable unit of work) (default: 16)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory (default: resume "
-                   "a run of the same arguments, refuse anything else)")
-    p.add_argument("--strict", action="store_true", help="stop at the first answer that fails, and count an answer "
-                   "the exact engine refuses as failed (default: skip a failed answer; send a refused one to the "
-                   "per-token loop, exact but slower, with a warning)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_options(p, SamplingOptions, ProbeConfig, RunControl, skip=NOT_IN_RUN,
+                defaults={"domains": [DEFAULT_DOMAINS], "out": None})
     p.set_defaults(func=run)
 
 
@@ -80,30 +63,33 @@ def run(args: argparse.Namespace) -> int:
     if not domains or unknown:
         raise GmtsError(f"--domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
                         f"(choose from {', '.join(DOMAINS)})")
-    if args.num_prompts < 1 or args.group_size < 2:
-        raise GmtsError("--num-prompts must be >= 1 and --group-size >= 2 (a group needs a baseline)")
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise GmtsError(f"--max-new-tokens: must be an integer >= 1, got {args.max_new_tokens}")
-    out = Path(args.out or time.strftime("runs/run-%Y%m%d-%H%M%S"))
-    cfg = ProbeConfig(model=args.model, rollouts=None, out=str(out), device=args.device,
-                      temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
-                      figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
-                      answers_per_chunk=args.answers_per_chunk, rho=args.rho, offline=args.offline,
-                      uncertain_below=args.uncertain_below,
-                      strict=bool(getattr(args, "strict", False)),
-                      aliases=dict(getattr(args, "aliases", None) or {}))
+    if args.num_prompts is None:
+        args.num_prompts = 8
+    if args.num_prompts < 1 or args.num_generations < 2:
+        raise GmtsError("--num-prompts must be >= 1 and --num-generations >= 2 (a group needs a baseline)")
+    if args.max_completion_length is not None and args.max_completion_length < 1:
+        raise GmtsError(f"--max-completion-length: must be an integer >= 1, got {args.max_completion_length}")
+    from gmts_analysis.config import default_out, from_args
+
+    out = Path(args.out or default_out("run"))
+    # the probe half: every gmts probe option; num_generations is the sampling's (the rows carry group ids)
+    cfg = from_args(ProbeConfig, args, rollouts=None, out=str(out), num_generations=None,
+                    aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)
     io.check_output_location(out, {"--model": resolve_model_path(args.model)})
     io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
-    sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.group_size,
-                "temperature": args.temperature, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+    sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.num_generations,
+                "temperature": args.temperature, "max_new_tokens": args.max_completion_length, "seed": args.seed,
                 "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
     sample_and_probe(cfg, sampling)
     stats = json.loads((out / "stats.json").read_text())
     from gmts_analysis.summary import summary_text
 
     print(summary_text(stats, domains))
+    from gmts_analysis.commands.stats import warn_few_groups
+
+    warn_few_groups(stats)
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()

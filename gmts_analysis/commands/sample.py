@@ -5,47 +5,52 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
+EXAMPLES = """examples:
+  gmts sample --model small --domains arithmetic --num_generations 4 --max_completion_length 48 --output_dir runs/s1
+  gmts sample --model ./ckpt --prompts prompts.jsonl --verifier math --num-generations 8 --out rollouts.jsonl
+  gmts sample --domains logic --num-prompts 16 --temperature 0.7 --threads 1 -q"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import add_offline_flag
+    from gmts_analysis.config import OutputOptions, RunControl, SamplingOptions, add_options
 
     p = subparsers.add_parser(
         "sample",
         help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
-        description="Sample --group-size answers to each of --num-prompts held-out prompts of each toy "
+        description="Sample --num-generations answers to each of --num-prompts held-out prompts of each toy "
         "domain, score them with the domain's verifier and write rollouts (docs/definitions.md section 7) (JSONL). "
-        "The same seed gives the same file.",
+        "The same seed gives the same file. --out is a .jsonl file, or a directory (TRL's output_dir) that "
+        "gets rollouts.jsonl.",
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
-    p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
-                   "(default tiny)")
-    add_offline_flag(p)
-    p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
-                   help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
-    p.add_argument("--prompts", default=None, metavar="FILE",
-                   help="instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': text or "
-                   "chat messages, plus the verifier's columns such as 'solution')")
-    p.add_argument("--verifier", default=None, metavar="NAME|module:function",
-                   help="with --prompts: reward function (math, a toy domain, or module:function / file.py:function, "
-                   "called as TRL calls reward functions); without it no reward is written")
-    p.add_argument("--chat-template", default="auto", choices=("auto", "on", "off"),
-                   help="with --prompts: auto = message prompts through the chat template (generation prompt added), "
-                   "text as is; on = text prompts as one user message too; off = no template (default auto)")
-    p.add_argument("--num-prompts", type=int, default=None,
-                   help="prompts (groups) to sample per domain (default 8); with --prompts: the first N (default all)")
-    p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default 8)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature; 0 is greedy (default 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=96, help="generation budget per answer (default 96)")
-    p.add_argument("--difficulty", type=int, default=None, help="difficulty level 1-3 (default: uniform mix)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the prompts and the sampling (default 0)")
-    p.add_argument("--batch-size", type=int, default=64, help="sequences generated together (default 64)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu "
-                   "(the same --seed gives the same file on the same device) (default: auto)")
-    p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
-    p.add_argument("--out", required=True, metavar="FILE", help="rollouts file to write (JSONL)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --out file that is not a rollouts file of gmts (default: refuse it)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_options(p, SamplingOptions, OutputOptions, RunControl)
     p.set_defaults(func=run)
+
+
+def _out_file(args: argparse.Namespace) -> str:
+    """The rollouts file to write: --out itself when it names a .jsonl file, else OUT/rollouts.jsonl
+    (a directory, as TRL's output_dir; default: a new folder under runs/)."""
+    from pathlib import Path
+
+    from gmts_analysis.config import default_out
+
+    out = Path(args.out or default_out("sample"))
+    return str(out if out.suffix.lower() in (".jsonl", ".json") and not out.is_dir() else out / "rollouts.jsonl")
+
+
+def _check_out(args: argparse.Namespace) -> str:
+    from pathlib import Path
+
+    from gmts_analysis.io import check_output_file, check_output_location
+
+    path = Path(_out_file(args))
+    # never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)
+    check_output_file(path, "--out", _is_sampled_rollouts, overwrite=getattr(args, "overwrite", False),
+                      inputs={"--prompts": getattr(args, "prompts", None)})
+    check_output_location(path.parent, flag=f"--out {args.out or path.parent}: directory", whole_dir=False)
+    return str(path)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -58,45 +63,37 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.toy.domains import get_domain
     from gmts_analysis.toy.sample import sample_rollouts, write_rollouts
 
-    if (args.domains is None) == (args.prompts is None):
-        raise GmtsError("gmts sample: give exactly one of --domains (toy domains) or --prompts FILE")
+    if args.domains is not None and args.prompts is not None:
+        raise GmtsError("gmts sample: give one of --domains (toy domains) or --prompts FILE, not both")
+    _check_sampling(args)
     if args.prompts is not None:
         return _run_prompts(args)
+    from gmts_analysis.api import DEFAULT_DOMAINS, card_max_new_tokens
+    from gmts_analysis.models import resolve_model_path
+
     if args.num_prompts is None:
         args.num_prompts = 8
-    domains = [d for x in args.domains for d in x.split(",") if d.strip()]
+    given = args.domains if args.domains is not None else [",".join(DEFAULT_DOMAINS)]
+    domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
     for d in domains:
         get_domain(d)
-    if args.num_prompts < 1 or args.group_size < 1:
-        raise GmtsError("--num-prompts and --group-size must be >= 1")
-    if args.batch_size < 1:
-        raise GmtsError("--batch-size must be >= 1")
-    if not (args.temperature >= 0 and args.temperature != float("inf")):
-        raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.max_new_tokens < 1:
-        raise GmtsError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    from pathlib import Path
-
-    from gmts_analysis.io import check_output_location
-
-    out = Path(args.out)
-    if out.is_dir():
-        raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
-    _check_out_file(args)
-    check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
+    if args.num_prompts < 1:
+        raise GmtsError("--num-prompts must be >= 1")
+    out = _check_out(args)
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+    budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
     with torch.inference_mode():
         rows = []
         for d in domains:
-            rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.group_size,
-                                    args.temperature, args.max_new_tokens, args.seed, args.difficulty,
+            rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.num_generations,
+                                    args.temperature, budget, args.seed, args.difficulty,
                                     batch_size=args.batch_size, progress=not args.quiet)
-    write_rollouts(args.out, rows)
+    write_rollouts(out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
-                                   args.out, len(rows), args.num_prompts * len(domains), mean)
+                                   out, len(rows), args.num_prompts * len(domains), mean)
     return 0
 
 
@@ -109,24 +106,29 @@ def _is_sampled_rollouts(path) -> bool:
     return isinstance(row, dict) and {"prompt_ids", "response_ids", "reward"} <= set(row)
 
 
-def _check_out_file(args: argparse.Namespace) -> None:
-    """--out: never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)."""
-    from gmts_analysis.io import check_output_file
+def _check_sampling(args: argparse.Namespace) -> None:
+    """The checks of :class:`SamplingOptions` values that argparse does not make (one line each)."""
+    import math
 
-    check_output_file(args.out, "--out", _is_sampled_rollouts, overwrite=getattr(args, "overwrite", False),
-                      inputs={"--prompts": getattr(args, "prompts", None)})
+    from gmts_analysis.errors import GmtsError
+
+    if args.num_generations < 2:
+        raise GmtsError(f"--num-generations must be >= 2 (a group needs a baseline), got {args.num_generations}")
+    if args.batch_size < 1:
+        raise GmtsError("--batch-size must be >= 1")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.max_completion_length is not None and args.max_completion_length < 1:
+        raise GmtsError(f"--max-completion-length must be >= 1, got {args.max_completion_length}")
 
 
 def _run_prompts(args: argparse.Namespace) -> int:
     """``gmts sample --prompts FILE``: any checkpoint, its chat template, a TRL-style verifier."""
     import logging
-    import math
-    from pathlib import Path
 
     import torch
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.io import check_output_location
     from gmts_analysis.models import load_model
     from gmts_analysis.sampling import read_prompts, sample_prompts
     from gmts_analysis.toy.sample import write_rollouts
@@ -134,29 +136,24 @@ def _run_prompts(args: argparse.Namespace) -> int:
 
     if args.num_prompts is not None and args.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
-    if args.group_size < 1 or args.batch_size < 1:
-        raise GmtsError("--group-size and --batch-size must be >= 1")
-    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
-        raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.max_new_tokens < 1:
-        raise GmtsError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    out = Path(args.out)
-    if out.is_dir():
-        raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. rollouts.jsonl)")
-    _check_out_file(args)
-    check_output_location(out.parent, flag=f"--out {args.out}: directory", whole_dir=False)
+    out = _check_out(args)
     rows = read_prompts(args.prompts, args.num_prompts)
     verifier = resolve_verifier(args.verifier)
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+    from gmts_analysis.api import card_max_new_tokens
+    from gmts_analysis.models import resolve_model_path
+
+    budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
     with torch.inference_mode():
-        answers = sample_prompts(model, tokenizer, rows, args.group_size, verifier=verifier,
-                                 temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        answers = sample_prompts(model, tokenizer, rows, args.num_generations, verifier=verifier,
+                                 temperature=args.temperature, max_new_tokens=budget,
+                                 seed=args.seed,
                                  chat_template=args.chat_template, batch_size=args.batch_size,
                                  progress=not args.quiet, where=str(args.prompts))
-    write_rollouts(args.out, answers)
-    msg = f"{args.out}: {len(answers)} answers to {len(rows)} prompts"
+    write_rollouts(out, answers)
+    msg = f"{out}: {len(answers)} answers to {len(rows)} prompts"
     if verifier is not None:
         msg += f", mean reward {sum(a['reward'] for a in answers) / len(answers):.3f}"
     logging.getLogger("gmts").info("%s", msg)

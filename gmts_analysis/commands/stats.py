@@ -11,12 +11,20 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+
+EXAMPLES = """examples:
+  gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
+  gmts stats runs/mine --n-boot 0 --out /tmp/stats.json
+  gmts stats data/example_run --seed 1 --threads 1 --out /tmp/s1.json"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "stats",
         help="recompute stats.json of a run directory from its tokens table",
         description=__doc__.split("\n\n", 1)[1],
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs (default 1000; 0: no CIs)")
@@ -28,8 +36,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "(estimators.csv beside it)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file that gmts did not write (default: refuse it)")
-    p.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
+    add_run_control(p)
     p.set_defaults(func=run)
+
+
+#: fewer bootstrap units than this: the intervals are printed with a warning
+MIN_CI_UNITS = 10
+
+
+def warn_few_groups(stats: dict) -> bool:
+    """Log a warning when the intervals of ``stats`` come from fewer than :data:`MIN_CI_UNITS` groups
+    (a cluster bootstrap over 2 groups gives "0.95 [0.95, 0.95]"); returns whether it warned."""
+    import logging
+
+    meta = stats.get("meta") or {}
+    n, n_boot = meta.get("n_groups"), meta.get("n_boot") or 0
+    if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0:
+        return False
+    logging.getLogger("gmts_analysis.stats").warning(
+        "the intervals come from %d %s(s), fewer than %d: bootstrap CIs over so few groups are too narrow "
+        "to trust (sample more prompts)", n, meta.get("ci_unit") or "group", MIN_CI_UNITS)
+    return True
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         "stats of %d tokens, %d answers, %d estimators in %.1f s -> %s",
         m["n_tokens"], m["n_answers"], len(m["estimators"]), time.perf_counter() - t0, ", ".join(map(str, paths)),
     )
+    warn_few_groups(stats)
     if not args.quiet:
         log.info("%s", summary_text(stats))
     return 0

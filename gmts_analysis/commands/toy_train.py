@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import argparse
 
+from gmts_analysis.config import ExamplesHelpFormatter
+
+EXAMPLES = """examples:
+  gmts toy-train --size tiny --out /tmp/tiny --max-steps 50
+  gmts toy-train --size small --overwrite          # rewrites data/policies/small"""
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -11,6 +17,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="train the tiny or small toy policy (Qwen2 architecture) on the three toy domains",
         description="Train a toy policy by supervised learning on reference traces, evaluate pass@1 "
         "per domain on held-out prompts, and save weights, tokenizer and card.",
+        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("--size", choices=["tiny", "small"], required=True, help="which policy to train")
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation and training data (default 0)")

@@ -90,9 +90,21 @@ def name_step(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def trl_completions_dir(path: Path) -> Path:
+    """``path``, or its ``completions/`` when ``path`` is a TRL ``output_dir``: a directory with no
+    rollout files of its own and a ``completions`` folder (``GRPOTrainer(log_completions=True)``)."""
+    sub = path / "completions"
+    if path.is_dir() and sub.is_dir() and not any(
+            p.is_file() and not p.name.startswith(".") and p.suffix.lower() in ROLLOUT_SUFFIXES
+            for p in path.iterdir()):
+        return sub
+    return path
+
+
 def rollout_files(path: str | Path, steps: Any = None) -> list[RolloutFile]:
-    """The files to read, in step order; a directory holds one file per training step."""
-    path = Path(path)
+    """The files to read, in step order; a directory holds one file per training step (a TRL
+    ``output_dir`` is read from its ``completions/``)."""
+    path = trl_completions_dir(Path(path))
     if not path.exists():
         raise GmtsError(f"{path}: rollouts file not found")
     if path.is_file():
@@ -131,7 +143,7 @@ def _short(values: list) -> str:
 
 def input_sha256(path: str | Path) -> str:
     """sha256 of a rollouts file, or of a directory's rollout files (names and contents)."""
-    path = Path(path)
+    path = trl_completions_dir(Path(path))
     if path.is_file():
         from gmts_analysis.io import file_sha256
 

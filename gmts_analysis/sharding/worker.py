@@ -115,7 +115,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
                 todo: Sequence[int], cfg: ProbeConfig, out: Path, run_hash: str, ctx: DistContext,
                 attempt: int, progress: bool) -> ShareSummary:
     """Probe the answers ``todo`` (indices into ``answers``) in chunks, recording each chunk."""
-    from tqdm.auto import tqdm
+    from gmts_analysis.progress import tqdm
 
     per_chunk = int(cfg.answers_per_chunk)
     fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)

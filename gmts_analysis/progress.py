@@ -1,0 +1,62 @@
+"""Progress bars that suit where they are drawn: a terminal, or a notebook with or without widgets.
+
+``tqdm.auto`` in a Jupyter kernel without ipywidgets warns (``TqdmWarning: IProgress not
+found``) and then writes every refresh into the cell's output (dozens of lines in a saved
+notebook). :func:`tqdm` here uses the widget bar when ipywidgets is installed, the terminal bar
+outside a kernel, and in a kernel without widgets one clean line, written when the bar closes.
+Bars go to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from typing import Any
+
+
+def in_kernel() -> bool:
+    """True inside a Jupyter (IPython) kernel."""
+    ip = sys.modules.get("IPython")
+    get = getattr(ip, "get_ipython", None) if ip is not None else None
+    shell = get() if get is not None else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+def widgetless_kernel() -> bool:
+    """True inside a Jupyter kernel where ipywidgets is not installed (``tqdm.auto`` would warn there)."""
+    return in_kernel() and importlib.util.find_spec("ipywidgets") is None
+
+
+def tqdm(*args: Any, **kwargs: Any) -> Any:
+    """A tqdm bar (same arguments as ``tqdm.tqdm``) for the place it is drawn (module docstring)."""
+    if in_kernel():
+        if importlib.util.find_spec("ipywidgets") is not None:
+            from tqdm.notebook import tqdm as bar
+
+            return bar(*args, **kwargs)
+        kwargs["leave"] = True
+        kwargs.setdefault("file", sys.stderr)
+        return _line_at_close()(*args, **kwargs)
+    from tqdm import tqdm as bar
+
+    kwargs.setdefault("file", sys.stderr)
+    return bar(*args, **kwargs)
+
+
+def _line_at_close() -> type:
+    """A terminal tqdm that draws nothing until it closes, then its final line (for a kernel without widgets)."""
+    from tqdm import tqdm as std
+
+    class LineAtClose(std):  # type: ignore[misc, valid-type]
+        _closing = False
+
+        def display(self, msg: str | None = None, pos: int | None = None) -> bool:
+            if not self._closing:
+                return True
+            return super().display(msg, pos)
+
+        def close(self) -> None:
+            self._closing = True
+            super().close()
+
+    return LineAtClose
