@@ -219,9 +219,9 @@ def api_spelling(message: str) -> str:
     (``pass --max-completion-length`` -> ``pass max_completion_length=``, ``--kl-beta 0`` -> ``kl_beta=0``)."""
     import re
 
-    from gmts_analysis.config import ProbeOptions
+    from gmts_analysis.config import ProbeConfig
 
-    fields = {f.name: f for f in dataclasses.fields(ProbeOptions)}
+    fields = {f.name: f for f in dataclasses.fields(ProbeConfig)}
     names = set(fields) | set(PROBE_SETTINGS) | {"threads"}
 
     def sub(m: "re.Match[str]") -> str:
@@ -231,11 +231,13 @@ def api_spelling(message: str) -> str:
         f = fields.get(name)
         if f is not None and f.type in (bool, "bool"):
             return f"{name}=True" + (m.group(2) or "")
-        value = m.group(3)
+        value, tail = m.group(3), ""
+        if value is not None and len(value) > 1 and value[-1] in ":;,)":  # "--fidelity on:" -> "fidelity=on:"
+            value, tail = value[:-1], value[-1]
         if value is None:  # "--num-generations: must be ..." names the option itself
             return name if m.string[m.end():m.end() + 1] == ":" else f"{name}="
-        if re.fullmatch(r"[-+]?[0-9.eE]+|'[^']*'|[A-Za-z][\w.-]*", value) and value not in _WORDS:
-            return f"{name}={value}"
+        if re.fullmatch(r"[-+]?[0-9.eE]+|'[^']*'|[A-Za-z][\w.-]*", value) and (value not in _WORDS or tail):
+            return f"{name}={value}{tail}"
         return f"{name}=" + m.group(2)
 
     return re.sub(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\s(\S+))?", sub, message)

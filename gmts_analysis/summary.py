@@ -131,6 +131,8 @@ def compare(block: Mapping[str, Any], stat: str, a: str, b: str, n_units: int | 
     if d is None:
         return ""
     diff = sign * _v(d, "diff")
+    if math.isnan(diff):  # nothing measured (e.g. no gradient norms): no words at all
+        return ""
     lo, hi = _v(d, "ci_low"), _v(d, "ci_high")
     if sign < 0:
         lo, hi = -hi, -lo

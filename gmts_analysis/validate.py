@@ -110,6 +110,9 @@ def validate_options(cfg: Any) -> None:
     r = _number(cfg, "rho")
     if r is not None:
         _check(math.isfinite(r) and 0 < r <= 1, "rho", "a keep fraction in (0, 1]", r)
+    u = _number(cfg, "uncertain_below")
+    if u is not None:
+        _check(math.isfinite(u) and 0 < u <= 1, "uncertain_below", "a probability in (0, 1]", u)
     for name in ("num_generations", "max_completion_length"):
         v = _integer(cfg, name)
         if v is not None:
@@ -384,6 +387,12 @@ def _rho(flag: str, v: Any) -> None:
         raise GmtsError(f"{flag}: must be a keep fraction in (0, 1], got {v}")
 
 
+def _probability(flag: str, v: Any) -> None:
+    x = _float_value(flag, v)
+    if not (math.isfinite(x) and 0 < x <= 1):
+        raise GmtsError(f"{flag}: must be a probability in (0, 1], got {v}")
+
+
 def _device(flag: str, v: Any) -> None:
     from gmts_analysis.models import resolve_device
 
@@ -492,12 +501,15 @@ OPTION_DOMAINS: dict[str, Any] = {
     "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(2),
     "naive_full_max": _int_at_least(0),  # 0: no full naive reference
     "max_memory": _int_at_least(1), "lengths": _int_list, "probes": _int_list, "models": _input_path,
+    "num_generations": _int_at_least(2), "max_completion_length": _int_at_least(1),  # TRL's names (sample, run, rl)
+    "uncertain_below": _probability,
 }
 COMMAND_DOMAINS: dict[str, dict[str, Any]] = {
-    "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None},  # validate_options
+    "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None,  # validate_options
+              "num_generations": None, "max_completion_length": None, "uncertain_below": None},
     "bench": {"models": None},  # names or paths: checked when each loads
     "rl": {"figures": _output_path, "max_steps": _int_at_least(0)},  # 0: evaluate the start only (RLConfig)
-    "sample": {"temperature": _nonneg_finite, "group_size": _int_at_least(1)},  # 0: greedy; one answer per prompt
+    "sample": {"temperature": _nonneg_finite},  # 0: greedy
     "stats": {"n_boot": _int_at_least(0)},  # 0: no confidence intervals
 }
 

@@ -270,6 +270,11 @@ def test_hub_id_may_download_unless_offline(monkeypatch, tiny_model_dirs):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tok)
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(k, raising=False)
+    import gmts_analysis.models as models
+
+    # a hub id missing from the cache, with the hub reachable (mocked: the test itself has no network)
+    monkeypatch.setattr(models, "hub_cached", lambda path: False)
+    monkeypatch.setattr(models, "hub_reachable", lambda: True)
     model, tok = load_model("Qwen/Qwen2.5-Math-1.5B", device="cpu")
     assert tok is None and calls == [("model", "Qwen/Qwen2.5-Math-1.5B", False),
                                      ("tokenizer", "Qwen/Qwen2.5-Math-1.5B", False)]

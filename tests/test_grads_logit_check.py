@@ -176,7 +176,7 @@ def test_probe_with_a_false_alarm_is_exact_and_says_so(tmp_path, monkeypatch, ca
     assert float(abs(got - ref).max() / ref.min()) < 1e-5  # float32: loop and engine agree to rounding
 
     _false_alarm_on_first_answer(monkeypatch)
-    with pytest.raises(GmtsError, match=f"answer '{first}'.*--strict refuses the per-token loop"):
+    with pytest.raises(GmtsError, match=f"answer '{first}'.*strict=True refuses the per-token loop"):
         gmts.probe(model, rows, quiet=True, fidelity="off", device="cpu", strict=True)
 
 

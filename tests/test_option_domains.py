@@ -24,9 +24,10 @@ BAD = {
     "clip_low": "1", "clip_high": "-0.5", "clip_ratio_c": "1", "kl_beta": "-1", "vllm_is_min": "-1",
     "vllm_is_max": "0", "max_len": "0", "chunk_size": "0", "num_generations": "0", "max_completion_length": "0",
     "steps": "x-y", "reward_columns": "a,,b", "reward_weights": "1,2", "loss_type": "cispo",
+    "uncertain_below": "1.5",
 }
 BAD_BY_COMMAND = {("bench", "probes"): "8,0", ("rl", "seed"): "-1", ("sample", "temperature"): "-0.5",
-                  ("sample", "group_size"): "0", ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4",
+                  ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4",
                   ("rl", "max_steps"): "-1"}
 
 # options without an out-of-domain value, with the reason
@@ -94,7 +95,7 @@ def test_option_domains_refused_before_the_model_loads(command, flag, dest, choi
     assert_untouched(before, snapshot(tmp_path))
 
 
-@pytest.mark.parametrize("argv", [["sample", "--temperature", "0"], ["sample", "--group-size", "1"],
+@pytest.mark.parametrize("argv", [["sample", "--temperature", "0"], ["sample", "--num-generations", "2"],
                                   ["stats", "--n-boot", "0"], ["sample", "--difficulty", "3"],
                                   ["rl", "--max-steps", "0"], ["rl", "--diag-every", "0"]])
 def test_option_domains_edges_inside_the_domain_are_accepted(argv):

@@ -19,8 +19,10 @@ from gmts_analysis.testing import build_tiny_model
 
 def test_fidelity_need_of_smollm2_is_known_before_any_work():
     """The issue's failure after an hour of probing, computed from the parameter count alone."""
-    assert preflight.n_fidelity_selections("exact", has_head=True) == 17
-    assert preflight.n_fidelity_selections("none", has_head=False) == 14
+    # all, oracle, 12 estimators (entropy_inf and one_minus_prob_inf among them since stats v3), 5 random
+    assert preflight.n_fidelity_selections("exact", has_head=True) == 19
+    assert preflight.n_fidelity_selections("none", has_head=False) == 16
+    assert "10.22 GB for 19 gradients" in preflight.FidelityNeed(19, 134_515_008, 2 * 1024**3).describe()
     need = preflight.FidelityNeed(17, 134_515_008, 2 * 1024**3)
     assert not need.fits and "9.15 GB for 17 gradients of 134,515,008 parameters (budget 2.15 GB)" in need.describe()
 
@@ -60,7 +62,7 @@ def test_fidelity_on_that_cannot_fit_is_refused_before_the_model_runs(rows, monk
 
     monkeypatch.setattr(fid, "DEFAULT_BUDGET", 1000)
     _no_probing(monkeypatch)
-    with pytest.raises(GmtsError, match=r"--fidelity on: update fidelity needs .* use --fidelity off"):
+    with pytest.raises(GmtsError, match=r"fidelity=on: update fidelity needs .* use fidelity=off"):
         gmts.probe(build_tiny_model("gpt2", seed=11), rows, quiet=True, device="cpu", fidelity="on")
 
 
@@ -81,7 +83,7 @@ def test_engine_memory_and_disk_refused_before_the_model_runs(rows, tmp_path, mo
     model = build_tiny_model("gpt2", seed=11)
     _no_probing(monkeypatch)
     monkeypatch.setattr(preflight, "available_memory", lambda device: 1)
-    with pytest.raises(GmtsError, match="the exact engine needs about .* --grad-norm sketch"):
+    with pytest.raises(GmtsError, match="the exact engine needs about .* grad_norm=sketch"):
         gmts.probe(model, rows, quiet=True, device="cpu", fidelity="off")
     monkeypatch.setattr(preflight, "available_memory", lambda device: None)
     Usage = namedtuple("Usage", "total used free")

@@ -172,7 +172,7 @@ def test_cli_missing_paths(tiny_model_dirs, tmp_path, capsys):
     assert "nomodel" in capsys.readouterr().err
     assert main(["probe", "--model", str(tiny_model_dirs["qwen2"]), "--rollouts", str(tmp_path / "none.jsonl"),
                  "--out", str(tmp_path / "o"), "--quiet"]) == 2
-    assert "none.jsonl: rollouts file not found" in capsys.readouterr().err
+    assert "none.jsonl: no such file or directory" in capsys.readouterr().err
 
 
 def test_truncate_flag(tiny_model_dirs, tmp_path):

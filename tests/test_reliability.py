@@ -413,14 +413,16 @@ def test_report_shows_control_and_bidi_characters_visibly():
 def test_outputs_of_stats_compare_and_sample_under_a_file_are_one_line(finished_run, tmp_path):
     f = tmp_path / "a_file"
     f.write_text("x")
+    (tmp_path / "rollouts.jsonl").write_text("my own notes\n")
     before = snapshot(tmp_path)
     assert_one_line_error(*run_cli(["stats", str(finished_run), "--out", str(f / "stats.json"), "--quiet"]),
                           "a_file")
     assert_one_line_error(*run_cli(["compare", str(finished_run), "--out", str(f / "cmp"), "--quiet"]), "a_file")
     assert_one_line_error(*run_cli(["sample", "--domains", "arithmetic", "--out", str(f / "r.jsonl"), "--quiet"]),
                           "a_file")
+    # a directory is TRL's output_dir: its rollouts.jsonl is the output, and a user's file of that name is kept
     assert_one_line_error(*run_cli(["sample", "--domains", "arithmetic", "--out", str(tmp_path), "--quiet"]),
-                          "is a directory")
+                          "rollouts.jsonl", "not written by gmts")
     assert_untouched(before, snapshot(tmp_path))
 
 
