@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from gmts_analysis.notebook_view import TokenView
 
 DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+#: the real-model world: grade-school word problems (:mod:`gmts_analysis.wordproblems`)
+WORD_DOMAIN = "word"
+ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
 #: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
 PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")
 
@@ -265,23 +268,24 @@ def sample(
     progress: bool = True,
     offline: bool = False,
 ) -> list[dict]:
-    """Sample ``group_size`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
+    """Sample ``group_size`` answers to ``num_prompts`` held-out prompts of each domain, verified.
 
-    model: ``tiny``/``small``, a directory, a hub id (not downloaded when ``offline``), or a loaded model
-    (with ``tokenizer=``).
+    model: ``tiny``/``small``, ``smollm2``, a directory, a GGUF file, a hub id (not downloaded when
+    ``offline``), or a loaded model (with ``tokenizer=``). domains: the toy domains
+    (``arithmetic``, ``program``, ``logic``) and ``word``, grade-school word problems asked through the
+    chat template and scored by the ``math`` verifier (:mod:`gmts_analysis.wordproblems`; for real models).
     Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
     ready for :func:`probe`; the same arguments give the same rows. ``max_new_tokens``
     defaults to the policy card's budget (96 without a card).
     """
     from gmts_analysis.models import load_model, resolve_model_path
-    from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.toy.sample import sample_rollouts
 
     doms = [d.strip() for d in (domains.split(",") if isinstance(domains, str) else domains) if d.strip()]
-    unknown = [d for d in doms if d not in DOMAINS]
+    unknown = [d for d in doms if d not in ALL_DOMAINS]
     if not doms or unknown:
         raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(DOMAINS)})")
+                        f"(choose from {', '.join(ALL_DOMAINS)})")
     if num_prompts < 1 or group_size < 2:
         raise GmtsError("num_prompts must be >= 1 and group_size >= 2 (a group needs a baseline)")
     if isinstance(model, (str, os.PathLike)):
@@ -295,7 +299,26 @@ def sample(
     budget = max_new_tokens or card_max_new_tokens(path)
     rows: list[dict] = []
     for d in doms:
-        rows += sample_rollouts(model, tokenizer, d, num_prompts, group_size, temperature=temperature,
-                                max_new_tokens=budget, seed=seed, progress=progress)
+        if d == WORD_DOMAIN:
+            rows += _sample_word(model, tokenizer, num_prompts, group_size, temperature, budget, seed, progress)
+        else:
+            rows += sample_rollouts(model, tokenizer, d, num_prompts, group_size, temperature=temperature,
+                                    max_new_tokens=budget, seed=seed, progress=progress)
+    return rows
+
+
+def _sample_word(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
+                 max_new_tokens: int, seed: int, progress: bool) -> list[dict]:
+    """Word-problem rollouts: the chat template, the ``math`` verifier, ids ``word-<i>`` and ``word-<i>-<j>``."""
+    from gmts_analysis.sampling import sample_prompts
+    from gmts_analysis.verifiers import math_reward
+    from gmts_analysis.wordproblems import word_problems
+
+    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,
+                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                          chat_template="auto", progress=progress, where="word problems")
+    for r in rows:
+        i, j = (int(x) for x in r["answer_id"][1:].split("-"))
+        r["group_id"], r["answer_id"], r["domain"] = f"{WORD_DOMAIN}-{i:04d}", f"{WORD_DOMAIN}-{i:04d}-{j}", WORD_DOMAIN
     return rows
 

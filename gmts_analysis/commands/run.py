@@ -1,7 +1,9 @@
 """``gmts run``: the main job on the embedded default.
 
 Samples groups of answers from a model (default: the shipped ``small`` policy) on the toy
-domains, then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
+domains, or, for a real instruct model (``--model smollm2``, a GGUF file, any checkpoint that is not a
+toy policy), on grade-school word problems (:mod:`gmts_analysis.wordproblems`; the ``word`` domain, with
+its own default size, :data:`WORD_DEFAULTS`), then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
 resumable chunk records, run fingerprint, ``errors.jsonl``), and prints within-answer vs
 cross-answer Spearman for entropy and gmts, overall and per domain. Killed, the same
 command (same ``--out``) resumes.
@@ -13,6 +15,21 @@ import argparse
 import time
 
 DEFAULT_DOMAINS = "arithmetic,program,logic"
+#: the toy world's sampling defaults (the shipped policies; max_new_tokens None = the policy card's)
+TOY_DEFAULTS = {"num_prompts": 8, "group_size": 8, "temperature": 1.0, "max_new_tokens": None, "grad_norm": "exact"}
+#: the real-model world's (``word``): sized to finish in about 15 minutes on 2 CPU cores with SmolLM2-135M
+#: (README, "A real model"); mixed rewards in most groups at this temperature
+WORD_DEFAULTS = {"num_prompts": 8, "group_size": 6, "temperature": 0.8, "max_new_tokens": 128,
+                 "grad_norm": "exact"}
+
+
+def is_toy_policy(model: str) -> bool:
+    """``tiny``/``small`` or a directory with a policy card (a toy policy speaks the toy domains' format)."""
+    from pathlib import Path
+
+    from gmts_analysis.models import ALIASES
+
+    return model in ALIASES or (Path(model) / "card.json").is_file()
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,17 +43,23 @@ def register(sub: argparse._SubParsersAction) -> None:
         "gmts probe: run the same command again after a crash.",
     )
     p.add_argument("--out", default=None, help="run directory (default: runs/run-YYYYmmdd-HHMMSS)")
-    p.add_argument("--model", default="small", help="shipped policy (tiny | small), a checkpoint directory or a "
-                   "hub id (default: small)")
+    p.add_argument("--model", default="small", help="shipped policy (tiny | small), smollm2 (SmolLM2-135M-Instruct, "
+                   "the real extra), a checkpoint directory, a .gguf file or a hub id (default: small)")
     add_offline_flag(p)
-    p.add_argument("--domains", nargs="+", default=[DEFAULT_DOMAINS], metavar="DOMAIN",
-                   help=f"one or more toy domains, space- or comma-separated (default: {DEFAULT_DOMAINS})")
-    p.add_argument("--num-prompts", type=int, default=8, help="prompts per domain (default: 8)")
-    p.add_argument("--group-size", type=int, default=8, help="answers per prompt (default: 8)")
-    p.add_argument("--temperature", type=float, default=1.0, help="sampling and probing temperature (default: 1.0)")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget (default: the policy card's)")
-    p.add_argument("--grad-norm", default="exact", choices=("exact", "sketch", "none"),
-                   help="per-token gradient norm (default: exact)")
+    p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
+                   help=f"one or more of the toy domains (arithmetic, program, logic) and word (grade-school word "
+                   f"problems, for real models), space- or comma-separated (default: {DEFAULT_DOMAINS} for a toy "
+                   "policy, word for any other model)")
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts per domain (default: 8)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help=f"answers per prompt (default: {TOY_DEFAULTS['group_size']}; word: {WORD_DEFAULTS['group_size']})")
+    p.add_argument("--temperature", type=float, default=None, help="sampling and probing temperature (default: "
+                   f"{TOY_DEFAULTS['temperature']}; word: {WORD_DEFAULTS['temperature']})")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="generation budget (default: the policy card's; "
+                   f"word: {WORD_DEFAULTS['max_new_tokens']})")
+    p.add_argument("--grad-norm", default=None, choices=("exact", "sketch", "none"),
+                   help=f"per-token gradient norm (default: {TOY_DEFAULTS['grad_norm']}; word: "
+                   f"{WORD_DEFAULTS['grad_norm']})")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda[:N]; auto = cuda if available, else cpu "
                    "(data/example_run was made on cpu: give --device cpu to reproduce it on a GPU machine) "
                    "(default: auto)")
@@ -60,20 +83,27 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis import io
+    from gmts_analysis.api import ALL_DOMAINS, WORD_DOMAIN
     from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.job import sample_and_probe
     from gmts_analysis.models import resolve_device, resolve_model_path
-    from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.validate import validate_options
 
     t0 = time.perf_counter()
-    given = [args.domains] if isinstance(args.domains, str) else list(args.domains)  # str: an old caller
+    given = args.domains
+    if given is None:
+        given = [DEFAULT_DOMAINS if is_toy_policy(args.model) else WORD_DOMAIN]
+    given = [given] if isinstance(given, str) else list(given)  # str: an old caller
     domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
-    unknown = [d for d in domains if d not in DOMAINS]
+    unknown = [d for d in domains if d not in ALL_DOMAINS]
     if not domains or unknown:
         raise GmtsError(f"--domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(DOMAINS)})")
+                        f"(choose from {', '.join(ALL_DOMAINS)})")
+    defaults = WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS
+    for k, v in defaults.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
     if args.num_prompts < 1 or args.group_size < 2:
         raise GmtsError("--num-prompts must be >= 1 and --group-size >= 2 (a group needs a baseline)")
     if args.max_new_tokens is not None and args.max_new_tokens < 1:
