@@ -197,8 +197,9 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
 
     Of the job settings of ``gmts probe`` (:data:`PROBE_SETTINGS`): ``quiet`` turns the bars
     off, ``offline`` forbids hub downloads, ``out`` also saves the run there (with
-    ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict`` and ``answers_per_chunk``
-    change nothing here (in one process an answer that fails raises at once; nothing is
+    ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
+    for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
+    that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
     recorded in chunks).
     """
     from gmts_analysis import kernel
@@ -223,7 +224,11 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
         if opts.mask_truncated_completions:
             kernel.mark_unterminated(answers, tokenizer, model)
         coefs = kernel.answer_coefficients(answers, opts)
-        result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress)
+        from gmts_analysis.preflight import check_before_probe
+
+        check_before_probe(opts, model, answers, settings.get("out"))
+        result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress,
+                                      strict=bool(settings.get("strict", False)))
         tables = finish_result(opts, model, model_path, answers, result,
                                extra={"job": "gmts_analysis.probe", "rollouts": source,
                                       **truncation_counts(opts, answers, n_cut)})

@@ -61,7 +61,8 @@ class ProbeOptions:
     chunk_size: str = opt("auto", "tokens per batched VJP (an integer, or auto from --max-memory)")
     max_memory: int = opt(None, "memory budget in MiB for --chunk-size auto")
     grad_groups: str = opt(None, "also write grad_groups.parquet per layer or module", choices=("layer", "module"))
-    fidelity: str = opt("auto", "update fidelity of selections (needs the model): auto = on under 100k tokens",
+    fidelity: str = opt("auto", "update fidelity of selections (needs the model): auto = on under 100k tokens when its "
+                        "gradients fit in memory (n_estimators+7 copies of the parameters in 2 GiB)",
                         choices=("auto", "on", "off"))
     verifier: str = opt(None, "score answers without a reward: a toy domain name, or 'domain' to use each row's domain")
     truncate: bool = opt(False, "cut responses that do not fit the model's context instead of failing")
@@ -100,7 +101,9 @@ class JobSettings:
                         help_off="skip figures/ and report.html (default: both are written)")
     overwrite: bool = opt(False, "replace an existing output directory (default: resume a run of the same "
                           "model, rollouts and configuration; refuse anything else)")
-    strict: bool = opt(False, "stop at the first answer that fails (default: record it in errors.jsonl and go on)")
+    strict: bool = opt(False, "stop at the first answer that fails, and count an answer the exact engine refuses "
+                       "as failed (default: record a failed answer in errors.jsonl and go on; send a refused "
+                       "one to the per-token loop, exact but slower, with a warning)")
     answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
                                  "at most one record per rank")
     quiet: bool = opt(False, "no progress bars; only warnings and errors on stderr", short="-q")

@@ -100,7 +100,7 @@ def selection_gradients(
     if need > memory_budget_bytes:
         raise GmtsError(
             f"update fidelity needs {need / 1e9:.2f} GB for {len(masks)} gradients of {n_params:,} parameters "
-            f"(budget {memory_budget_bytes / 1e9:.2f} GB): skip it (--no-fidelity) or use fewer estimators"
+            f"(budget {memory_budget_bytes / 1e9:.2f} GB): skip it with --fidelity off"
         )
     if "omega" not in tokens.columns:
         raise GmtsError("update fidelity needs the 'omega' column of the tokens table")

@@ -44,7 +44,7 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     from gmts_analysis.models import trainable_parameters
 
     dev = next(model.parameters()).device
-    method = cfg.grad_norm
+    method, counts = run_grad_norm_method(cfg, result)
     m = {
         "config": asdict(cfg),
         "model_path": model_path,
@@ -57,7 +57,9 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),
         "dtype": cfg.dtype,
-        "grad_norm_method": method,
+        "grad_norm_method": method,  # "mixed" when some answers went to the per-token loop
+        "grad_norm_methods": counts,  # answers per method
+        "n_loop_answers": int(counts.get("loop", 0)),
         "seed": cfg.seed,
         "n_answers": int(len(result.answers)),
         "n_tokens": int(len(result.tokens)),
@@ -81,7 +83,39 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     return m
 
 
-def fidelity_enabled(cfg: ProbeOptions, n_tokens: int) -> bool:
+def answer_methods(cfg: ProbeOptions, result: ProbeResult) -> list[str]:
+    """The gradient-norm method of each answer of ``result`` (its tokens' ``grad_norm_method``;
+    the option for an answer without tokens or a table without the column)."""
+    tok = result.tokens
+    per = {}
+    if "grad_norm_method" in tok.columns and len(tok):
+        per = dict(zip(tok["answer_id"], tok["grad_norm_method"]))
+    return [str(per.get(a, cfg.grad_norm)) for a in result.answers["answer_id"]] if len(result.answers) else []
+
+
+def run_grad_norm_method(cfg: ProbeOptions, result: ProbeResult) -> tuple[str, dict[str, int]]:
+    """``(method, answers per method)``: the method when every answer used it, else ``mixed``
+    (some answers refused by the exact engine went to the per-token loop)."""
+    counts: dict[str, int] = {}
+    for m in answer_methods(cfg, result):
+        counts[m] = counts.get(m, 0) + 1
+    method = next(iter(counts)) if len(counts) == 1 else ("mixed" if counts else cfg.grad_norm)
+    return method, counts
+
+
+def add_answer_methods(cfg: ProbeOptions, result: ProbeResult) -> None:
+    """The ``grad_norm_method`` column of ``result.answers`` (from the tokens table)."""
+    if len(result.answers):
+        result.answers["grad_norm_method"] = answer_methods(cfg, result)
+
+
+def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | None = None) -> bool:
+    """Whether update fidelity runs: :func:`gmts_analysis.preflight.fidelity_decision` (auto: on under
+    100k tokens when its accumulators fit the budget; the model gives their size)."""
+    if model is not None:
+        from gmts_analysis.preflight import fidelity_decision
+
+        return fidelity_decision(cfg, model, n_tokens)[0]
     if cfg.fidelity == "on":
         return True
     if cfg.fidelity == "off" or cfg.grad_norm == "none":
@@ -98,7 +132,7 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
     rho = float(getattr(cfg, "rho", 0.2))
     stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho)
     result.timings["stats_s"] = time.perf_counter() - t0
-    if fidelity_enabled(cfg, len(result.tokens)):
+    if fidelity_enabled(cfg, len(result.tokens), model):
         from gmts_analysis.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()
@@ -110,6 +144,7 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
 def finish_result(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
                   result: ProbeResult, extra: dict | None = None) -> RunTables:
     """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written)."""
+    add_answer_methods(cfg, result)
     stats = analyse(cfg, model, answers, result)
     manifest = build_manifest(cfg, model, model_path, result, extra)
     return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),

@@ -147,8 +147,13 @@ def probe_answer(
     coef: AnswerCoefficients,
     cfg: ProbeOptions,
     token_text: TokenText | None = None,
+    strict: bool | None = None,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
-    """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms."""
+    """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms.
+
+    ``strict`` (default ``cfg.strict`` when ``cfg`` has it, else False): refuse, with a
+    :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
+    per-token loop. The column ``grad_norm_method`` says which method gave each answer's norms."""
     from gmts_analysis.grads import forward_quantities, grad_norms
     from gmts_analysis.tokens import TokenQuantities
     from gmts_analysis.validate import check_finite, check_finite_scalars
@@ -171,6 +176,8 @@ def probe_answer(
             model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
             max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
             probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
+            strict=bool(getattr(cfg, "strict", False) if strict is None else strict),
+            where=f"{answer.where}: answer '{answer.answer_id}'",
         )
         q = gn.quantities
     if not q.finite:
@@ -231,6 +238,7 @@ def probe_answer(
                 "group": names * T,
                 "grad_norm_logp": np.sqrt(sq).reshape(-1),
             })
+    cols["grad_norm_method"] = [gn.method if gn is not None else cfg.grad_norm] * T
     cols["grad_norm"] = times_abs_omega(cols["grad_norm_logp"], om)
     for k in ("domain", "step"):
         v = getattr(answer, k)
@@ -251,11 +259,13 @@ def probe_answers(
     cfg: ProbeOptions,
     coefs: Sequence[AnswerCoefficients] | None = None,
     progress: bool = True,
+    strict: bool | None = None,
 ) -> ProbeResult:
     """Probe every answer; returns the tables (nothing is written).
 
     ``coefs`` (advantages and weights) default to those of ``answers`` as one batch; pass
     them to probe a subset with batch-wide values. Rows come in input order, by position.
+    ``strict``: as :func:`probe_answer`.
     """
     from tqdm.auto import tqdm
 
@@ -269,7 +279,7 @@ def probe_answers(
     bar = tqdm(total=len(answers), desc="probe", unit="answer", disable=not progress, dynamic_ncols=True)
     try:
         for a, c in zip(answers, coefs):
-            cols, g = probe_answer(model, a, c, cfg, token_text)
+            cols, g = probe_answer(model, a, c, cfg, token_text, strict=strict)
             parts.append(cols)
             if g is not None:
                 gparts.append(g)

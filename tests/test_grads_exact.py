@@ -187,7 +187,7 @@ def test_embedding_subclass_with_own_forward(kind):
 
 
 def test_refused_model_goes_to_the_loop_once(caplog):
-    """Gemma 2 soft-caps its logits (not lm_head(h)): the exact engine refuses it, once; later
+    """Gemma 2 soft-caps its logits (its config says so: a structural refusal): the exact engine refuses it, once; later
     answers go to the loop without a planning pass or a second warning, and the norms are exact."""
     import logging
 
@@ -210,3 +210,27 @@ def test_refused_model_goes_to_the_loop_once(caplog):
     assert sum("exact engine unavailable" in r.getMessage() for r in caplog.records) == 1
     assert _rel(a.norms, loop_grad_norms(model, ids, P)) < 1e-12
     assert _rel(b.norms, loop_grad_norms(model, ids[:12], P)) < 1e-12
+
+
+def test_confident_tokens_float32_close_to_float64():
+    """Tokens with p near 1 have the smallest norms; ``1 - p_y`` cancels in float32 unless it is
+    summed from the other probabilities (engine) or the log-softmax runs in float64 (loop).
+    Before: 10% relative error on the most confident token here (1 - p = 2e-7), for both."""
+    import copy
+
+    from gmts_analysis.grads import forward_quantities
+
+    m64 = build_tiny_model("qwen2", dtype=torch.float64, seed=2)
+    with torch.no_grad():
+        m64.model.norm.weight.mul_(20.0)
+    ids = _ids(6)
+    with torch.no_grad():  # greedy: confident targets
+        for _ in range(14):
+            ids = torch.cat([ids, m64(ids[None]).logits[0, -1].argmax().view(1)])
+    P = 6
+    q = forward_quantities(m64, ids, P)
+    assert float((1 - q.prob).min()) < 1e-5, (1 - q.prob)  # the regime where float32 cancels
+    ref = loop_grad_norms(m64, ids, P)
+    m32 = copy.deepcopy(m64).float()
+    assert _rel(grad_norms(m32, ids, P, chunk_size=5).norms, ref) < 1e-4
+    assert _rel(loop_grad_norms(m32, ids, P), ref) < 1e-4

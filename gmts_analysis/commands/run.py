@@ -69,11 +69,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling, bootstrap and selection seed (default: 0)")
     p.add_argument("--no-figures", dest="figures", action="store_false", help="skip figures and report (default: drawn)")
     p.add_argument("--fidelity", default="auto", choices=("auto", "on", "off"),
-                   help="update fidelity of selections (default: auto = on under 100k tokens)")
+                   help="update fidelity of selections (default: auto = on under 100k tokens when its gradients fit in "
+                   "memory)")
     p.add_argument("--answers-per-chunk", type=int, default=16,
                    help="answers per record (a resumable unit of work) (default: 16)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory (default: resume "
                    "a run of the same arguments, refuse anything else)")
+    p.add_argument("--strict", action="store_true", help="stop at the first answer that fails, and count an answer "
+                   "the exact engine refuses as failed (default: skip a failed answer; send a refused one to the "
+                   "per-token loop, exact but slower, with a warning)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
     p.set_defaults(func=run)
 
@@ -113,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
                       temperature=args.temperature, grad_norm=args.grad_norm, fidelity=args.fidelity,
                       figures=args.figures, seed=args.seed, overwrite=args.overwrite, quiet=args.quiet,
                       answers_per_chunk=args.answers_per_chunk, rho=args.rho, offline=args.offline,
+                      strict=bool(getattr(args, "strict", False)),
                       aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)

@@ -46,6 +46,7 @@ class GradNorms:
     groups: dict[str, torch.Tensor] | None  # group -> SQUARED norms; sum over groups == norms**2
     method: str  # "exact" | "sketch" | "loop"
     quantities: TokenQuantities | None = None  # closed forms of the response tokens, from the same forward
+    fallback: str | None = None  # why the exact engine refused this answer (method "loop" then), else None
 
 
 @contextlib.contextmanager
@@ -206,6 +207,8 @@ def grad_norms(
     probes: int = 32,
     seed: int = 0,
     groups: str | None = None,
+    strict: bool = False,
+    where: str | None = None,
 ) -> GradNorms:
     """Per-token ``||d logprob_t / d theta||_2`` for the ``T = S - P`` response tokens.
 
@@ -216,6 +219,12 @@ def grad_norms(
     chunk_size: tokens per batched VJP (``auto``: as many as fit ``max_memory`` bytes, by default
     an estimate of one forward-and-backward of the answer). probes/seed: sketch only. groups: ``layer`` | ``module`` also returns
     per-group squared norms that add up to ``norms**2``.
+
+    When the exact engine refuses the model (``NotImplementedError``: a module or logit
+    post-processing it does not support) the answer goes to the per-token loop (exact, slower),
+    with a warning naming ``where`` (the answer), the reason and the expected slowdown
+    (:func:`expected_loop_slowdown`), and ``GradNorms.fallback`` set; ``strict=True`` raises a
+    :class:`GmtsError` instead.
     """
     _check_args(model, input_ids, prompt_len, temperature, method, groups, probes)
     if chunk_size != "auto" and (not str(chunk_size).isdigit() or int(chunk_size) < 1):
@@ -241,19 +250,60 @@ def grad_norms(
 
     key = plan_key(model)
     known = _NO_EXACT.get(model)
-    if known is not None and known[0] == key:  # refused before: no planning pass, no second warning
-        return _loop(model, input_ids, prompt_len, temperature, groups)
+    if known is not None and known[0] == key:  # refused before: no planning pass
+        return _fallback(model, input_ids, prompt_len, temperature, groups, known[1], where, strict, again=True)
     try:
         return _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups)
     except NotImplementedError as e:
-        log.warning("exact engine unavailable for this model (%s); falling back to the per-token loop", e)
-        _NO_EXACT[model] = (key, str(e))
-        return _loop(model, input_ids, prompt_len, temperature, groups)
+        from gmts_analysis.grads.exact import NumericalRefusal
+
+        if not isinstance(e, NumericalRefusal):  # a check on numbers decides for this answer only
+            _NO_EXACT[model] = (key, str(e))
+        return _fallback(model, input_ids, prompt_len, temperature, groups, str(e), where, strict, again=False)
 
 
-# model -> (plan key, reason): models the exact engine refused (what they are made of decides it,
-# as for the plan cache), so that later answers go to the loop at once and it is said once
+def expected_loop_slowdown(model: torch.nn.Module, prompt_len: int, T: int) -> float:
+    """The per-token loop's arithmetic over the exact engine's, per token (a cost model; see
+    docs/benchmarks.md for measured ratios). Loop: a backward with parameter gradients over all
+    ``S = P + T`` positions, head included, ``~4 n S`` flops (``n`` trainable parameters). Engine:
+    an activation backward and the ghost norms over the mean truncated prefix ``P + T/2``,
+    ``~4 n_body (P + T/2)`` (``n_body``: without the embedding and head), plus the head's closed
+    form ``2 V d``."""
+    from gmts_analysis.models import trainable_parameters
+
+    n = sum(p.numel() for _, p in trainable_parameters(model))
+    emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    vd = int(head.weight.numel()) if isinstance(getattr(head, "weight", None), torch.Tensor) else 0
+    n_emb = int(emb.weight.numel()) if isinstance(getattr(emb, "weight", None), torch.Tensor) else 0
+    tied = head is not None and emb is not None and getattr(head, "weight", None) is getattr(emb, "weight", None)
+    n_body = max(1, n - n_emb - (0 if tied else vd))
+    S = prompt_len + T
+    return 4.0 * n * S / (4.0 * n_body * (prompt_len + T / 2) + 2.0 * vd)
+
+
+def _fallback(model, input_ids, prompt_len, temperature, groups, reason, where, strict, again) -> GradNorms:
+    T = int(input_ids.shape[0]) - int(prompt_len)
+    who = where or "this answer"
+    slow = expected_loop_slowdown(model, prompt_len, T)
+    if strict:
+        raise GmtsError(f"{who}: the exact engine refused it ({reason}); --strict refuses the per-token loop "
+                        f"(without --strict its {T} tokens go to the loop: exact, expected about {slow:.1f}x slower)")
+    if again:
+        log.warning("%s: %d tokens by the per-token loop (expected about %.1fx slower than the exact engine): "
+                    "the engine refused this model (%s)", who, T, slow, reason)
+    else:
+        log.warning("exact engine unavailable for %s (%s): its %d tokens go to the per-token loop (exact; "
+                    "expected about %.1fx slower)", who, reason, T, slow)
+    out = _loop(model, input_ids, prompt_len, temperature, groups)
+    out.fallback = reason
+    return out
+
+
+# model -> (plan key, reason): models the exact engine refused for what they are made of (as for
+# the plan cache; never a refusal from comparing numbers), so that later answers go to the loop
+# at once and it is said once
 _NO_EXACT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-__all__ = ["GROUPINGS", "METHODS", "GradNorms", "forward_quantities", "frozen_for_transforms", "grad_norms"]
+__all__ = ["GROUPINGS", "METHODS", "GradNorms", "expected_loop_slowdown", "forward_quantities", "frozen_for_transforms", "grad_norms"]

@@ -21,6 +21,10 @@ cached; every forward counts the calls of every tapped module, so a module the p
 did not call (an expert no token was routed to) is still counted exactly, and one called
 more than once is moved to the exact fallback and its chunk redone.
 
+The logits must be ``lm_head(h)`` (:func:`check_head_logits`: equal to the head module's
+output, which lies within a rigorous rounding bound of ``h W^T + b`` computed in float64, so
+rounding alone cannot fail it); a config declaring post-processing is refused before any work.
+
 The backward starts at the head's input ``h`` with cotangent ``W^T c_t``, so the vocabulary
 never enters the batched backward. Accumulation is float32 (float64 for float64 models).
 """
@@ -35,7 +39,6 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from gmts_analysis.grads.plan import Capture, GhostRule, Plan, Tap, make_plan
@@ -79,6 +82,7 @@ class _State:
     acc: torch.dtype
     probes: dict[str, Tensor] = field(default_factory=dict)
     head_input: Tensor | None = None
+    head_output: Tensor | None = None
     active: bool = False
     reentrant: bool = False
     calls: dict[str, int] = field(default_factory=dict)
@@ -109,6 +113,7 @@ def _head_hook(state: _State):
             return
         state.calls[state.plan.head_name] = state.calls.get(state.plan.head_name, 0) + 1
         state.head_input = args[0]
+        state.head_output = output
 
     return hook
 
@@ -189,6 +194,100 @@ def cached_plan(model: nn.Module, named: list[tuple[str, nn.Parameter]], sample_
     return plan
 
 
+# config fields of transformers models that post-process the head's output, and their no-op value
+_POST_PROCESSING = {"final_logit_softcapping": None, "logits_scaling": 1.0, "logit_scale": 1.0}
+
+
+def declared_logit_post_processing(model: nn.Module) -> str:
+    """``field=value`` of the config fields that change the logits after the head (Gemma 2's
+    soft-capping, Granite's and Cohere's scaling), or ``""``: a structural refusal."""
+    cfg = getattr(model, "config", None)
+    found = []
+    for key, noop in _POST_PROCESSING.items():
+        v = getattr(cfg, key, None)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v != noop and (noop is not None or v > 0):
+            found.append(f"{key}={v}")
+    return ", ".join(found)
+
+
+class NumericalRefusal(NotImplementedError):
+    """A refusal decided by comparing numbers (the logits against ``lm_head(h)``), not by what
+    the model is made of: never cached, so that one answer's refusal does not decide the next."""
+
+
+def matmul_unit_roundoff(dtype: torch.dtype, device: torch.device) -> float:
+    """Unit roundoff of the accumulation of a ``dtype`` matmul on ``device``: float32 with
+    ``torch.set_float32_matmul_precision`` "high" / "medium" may run on TF32 / bfloat16 units;
+    half types accumulate in float32 unless CUDA's reduced-precision reductions are allowed."""
+    if dtype == torch.float64:
+        return 2.0**-53
+    prec = torch.get_float32_matmul_precision()
+    u32 = {"highest": 2.0**-24, "high": 2.0**-11, "medium": 2.0**-8}.get(prec, 2.0**-8)
+    if device.type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        u32 = max(u32, 2.0**-11)
+    if dtype in (torch.float16, torch.bfloat16):
+        reduced = device.type == "cuda" and (
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction if dtype == torch.float16
+            else torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+        return torch.finfo(dtype).eps / 2 if reduced else u32
+    return u32
+
+
+def head_error_bound(h: Tensor, W: Tensor, b: Tensor | None, out_dtype: torch.dtype, block: int = 8192
+                     ) -> tuple[Tensor, Tensor]:
+    """``(raw, tol)``, both ``(n, V)`` float64: ``raw = h W^T + b`` computed in float64 from the
+    model's own ``h`` ``(n, d)``, ``W`` ``(V, d)``, ``b`` ``(V,)``, and a rigorous bound on how far
+    the model's ``lm_head(h)`` can be from it by rounding alone: ``gamma_d (|h| |W|^T + |b|)``
+    with ``gamma_d = d u / (1 - d u)`` (``u``: :func:`matmul_unit_roundoff`; a sum of ``d``
+    products, Higham's bound; the float64 reference's own error is added the same way), plus
+    half an ulp of the output for outputs narrower than the accumulation. ``tol`` is ``inf``
+    where the bound is useless (``d u >= 1/2``). ``V`` is processed ``block`` rows at a time."""
+    n, d = h.shape
+    u = matmul_unit_roundoff(W.dtype, W.device)
+    gam = (d * u / (1 - d * u) if d * u < 0.5 else math.inf) + 2 * d * 2.0**-53
+    u_out = torch.finfo(out_dtype).eps / 2 if torch.finfo(out_dtype).eps / 2 > u else 0.0
+    h64 = h.to(torch.float64)
+    ha = h64.abs()
+    raws, tols = [], []
+    for i in range(0, W.shape[0], block):
+        w = W[i:i + block].to(torch.float64)
+        raw = h64 @ w.T
+        mag = ha @ w.abs().T
+        if b is not None:
+            bb = b[i:i + block].to(torch.float64)
+            raw = raw + bb
+            mag = mag + bb.abs()
+        raws.append(raw)
+        tols.append(gam * mag + u_out * raw.abs() * (1 + 2 * gam))
+    return torch.cat(raws, 1), torch.cat(tols, 1)
+
+
+def check_head_logits(h: Tensor, head_out: Tensor | None, logits: Tensor, W: Tensor, b: Tensor | None) -> None:
+    """Raise :class:`NumericalRefusal` unless the model's logits ``(c, V)`` are ``lm_head(h)``.
+
+    Two checks that rounding cannot fail: the logits must equal the head module's own output
+    ``head_out`` exactly (post-processing after the head, soft-capping or scaling, changes them);
+    and the head's output on the first and last token must lie within the rigorous rounding
+    bound of :func:`head_error_bound` of ``h W^T + b`` in float64 (a head module whose forward
+    is not a plain linear map)."""
+    if head_out is None or head_out.shape != logits.shape or not torch.equal(head_out.to(logits.dtype), logits):
+        diff = ("" if head_out is None or head_out.shape != logits.shape
+                else f"; max |logit - lm_head(h)| = {(logits.double() - head_out.double()).abs().max().item():.3g}")
+        raise NumericalRefusal(f"model logits are not the output head's output (post-processing such as "
+                               f"soft-capping or scaling is not supported{diff})")
+    c = h.shape[0]
+    rows = [0, c - 1] if c > 1 else [0]
+    raw, tol = head_error_bound(h[rows], W, b, head_out.dtype)
+    dev = (head_out[rows].to(torch.float64) - raw).abs()
+    bad = dev > tol
+    if bool(bad.any()):
+        k = int(torch.argmax((dev - tol).flatten()))
+        r, v = divmod(k, raw.shape[1])
+        raise NumericalRefusal(
+            f"the output head's output is not h W^T + b: logit {v} of row {rows[r]} is off by "
+            f"{dev[r, v].item():.3g}, past the rounding bound {tol[r, v].item():.3g}")
+
+
 class _Redo(Exception):
     def __init__(self, names: set[str]):
         self.names = names
@@ -216,7 +315,12 @@ class ExactEngine:
 
     # ---- hooks -----------------------------------------------------------------------
     def install(self, sample_ids: Tensor) -> None:
-        """Get the model's plan (cached; made on a short input the first time), install the hooks."""
+        """Get the model's plan (cached; made on a short input the first time), install the hooks.
+        Raises ``NotImplementedError`` for a model whose config declares logit post-processing."""
+        declared = declared_logit_post_processing(self.model)
+        if declared:
+            raise NotImplementedError(f"the model's config declares logit post-processing ({declared}): "
+                                      "its logits are not lm_head(h)")
         self.plan = cached_plan(self.model, self.named, sample_ids)
         self._hooks()
 
@@ -294,16 +398,19 @@ class ExactEngine:
             else:
                 out = model(**kwargs)
             h = state.head_input[0, -c:]
-            return h, out.logits[0, -c:].detach()
+            z = state.head_output
+            z = z[0, -c:].detach() if isinstance(z, Tensor) else None
+            return h, (out.logits[0, -c:].detach(), z)
 
         state.calls = {}
         state.active = True
         try:
-            h, vjp_fn, logits = torch.func.vjp(f, probes, direct, has_aux=True)
+            h, vjp_fn, (logits, head_out) = torch.func.vjp(f, probes, direct, has_aux=True)
         finally:
             state.active = False
             state.probes = {}
             state.head_input = None
+            state.head_output = None
         calls = state.calls
         if calls.get(plan.head_name, 0) != 1:
             raise NotImplementedError("the output head must be called exactly once per forward")
@@ -317,10 +424,7 @@ class ExactEngine:
         W = head.weight.detach()
         hb = head.bias.detach() if head.bias is not None else None
         with torch.no_grad():
-            rows = [0, c - 1] if c > 1 else [0]
-            raw = F.linear(h.detach()[rows], W, hb)
-            if not torch.allclose(raw.float(), logits[rows].float(), rtol=1e-4, atol=1e-5, equal_nan=True):
-                raise NotImplementedError("model logits are not lm_head(h): logit post-processing is not supported")
+            check_head_logits(h.detach(), head_out, logits, W, hb)
             q = token_quantities(logits, targets, temperature, head_input=h.detach(), head_bias=plan.head_bias,
                                  with_logit_grad=True)
             cvec = q.logit_grad.to(acc)  # (c, V): d logprob / d raw logits
@@ -402,4 +506,4 @@ def model_acc_dtype(model: nn.Module) -> torch.dtype:
     return compute_dtype(next(model.parameters()).dtype)
 
 
-__all__ = ["ExactEngine", "cached_plan", "plan_key", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]
+__all__ = ["ExactEngine", "NumericalRefusal", "check_head_logits", "head_error_bound", "cached_plan", "plan_key", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]

@@ -148,6 +148,10 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         device = rank_device(ctx, cfg.device)
         model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
         coefs = kernel.answer_coefficients(answers, cfg)
+        from gmts_analysis.preflight import check_before_probe
+
+        # every need knowable before the model runs (memory, disk): checked once, refused on every rank
+        _on_main(ctx, lambda: check_before_probe(cfg, model, answers, out))
         finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
         attempt = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size, finishing))
 
