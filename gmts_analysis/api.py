@@ -305,16 +305,17 @@ def sample(
     rows: list[dict] = []
     for d in doms:
         if d == WORD_DOMAIN:
-            rows += _sample_word(model, tokenizer, num_prompts, group_size, temperature, budget, seed, progress)
+            rows += sample_word_problems(model, tokenizer, num_prompts, group_size, temperature, budget, seed, progress)
         else:
             rows += sample_rollouts(model, tokenizer, d, num_prompts, group_size, temperature=temperature,
                                     max_new_tokens=budget, seed=seed, progress=progress)
     return rows
 
 
-def _sample_word(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
-                 max_new_tokens: int, seed: int, progress: bool) -> list[dict]:
-    """Word-problem rollouts: the chat template, the ``math`` verifier, ids ``word-<i>`` and ``word-<i>-<j>``."""
+def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
+                         max_new_tokens: int, seed: int, progress: bool = False) -> list[dict]:
+    """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.wordproblems`):
+    the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
     from gmts_analysis.sampling import sample_prompts
     from gmts_analysis.verifiers import math_reward
     from gmts_analysis.wordproblems import word_problems

@@ -134,6 +134,15 @@ class _RowGumbel:
         return scores / self.tau + g.to(device=scores.device, dtype=scores.dtype)
 
 
+def _cache_kwarg() -> str:
+    """``generate``'s name for a given KV cache: ``cache`` in recent transformers, ``past_key_values`` before."""
+    try:
+        from transformers.generation.utils import ALL_CACHE_NAMES
+    except ImportError:
+        return "past_key_values"
+    return "cache" if "cache" in ALL_CACHE_NAMES else "past_key_values"
+
+
 @torch.no_grad()
 def shared_prompt_cache(model: torch.nn.Module, chunk: Sequence[Sequence[int]], ids: torch.Tensor,
                         mask: torch.Tensor) -> Any:
@@ -154,7 +163,7 @@ def shared_prompt_cache(model: torch.nn.Module, chunk: Sequence[Sequence[int]], 
     u_ids, u_mask = ids[uniq, :-1], mask[uniq, :-1]
     pos = (u_mask.long().cumsum(-1) - 1).masked_fill(u_mask == 0, 1)
     out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True)
-    cache = getattr(out, "past_key_values", None)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None or not hasattr(cache, "reorder_cache"):
         return None
     slot = {k: j for j, k in enumerate(first)}
@@ -207,7 +216,7 @@ def generate_from_ids(
             input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
             logits_processor=LogitsProcessorList([_RowGumbel(gens, temperature)]), eos_token_id=list(stops),
             pad_token_id=pad_id, temperature=None, top_p=None, top_k=None,
-            **({"past_key_values": cache} if cache is not None else {}),
+            **({_cache_kwarg(): cache} if cache is not None else {}),
         )
         for row in gen[:, width:].tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), None)

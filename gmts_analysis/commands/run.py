@@ -19,7 +19,7 @@ DEFAULT_DOMAINS = "arithmetic,program,logic"
 TOY_DEFAULTS = {"num_prompts": 8, "group_size": 8, "temperature": 1.0, "max_new_tokens": None, "grad_norm": "exact"}
 #: the real-model world's (``word``): sized to finish in about 15 minutes on 2 CPU cores with SmolLM2-135M
 #: (README, "A real model"); mixed rewards in most groups at this temperature
-WORD_DEFAULTS = {"num_prompts": 8, "group_size": 6, "temperature": 0.8, "max_new_tokens": 128,
+WORD_DEFAULTS = {"num_prompts": 8, "group_size": 4, "temperature": 0.7, "max_new_tokens": 32,
                  "grad_norm": "exact"}
 
 

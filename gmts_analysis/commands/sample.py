@@ -16,11 +16,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "domain, score them with the domain's verifier and write rollouts (docs/definitions.md section 7) (JSONL). "
         "The same seed gives the same file.",
     )
-    p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), a local path or a hub id "
-                   "(default tiny)")
+    p.add_argument("--model", default="tiny", help="tiny, small (shipped policies), smollm2 (the real extra), a "
+                   "local path, a .gguf file or a hub id (default tiny)")
     add_offline_flag(p)
     p.add_argument("--domains", nargs="+", default=None, metavar="DOMAIN",
-                   help="one or more toy domains: arithmetic, program, logic (space- or comma-separated)")
+                   help="one or more toy domains: arithmetic, program, logic, or word (grade-school word problems "
+                   "through the chat template, math verifier: for real models such as smollm2) (space- or "
+                   "comma-separated)")
     p.add_argument("--prompts", default=None, metavar="FILE",
                    help="instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': text or "
                    "chat messages, plus the verifier's columns such as 'solution')")
@@ -51,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from gmts_analysis.api import WORD_DOMAIN, sample_word_problems
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.models import load_model
     from gmts_analysis.toy.domains import get_domain
@@ -64,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
         args.num_prompts = 8
     domains = [d for x in args.domains for d in x.split(",") if d.strip()]
     for d in domains:
-        get_domain(d)
+        if d != WORD_DOMAIN:
+            get_domain(d)
     if args.num_prompts < 1 or args.group_size < 1:
         raise GmtsError("--num-prompts and --group-size must be >= 1")
     if args.batch_size < 1:
@@ -87,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         rows = []
         for d in domains:
+            if d == WORD_DOMAIN:  # grade-school word problems for real models: chat template, math verifier
+                rows += sample_word_problems(model, tokenizer, args.num_prompts, args.group_size, args.temperature,
+                                             args.max_new_tokens, args.seed, progress=not args.quiet)
+                continue
             rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.group_size,
                                     args.temperature, args.max_new_tokens, args.seed, args.difficulty,
                                     batch_size=args.batch_size, progress=not args.quiet)
