@@ -37,8 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "run",
-        help="the main job: sample from a shipped policy, probe, statistics, figures, report",
-        description="Sample answers from a shipped toy policy, probe them with exact per-token gradient norms, "
+        help="the main job: sample from a shipped policy (or a real model), probe, statistics, figures, report",
+        description="Sample answers from a shipped toy policy on the toy domains (or from a real instruct model "
+        "such as --model smollm2 on grade-school word problems), probe them with exact per-token gradient norms, "
         "and write a complete run directory (tables, stats.json, figures, report.html). Resumable like "
         "gmts probe: run the same command again after a crash.",
     )
