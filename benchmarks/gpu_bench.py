@@ -1,4 +1,4 @@
-"""Exact and sketch gradient norms on a Qwen2.5-1.5B-shaped model (what ``benchmarks/gpu.sh`` runs).
+"""Exact and sketch gradient norms on a Qwen2.5-1.5B- or SmolLM2-135M-shaped model (what ``benchmarks/gpu.sh`` runs).
 
 For each dtype (bfloat16, float32) and method (exact, sketch): tokens/s and peak memory of
 ``grad_norms`` on one answer of ``--P`` prompt and ``--T`` response tokens (random ids), on a
@@ -28,6 +28,10 @@ SHAPES = {
     "qwen1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
                      num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True,
                      rope_theta=1000000.0, rms_norm_eps=1e-6),
+    # SmolLM2-135M (Llama): 30 layers, hidden 576, 9 heads / 3 KV heads, vocabulary 49152, tied
+    "smollm2": dict(arch="llama", vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True, rope_theta=100000.0,
+                    rms_norm_eps=1e-5),
     # the same architecture, tiny (CPU dry run of the script)
     "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True),
@@ -36,10 +40,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch
 
 
 def build(shape: str, dtype: torch.dtype, device: torch.device, max_len: int, seed: int = 0) -> torch.nn.Module:
-    """Random-weight Qwen2 of ``shape``, created directly on ``device`` in ``dtype``."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    """Random-weight model of ``shape`` (Qwen2 unless its ``arch`` says llama), created directly
+    on ``device`` in ``dtype``."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
-    cfg = Qwen2Config(max_position_embeddings=max(max_len, 4096), **SHAPES[shape])
+    kw = dict(SHAPES[shape])
+    config_class = LlamaConfig if kw.pop("arch", "qwen2") == "llama" else Qwen2Config
+    cfg = config_class(max_position_embeddings=max(max_len, 4096), **kw)
     torch.manual_seed(seed)
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)

@@ -90,7 +90,11 @@ def answer_methods(cfg: ProbeOptions, result: ProbeResult) -> list[str]:
     per = {}
     if "grad_norm_method" in tok.columns and len(tok):
         per = dict(zip(tok["answer_id"], tok["grad_norm_method"]))
-    return [str(per.get(a, cfg.grad_norm)) for a in result.answers["answer_id"]] if len(result.answers) else []
+    def method(a) -> str:  # a chunk record written before the column existed has NaN there
+        v = per.get(a)
+        return v if isinstance(v, str) else cfg.grad_norm
+
+    return [method(a) for a in result.answers["answer_id"]] if len(result.answers) else []
 
 
 def run_grad_norm_method(cfg: ProbeOptions, result: ProbeResult) -> tuple[str, dict[str, int]]:

@@ -163,7 +163,7 @@ def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
 
 
 def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
-    from gmts_analysis.grads.exact import ExactEngine, default_budget, exact_chunks, model_acc_dtype
+    from gmts_analysis.grads.exact import CPU_BLOCK, ExactEngine, default_budget, exact_chunks, model_acc_dtype
 
     acc = model_acc_dtype(model)
     S = input_ids.shape[0]
@@ -173,7 +173,9 @@ def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, gr
         try:
             engine.install(input_ids[: min(S, 8)])
             budget = int(max_memory) if max_memory else default_budget(engine, S)
-            chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget)
+            # CPU: short blocks (less truncation waste); GPU: at least 64 tokens per block (more work per call)
+            chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget,
+                                  cap=CPU_BLOCK if input_ids.device.type == "cpu" else None)
             per_module: dict[str, torch.Tensor] = {}
             parts: list[TokenQuantities] = []
             for s, e, sub in chunks:
