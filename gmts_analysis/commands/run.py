@@ -1,7 +1,9 @@
 """``gmts run``: the main job on the embedded default.
 
 Samples groups of answers from a model (default: the shipped ``small`` policy) on the toy
-domains, then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
+domains, or, for a real instruct model (``--model smollm2``, a GGUF file, any checkpoint that is not a
+toy policy), on grade-school word problems (:mod:`gmts_analysis.wordproblems`; the ``word`` domain, with
+its own default size, :data:`WORD_DEFAULTS`), then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
 resumable chunk records, run fingerprint, ``errors.jsonl``), and prints within-answer vs
 cross-answer Spearman for entropy and gmts, overall and per domain. Killed, the same
 command (same ``--out``) resumes.
@@ -15,10 +17,27 @@ import time
 from gmts_analysis.config import ExamplesHelpFormatter
 
 DEFAULT_DOMAINS = "arithmetic,program,logic"
+#: the toy world's sampling defaults (the shipped policies; max_completion_length None = the policy card's)
+TOY_DEFAULTS = {"num_prompts": 8, "num_generations": 8, "temperature": 1.0, "max_completion_length": None,
+                "grad_norm": "exact"}
+#: the real-model world's (``word``), sized for SmolLM2-135M on 2 CPU cores (README, "A real model");
+#: mixed rewards in most groups at this temperature
+WORD_DEFAULTS = {"num_prompts": 8, "num_generations": 4, "temperature": 0.7, "max_completion_length": 32,
+                 "grad_norm": "exact"}
+
+
+def is_toy_policy(model: str) -> bool:
+    """``tiny``/``small`` or a directory with a policy card (a toy policy speaks the toy domains' format)."""
+    from pathlib import Path
+
+    from gmts_analysis.models import ALIASES
+
+    return model in ALIASES or (Path(model) / "card.json").is_file()
 
 
 EXAMPLES = """examples:
   gmts run                                             # small policy, three toy domains, runs/run-<time>/
+  gmts run --model smollm2 --threads 2                 # SmolLM2-135M-Instruct on word problems (the real extra)
   gmts run --model tiny --num_generations 4 --max_completion_length 48 --output_dir runs/tiny --threads 1
   gmts run --loss_type dr_grpo --max_completion_length 96 --epsilon 0.2 --beta 0.04 --top_entropy_quantile 0.2"""
 
@@ -32,15 +51,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser(
         "run",
-        help="the main job: sample from a shipped policy, probe, statistics, figures, report",
-        description="Sample answers from a shipped toy policy, probe them with exact per-token gradient norms, "
+        help="the main job: sample from a shipped policy (or a real model), probe, statistics, figures, report",
+        description="Sample answers from a shipped toy policy on the toy domains (or from a real instruct model such "
+        "as --model smollm2 on grade-school word problems: domain word, defaults "
+        f"{', '.join(f'{k} {v}' for k, v in WORD_DEFAULTS.items())}), probe them with exact per-token gradient norms, "
         "and write a complete run directory (tables, stats.json, figures, report.html, and the sampled "
         "rollouts.jsonl). Resumable like gmts probe: run the same command again after a crash. Every option "
         "of gmts probe that is not about an input file applies (TRL's and verl's names too: docs/cli.md).",
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     add_options(p, SamplingOptions, ProbeConfig, RunControl, skip=NOT_IN_RUN,
-                defaults={"domains": [DEFAULT_DOMAINS], "out": None})
+                defaults={"domains": None, "out": None, **{k: None for k in TOY_DEFAULTS}})  # by world, in run()
     p.set_defaults(func=run)
 
 
@@ -49,22 +70,26 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis import io
+    from gmts_analysis.api import ALL_DOMAINS, WORD_DOMAIN
     from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.job import sample_and_probe
     from gmts_analysis.models import resolve_device, resolve_model_path
-    from gmts_analysis.toy.domains import DOMAINS
     from gmts_analysis.validate import validate_options
 
     t0 = time.perf_counter()
-    given = [args.domains] if isinstance(args.domains, str) else list(args.domains)  # str: an old caller
+    given = args.domains
+    if given is None:
+        given = [DEFAULT_DOMAINS if is_toy_policy(args.model) else WORD_DOMAIN]
+    given = [given] if isinstance(given, str) else list(given)  # str: an old caller
     domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
-    unknown = [d for d in domains if d not in DOMAINS]
+    unknown = [d for d in domains if d not in ALL_DOMAINS]
     if not domains or unknown:
         raise GmtsError(f"--domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(DOMAINS)})")
-    if args.num_prompts is None:
-        args.num_prompts = 8
+                        f"(choose from {', '.join(ALL_DOMAINS)})")
+    for k, v in (WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS).items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
     if args.num_prompts < 1 or args.num_generations < 2:
         raise GmtsError("--num-prompts must be >= 1 and --num-generations >= 2 (a group needs a baseline)")
     if args.max_completion_length is not None and args.max_completion_length < 1:

@@ -58,6 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
+    from gmts_analysis.api import WORD_DOMAIN, sample_word_problems
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.models import load_model
     from gmts_analysis.toy.domains import get_domain
@@ -76,7 +77,8 @@ def run(args: argparse.Namespace) -> int:
     given = args.domains if args.domains is not None else [",".join(DEFAULT_DOMAINS)]
     domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
     for d in domains:
-        get_domain(d)
+        if d != WORD_DOMAIN:
+            get_domain(d)
     if args.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
     out = _check_out(args)
@@ -87,6 +89,10 @@ def run(args: argparse.Namespace) -> int:
     with torch.inference_mode():
         rows = []
         for d in domains:
+            if d == WORD_DOMAIN:  # grade-school word problems for real models: chat template, math verifier
+                rows += sample_word_problems(model, tokenizer, args.num_prompts, args.num_generations,
+                                             args.temperature, budget, args.seed, progress=not args.quiet)
+                continue
             rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.num_generations,
                                     args.temperature, budget, args.seed, args.difficulty,
                                     batch_size=args.batch_size, progress=not args.quiet)

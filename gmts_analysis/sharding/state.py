@@ -101,12 +101,15 @@ def model_fingerprint(name_or_path: str) -> dict[str, Any]:
 
     Small text files (config, tokenizer) are hashed whole, others (weights) by size and
     sampled blocks, so two checkpoints of one architecture differ while a 14 GB model is
-    fingerprinted in milliseconds. A name that is not a local directory (a hub id) is
+    fingerprinted in milliseconds. A GGUF file is fingerprinted as such a file. A name that is not a
+    local directory or file (a hub id) is
     kept as given. The path itself is not part of it: nodes may mount it differently.
     """
     from gmts_analysis.models import resolve_model_path
 
     path = Path(resolve_model_path(name_or_path))
+    if path.is_file():  # a GGUF file (smollm2 or a .gguf path): its content, sampled
+        return {"files": {path.name: "sampled:" + _sampled_sha256(path)}}
     if not path.is_dir():
         return {"id": str(name_or_path)}
     files = {}
