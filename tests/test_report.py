@@ -158,3 +158,21 @@ def test_readme_results_block_is_generated_from_the_example_run():
     readme = (root / "README.md").read_text()
     block = readme[readme.index(README_BEGIN): readme.index(README_END) + len(README_END)]
     assert block == readme_block(stats, manifest.get("domains"))
+
+
+def test_readme_headline_block_is_generated_from_the_real_model_run():
+    """The README's headline block is the committed SmolLM2 run's, rendered by the summary."""
+    import json
+    from pathlib import Path
+
+    from gmts_analysis.summary import readme_block, readme_markers
+
+    root = Path(__file__).resolve().parent.parent
+    run = root / "data" / "smollm2_run"
+    stats = json.loads((run / "stats.json").read_text())
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["grad_norm_method"] == "exact" and manifest["n_loop_answers"] == 0  # the engine on every answer
+    begin, end = readme_markers("smollm2-135m", "data/smollm2_run/stats.json")
+    readme = (root / "README.md").read_text()
+    block = readme[readme.index(begin): readme.index(end) + len(end)]
+    assert block == readme_block(stats, manifest.get("domains"), "smollm2-135m", "data/smollm2_run/stats.json")
