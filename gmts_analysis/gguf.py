@@ -104,13 +104,13 @@ def load_gguf(path: Path):
     """``(model, tokenizer)`` read from the GGUF file by transformers (float32, dequantized; slow)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gmts_analysis.models import _quiet_transformers
+    from gmts_analysis.progress import quiet_transformers
 
     _need_gguf_package(path)
     import torch
 
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
             tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     except Exception as e:  # ValueError (unsupported architecture), OSError, gguf's own errors
@@ -141,7 +141,7 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gmts_analysis.models import _quiet_transformers
+    from gmts_analysis.progress import quiet_transformers
 
     src = Path(path).resolve()
     out = cache_dir_for(src)
@@ -154,7 +154,7 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
     gg_model, tok = load_gguf(src)
     t_load = time.perf_counter() - t0
     # transformers will not save a GGUF-loaded model: copy its weights into a plain model of the same config
-    with _quiet_transformers():
+    with quiet_transformers():
         plain = AutoModelForCausalLM.from_config(gg_model.config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(gg_model.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and getattr(plain.config, "tie_word_embeddings", False))]
@@ -168,7 +168,7 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        with _quiet_transformers():
+        with quiet_transformers():
             back = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True).eval()
         ids = _check_ids(tok, gg_model.get_input_embeddings().weight.shape[0])
         want, got = _logits(gg_model, ids), _logits(back, ids)

@@ -19,6 +19,7 @@ from typing import Iterator
 import torch
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.progress import quiet_transformers
 from gmts_analysis.resources import data_dir
 
 ALIASES = ("tiny", "small")
@@ -160,7 +161,7 @@ def load_model(
     dt = resolve_dtype(dtype)
     kw = {"local_files_only": no_download}
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dt, output_loading_info=True, **kw)
     except GmtsError:
         raise
@@ -176,7 +177,7 @@ def load_model(
     model.eval()
     tokenizer = None
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, **kw)
     except Exception as e:  # no tokenizer files, or files transformers cannot use: ids-only rollouts still work
         tokenizer = None
@@ -208,31 +209,6 @@ def _vocab_size(tokenizer) -> int:
         return len(tokenizer)
     except Exception:
         return int(getattr(tokenizer, "vocab_size", 0) or 0)
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' own loading report (we raise our own one-line error instead)."""
-    import logging
-
-    from transformers.utils import logging as hf_logging
-
-    from gmts_analysis.progress import widgetless_kernel
-
-    lg = logging.getLogger("transformers")
-    old = lg.level
-    lg.setLevel(logging.ERROR)
-    # in a notebook without ipywidgets, transformers' "Loading weights" bar (tqdm.auto) would warn
-    # "IProgress not found" and write every refresh into the cell: no bar there
-    bars_off = widgetless_kernel() and hf_logging.is_progress_bar_enabled()
-    if bars_off:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        lg.setLevel(old)
-        if bars_off:
-            hf_logging.enable_progress_bar()
 
 
 def _causal_lm_classes() -> set[str]:

@@ -9,9 +9,10 @@ Bars go to stderr.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 
 def in_kernel() -> bool:
@@ -60,3 +61,26 @@ def _line_at_close() -> type:
             super().close()
 
     return LineAtClose
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' own loading report (we raise our own one-line error instead)."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    lg = logging.getLogger("transformers")
+    old = lg.level
+    lg.setLevel(logging.ERROR)
+    # in a notebook without ipywidgets, transformers' "Loading weights" bar (tqdm.auto) would warn
+    # "IProgress not found" and write every refresh into the cell: no bar there
+    bars_off = widgetless_kernel() and hf_logging.is_progress_bar_enabled()
+    if bars_off:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        lg.setLevel(old)
+        if bars_off:
+            hf_logging.enable_progress_bar()
