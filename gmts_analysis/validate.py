@@ -347,12 +347,12 @@ def _float_value(flag: str, v: Any) -> float:
         raise GmtsError(f"{flag}: expected a number, got {v!r}") from None
 
 
-def _int_at_least(k: int) -> Any:
+def _int_at_least(k: int, why: str = "") -> Any:
     def check(flag: str, v: Any) -> None:
         for x in (v if isinstance(v, (list, tuple)) else [v]):
             n = _int_value(flag, x)
             if n < k:
-                raise GmtsError(f"{flag}: must be an integer >= {k}, got {x}")
+                raise GmtsError(f"{flag}: must be an integer >= {k}{f' ({why})' if why else ''}, got {x}")
     return check
 
 
@@ -501,7 +501,7 @@ OPTION_DOMAINS: dict[str, Any] = {
     "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(2),
     "naive_full_max": _int_at_least(0),  # 0: no full naive reference
     "max_memory": _int_at_least(1), "lengths": _int_list, "probes": _int_list, "models": _input_path,
-    "num_generations": _int_at_least(2), "max_completion_length": _int_at_least(1),  # TRL's names (sample, run, rl)
+    "num_generations": _int_at_least(2, "a group needs a baseline"), "max_completion_length": _int_at_least(1),  # TRL's names (sample, run, rl)
     "uncertain_below": _probability,
 }
 COMMAND_DOMAINS: dict[str, dict[str, Any]] = {

@@ -12,6 +12,7 @@ import json
 import pytest
 
 from gmts_analysis.cli import as_spelled, build_parser, main
+from gmts_analysis.commands.run import TOY_DEFAULTS as RUN_WORLD_DEFAULTS
 from gmts_analysis.config import JobSettings, OutputOptions, ProbeConfig, RunControl, SamplingOptions
 from gmts_analysis.options import ALIAS_BY_NAME, ALIASES
 
@@ -76,6 +77,11 @@ def test_derived_subcommands_come_from_the_dataclasses(parsers):
             assert a.dest in fields, f"gmts {cmd}: --{a.dest} is not a field of {[c.__name__ for c in classes]}"
             f = fields[a.dest]
             if f.metadata.get("required") or (cmd, a.dest) in (("run", "domains"),):
+                continue
+            if cmd == "run" and a.dest in RUN_WORLD_DEFAULTS:  # chosen by world (toy or word) when not given
+                assert a.default is None
+                if f.default is not None:
+                    assert RUN_WORLD_DEFAULTS[a.dest] == f.default, f"gmts run: toy default of --{a.dest}"
                 continue
             assert a.default == f.default, f"gmts {cmd}: --{a.dest} default {a.default!r} != {f.default!r}"
 
@@ -142,7 +148,7 @@ def test_errors_name_the_option_as_spelled():
 def test_cli_error_as_typed(capsys):
     assert main(["sample", "--model", "tiny", "--domains", "arithmetic", "--group_size", "1", "--out", "unused"]) == 2
     err = capsys.readouterr().err
-    assert err.strip() == "gmts: error: --group_size must be >= 2 (a group needs a baseline), got 1"
+    assert err.strip() == "gmts: error: --group_size: must be an integer >= 2 (a group needs a baseline), got 1"
 
 
 def test_threads_default_and_checks(monkeypatch):

@@ -38,7 +38,6 @@ def is_toy_policy(model: str) -> bool:
 EXAMPLES = """examples:
   gmts run                                             # small policy, three toy domains, runs/run-<time>/
   gmts run --model smollm2 --threads 2                 # SmolLM2-135M-Instruct on word problems (the real extra)
-  gmts run --model tiny --num_generations 4 --max_completion_length 48 --output_dir runs/tiny --threads 1
   gmts run --loss_type dr_grpo --max_completion_length 96 --epsilon 0.2 --beta 0.04 --top_entropy_quantile 0.2"""
 
 #: options of gmts probe that gmts run does not take: its input is the rollouts it samples
