@@ -94,3 +94,11 @@ def assert_untouched(before: dict[str, str], after: dict[str, str]) -> None:
     removed = sorted(set(before) - set(after))
     changed = sorted(k for k in set(before) & set(after) if before[k] != after[k])
     assert not (added or removed or changed), f"outside --out: added {added}, removed {removed}, changed {changed}"
+
+
+#: a probe's fastest settings: no gradient norms, fidelity or figures
+FAST = ["--device", "cpu", "--grad-norm", "none", "--fidelity", "off", "--no-figures", "--quiet"]
+
+
+def probe(model, rollouts, out, *extra: str) -> list[str]:
+    return ["probe", "--model", str(model), "--rollouts", str(rollouts), "--out", str(out), *FAST, *extra]

@@ -9,17 +9,11 @@ import stat
 from pathlib import Path
 
 import pytest
-from _adversarial import assert_one_line_error, assert_untouched, run_cli, snapshot
+from _adversarial import assert_one_line_error, assert_untouched, probe, run_cli, snapshot
 from _sharding_helpers import write_rollouts
 
 from gmts_analysis import io as gio
 from gmts_analysis.sharding import state
-
-FAST = ["--device", "cpu", "--grad-norm", "none", "--fidelity", "off", "--no-figures", "--quiet"]
-
-
-def probe(model, rollouts, out, *extra: str) -> list[str]:
-    return ["probe", "--model", str(model), "--rollouts", str(rollouts), "--out", str(out), *FAST, *extra]
 
 
 @pytest.fixture(scope="module")
