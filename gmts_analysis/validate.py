@@ -496,7 +496,9 @@ OPTION_DOMAINS: dict[str, Any] = {
     "rollouts": _input_path, "difficulty": _difficulty,
     "batch_size": _int_at_least(1), "n_boot": _int_at_least(1), "max_answers": _int_at_least(1),
     "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),
-    "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1), "diag_every": _int_at_least(0),  # 0: never
+    "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1),
+    "final_eval_prompts": _int_at_least(0),  # 0: --eval-prompts
+    "diag_every": _int_at_least(0),  # 0: never
     "diag_answers": _int_at_least(1), "threads": _int_at_least(1), "layers": _int_at_least(1),
     "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(2),
     "naive_full_max": _int_at_least(0),  # 0: no full naive reference

@@ -52,6 +52,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, default=d.eval_every, help=f"steps between evaluations (default: {d.eval_every})")
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
                    help=f"held-out prompts per domain for pass@1 (default: {d.eval_prompts})")
+    p.add_argument("--final-eval-prompts", type=int, default=d.final_eval_prompts,
+                   help="held-out prompts per domain for the final pass@1 only (the learning curve keeps "
+                   "--eval-prompts); 0 = --eval-prompts (default: 0)")
+    p.add_argument("--dynamic-sampling", action="store_true",
+                   help="drop groups whose rewards are all equal before each update (DAPO's dynamic sampling; "
+                   "the batch is not refilled, the number kept is logged per step)")
     p.add_argument("--diag-every", type=int, default=d.diag_every,
                    help=f"steps between grad-norm diagnostics, 0 = never (default: {d.diag_every})")
     p.add_argument("--diag-answers", type=int, default=d.diag_answers,
@@ -121,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
         policy=args.model, steps=args.max_steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,
         group_size=args.num_generations, max_new_tokens=args.max_completion_length, eval_every=args.eval_every,
-        eval_prompts=args.eval_prompts, diag_every=args.diag_every, diag_answers=args.diag_answers,
+        eval_prompts=args.eval_prompts, final_eval_prompts=args.final_eval_prompts,
+        dynamic_sampling=args.dynamic_sampling, diag_every=args.diag_every, diag_answers=args.diag_answers,
         device=str(resolve_device(args.device)),
     )
     cfg.check()

@@ -35,6 +35,10 @@ class RLConfig:
     max_new_tokens: int = 96
     eval_every: int = 10
     eval_prompts: int = 200
+    #: held-out prompts per domain for the final pass@1 only (0: ``eval_prompts``); the curve keeps ``eval_prompts``
+    final_eval_prompts: int = 0
+    #: drop groups whose rewards are all equal before the update (DAPO's dynamic sampling, not refilled)
+    dynamic_sampling: bool = False
     eval_seed: int = 12345
     diag_every: int = 10
     diag_answers: int = 4
@@ -61,8 +65,13 @@ class RLConfig:
             raise GmtsError("--max-steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
         if self.lr <= 0:
             raise GmtsError(f"--lr must be > 0, got {self.lr}")
-        if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0:
-            raise GmtsError("--eval-every and --eval-prompts must be >= 1, --diag-every >= 0")
+        if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0 or self.final_eval_prompts < 0:
+            raise GmtsError("--eval-every and --eval-prompts must be >= 1, --diag-every and --final-eval-prompts >= 0")
+
+    @property
+    def final_prompts(self) -> int:
+        """Held-out prompts per domain of the final evaluation."""
+        return self.final_eval_prompts or self.eval_prompts
 
 
 def stable_seed(*key: object) -> int:

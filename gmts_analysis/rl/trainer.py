@@ -117,14 +117,15 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate(model, tokenizer, cfg: RLConfig) -> dict[str, float]:
-    """pass@1 per domain at ``cfg.temperature`` on ``cfg.eval_prompts`` held-out prompts (one sample each)."""
+def evaluate(model, tokenizer, cfg: RLConfig, n_prompts: int | None = None) -> dict[str, float]:
+    """pass@1 per domain at temperature 1.0 on ``n_prompts`` (default ``cfg.eval_prompts``) held-out
+    prompts per domain, one sample each, sampling noise fixed by ``cfg.eval_seed``."""
     from gmts_analysis.toy.sample import sample_rollouts
 
     out = {}
     for d in cfg.domains:
         rows = sample_rollouts(
-            model, tokenizer, d, cfg.eval_prompts, 1, temperature=1.0, max_new_tokens=cfg.max_new_tokens,
+            model, tokenizer, d, n_prompts or cfg.eval_prompts, 1, temperature=1.0, max_new_tokens=cfg.max_new_tokens,
             seed=cfg.eval_seed, split="heldout", batch_size=cfg.batch_size,
         )
         out[d] = float(np.mean([r["reward"] for r in rows]))
@@ -152,6 +153,36 @@ def batch_fidelity(
     om = omega.to(logprobs.dtype)
     g_all = flat_grad(om)
     return {name: compare(flat_grad(om * sel.to(om.dtype)), g_all) for name, sel in selections.items()}
+
+
+def mass_capture(model, rows: list[dict], omega: torch.Tensor, mask: torch.Tensor,
+                 selections: dict[str, torch.Tensor], cfg: RLConfig, group_ids) -> dict[str, float]:
+    """``{name: capture}``: the gradient mass ``sum_{t in S} |omega_t| * ||grad log p_t||`` a selection
+    holds over the mass of the true top-``rho`` tokens by that quantity (same ``rho``, scope and
+    tie rule, :func:`gmts_analysis.selection_tensor.select_tokens`), on the whole training batch.
+
+    The per-token norms are exact (:func:`gmts_analysis.grads.grad_norms`) on every answer with
+    omega != 0; tokens of answers with omega = 0 carry no mass. 1.0 = the selection holds as much
+    mass as the best selection of its size could.
+    """
+    from gmts_analysis.grads import grad_norms
+    from gmts_analysis.selection_tensor import select_tokens
+
+    mass = torch.zeros(mask.shape, dtype=torch.float64)
+    device = next(model.parameters()).device
+    for i, r in enumerate(rows):
+        L = int(mask[i].sum())
+        w = omega[i, :L].abs().double().cpu()
+        if L == 0 or not bool((w > 0).any()):
+            continue
+        ids = torch.tensor(list(r["prompt_ids"]) + list(r["response_ids"]), dtype=torch.long, device=device)
+        gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="exact").norms
+        mass[i, :L] = w * gn.double().cpu()[:L]
+    m = mask.cpu()
+    best = float(mass[select_tokens(mass, m, cfg.rho, cfg.scope, group_ids)].sum())
+    if best <= 0:
+        return {name: float("nan") for name in selections}
+    return {name: float(mass[sel.cpu()].sum()) / best for name, sel in selections.items()}
 
 
 def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
@@ -254,6 +285,19 @@ def train(
     if on_eval:
         on_eval(0, evals[-1])
     steps_log = []
+
+    def _maybe_eval(step: int) -> None:
+        nonlocal t_eval
+        if step % cfg.eval_every == 0 or step == cfg.steps:
+            te = time.perf_counter()
+            ev = evaluate(model, tokenizer, cfg)
+            t_eval += time.perf_counter() - te
+            evals.append({"step": step, "pass1": ev, "pass1_mean": float(np.mean(list(ev.values())))})
+            if on_eval:
+                on_eval(step, evals[-1])
+            log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
+                     " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
+
     it = range(1, cfg.steps + 1)
     if progress:
         from tqdm import tqdm
@@ -263,6 +307,16 @@ def train(
         ts = time.perf_counter()
         rows = _rows_for_step(model, tokenizer, cfg, step, reward_fn)
         t_sample = time.perf_counter() - ts
+        zero_std = _zero_std_groups(rows)
+        n_groups = len({r["group_id"] for r in rows})
+        if cfg.dynamic_sampling:  # DAPO: groups with all-equal rewards leave the batch (not refilled)
+            rows = [r for r in rows if r["group_id"] not in zero_std]
+            if not rows:
+                steps_log.append({"step": step, "n_groups": n_groups, "n_groups_kept": 0,
+                                  "frac_groups_zero_std": 1.0, "skipped": True, "sample_s": t_sample,
+                                  "step_s": time.perf_counter() - ts})
+                _maybe_eval(step)
+                continue
         rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", SingletonGroupWarning)
@@ -297,6 +351,7 @@ def train(
                     g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
                     fsel["random"] = selection_mask("random", ent, adv, mask, generator=g2, **sel_kw)
                 rec["fidelity"] = batch_fidelity(lp, om, fsel, params)
+                rec["mass_capture"] = mass_capture(model, rows, om.detach(), mask, fsel, cfg, group_ids)
                 rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step, lgn)
                 t_diag += time.perf_counter() - td
             opt.zero_grad(set_to_none=True)
@@ -310,8 +365,9 @@ def train(
             {
                 "step": step,
                 "reward_mean": float(rewards.mean()),
-                "frac_groups_zero_std": float(np.mean([np.std(rewards[i : i + cfg.group_size]) == 0
-                                                       for i in range(0, len(rows), cfg.group_size)])),
+                "frac_groups_zero_std": len(zero_std) / n_groups,
+                "n_groups": n_groups,
+                "n_groups_kept": len({r["group_id"] for r in rows}),
                 "loss": float(loss.detach()),
                 "grad_norm": gnorm,
                 "entropy_mean": float(ent[m].mean()) if n_tok else float("nan"),
@@ -329,23 +385,31 @@ def train(
             }
         )
         steps_log.append(rec)
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            te = time.perf_counter()
-            ev = evaluate(model, tokenizer, cfg)
-            t_eval += time.perf_counter() - te
-            evals.append({"step": step, "pass1": ev, "pass1_mean": float(np.mean(list(ev.values())))})
-            if on_eval:
-                on_eval(step, evals[-1])
-            log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
-                     " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
+        _maybe_eval(step)
+    final = evals[-1]["pass1"]
+    if cfg.final_prompts != cfg.eval_prompts:  # the final pass@1 on its own, larger prompt set
+        te = time.perf_counter()
+        final = evaluate(model, tokenizer, cfg, cfg.final_prompts)
+        t_eval += time.perf_counter() - te
+        log.info("%s seed %d final pass@1 on %d prompts per domain: %s", cfg.selection, cfg.seed,
+                 cfg.final_prompts, " ".join(f"{k}={v:.4f}" for k, v in final.items()))
     total = time.perf_counter() - t0
     return {
         "config": asdict(cfg),
         "steps": steps_log,
         "evals": evals,
-        "final_pass1": evals[-1]["pass1"],
+        "final_pass1": final,
+        "final_eval_prompts": cfg.final_prompts,
         "timing_s": {"total": total, "eval": t_eval, "diagnostics": t_diag, "train": total - t_eval - t_diag},
     }
+
+
+def _zero_std_groups(rows: list[dict]) -> set:
+    """Group ids whose rewards are all equal (every answer's group advantage is 0)."""
+    by: dict = {}
+    for r in rows:
+        by.setdefault(r["group_id"], []).append(float(r["reward"]))
+    return {g for g, v in by.items() if max(v) == min(v)}
 
 
 def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int, lgn=None) -> dict[str, float]:
