@@ -46,7 +46,7 @@ def build(shape: str, layers: int, seed: int) -> torch.nn.Module:
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     if shape == "small":
-        from gmts_analysis.testing import build_tiny_model
+        from gmts_analysis.toy.testing import build_tiny_model
 
         return build_tiny_model("qwen2", hidden=128, layers=4, vocab_size=100, seed=seed)
     cfg = Qwen2Config(num_hidden_layers=layers, max_position_embeddings=4096, **QWEN05B)
@@ -70,10 +70,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(1)
 
     import gmts_analysis
-    from gmts_analysis import kernel
-    from gmts_analysis.config import ProbeConfig
-    from gmts_analysis.grads.reference import loop_grad_norms, naive_grad_norms
-    from gmts_analysis.rollouts import Answer
+    from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
+    from gmts_analysis.options.config import ProbeConfig
+    from gmts_analysis.probing import kernel
+    from gmts_analysis.readers.rollouts import Answer
 
     model = build(a.shape, a.layers, a.seed)
     V = model.config.vocab_size

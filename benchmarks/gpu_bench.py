@@ -55,8 +55,8 @@ def build(shape: str, dtype: torch.dtype, device: torch.device, max_len: int, se
 
 def run_case(model, ids: torch.Tensor, P: int, method: str, probes: int, budget_s: float, calib: int,
              device: torch.device) -> dict:
-    from gmts_analysis.grads import grad_norms
-    from gmts_analysis.grads.bench import PeakMemory
+    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.run.bench import PeakMemory
 
     mem = PeakMemory(device)
     S = int(ids.shape[0])
@@ -123,7 +123,7 @@ def main(argv=None) -> int:
         return 2
     if a.threads:
         torch.set_num_threads(a.threads)
-    from gmts_analysis.grads.bench import machine_info
+    from gmts_analysis.run.bench import machine_info
 
     result = {"shape": a.shape, "config": SHAPES[a.shape], "T": a.T, "P": a.P, "device": str(device),
               "case_budget_s": a.case_budget_s, "cases": [], "machine": machine_info(device)}

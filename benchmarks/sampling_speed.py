@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from gmts_analysis.models import load_model
+from gmts_analysis.readers.models import load_model
 from gmts_analysis.sampling import generate_from_ids, prompt_ids, row_seed, stop_ids
-from gmts_analysis.wordproblems import word_problems
+from gmts_analysis.sampling.wordproblems import word_problems
 
 
 def main() -> None:

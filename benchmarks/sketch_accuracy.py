@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from scipy.stats import spearmanr
 
-from gmts_analysis.grads import grad_norms
-from gmts_analysis.models import load_model
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.readers.models import load_model
 from gmts_analysis.toy.domains import generate_problems
 
 

@@ -7,7 +7,7 @@ the speed does not depend on the weight values (same shapes, same kernels). One 
 ``--P`` prompt tokens and T random response tokens. Every method runs in this one process with
 ``torch.set_num_threads(--threads)``; the table reports wall time and process CPU time (on a
 shared machine CPU time is what the work costs; ratios are taken from CPU time). Peak memory:
-the RSS high-water above the resident set before the call (:class:`gmts_analysis.grads.bench.PeakMemory`).
+the RSS high-water above the resident set before the call (:class:`gmts_analysis.run.bench.PeakMemory`).
 
 The naive loop (a forward and a backward of the whole answer per token) costs the same for
 every token of an answer, so it is timed on ``--naive-tokens`` evenly spaced tokens of each
@@ -108,9 +108,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from gmts_analysis.grads import grad_norms
-    from gmts_analysis.grads.bench import PeakMemory, machine_info
-    from gmts_analysis.grads.reference import naive_grad_norms
+    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.engine.reference import naive_grad_norms
+    from gmts_analysis.run.bench import PeakMemory, machine_info
 
     mem = PeakMemory(torch.device("cpu"))
     model = build()

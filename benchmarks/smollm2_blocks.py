@@ -17,9 +17,9 @@ torch.set_num_threads(1)
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
 import smollm2_bench as b  # noqa: E402
 
-import gmts_analysis.grads.exact as ex  # noqa: E402
-from gmts_analysis.grads import grad_norms  # noqa: E402
-from gmts_analysis.testing import build_tiny_model  # noqa: E402
+import gmts_analysis.engine.exact as ex  # noqa: E402
+from gmts_analysis.engine import grad_norms  # noqa: E402
+from gmts_analysis.toy.testing import build_tiny_model  # noqa: E402
 
 
 def compare(name: str, model: torch.nn.Module, P: int, T: int, vocab: int, rounds: int = 2) -> None:

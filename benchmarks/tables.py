@@ -8,7 +8,7 @@ import os
 import sys
 
 sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from gmts_analysis.grads.bench import format_table
+from gmts_analysis.run.bench import format_table
 
 files = sys.argv[1:]
 parts = []

@@ -64,7 +64,7 @@ def _model(kind: str, tmp: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if kind == "text":
-        from gmts_analysis.resources import data_dir
+        from gmts_analysis.util.resources import data_dir
 
         path = data_dir() / "policies" / "tiny"
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
@@ -79,7 +79,7 @@ def _model(kind: str, tmp: Path):
 
 
 def train(kind: str, out: Path, max_len: int, G: int):
-    from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
 
     model, tok, path = _model(kind, out)
     args = SelectiveGRPOConfig(

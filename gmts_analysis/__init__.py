@@ -24,17 +24,17 @@ _LAZY = {
     "sample": "gmts_analysis.api",
     "Run": "gmts_analysis.api",
     "figure_names": "gmts_analysis.api",
-    "ProbeOptions": "gmts_analysis.config",
+    "ProbeOptions": "gmts_analysis.options.config",
     "GmtsError": "gmts_analysis.errors",
 }
 
 
 def _notebook_figures() -> None:
-    """In IPython, figures display without ``%matplotlib inline`` (:mod:`gmts_analysis.ipython`)."""
+    """In IPython, figures display without ``%matplotlib inline`` (:mod:`gmts_analysis.views.ipython`)."""
     import sys
 
     if "IPython" in sys.modules:
-        from gmts_analysis.ipython import quiet_widgetless_tqdm, register_figure_formatter
+        from gmts_analysis.views.ipython import quiet_widgetless_tqdm, register_figure_formatter
 
         register_figure_formatter()
         quiet_widgetless_tqdm()

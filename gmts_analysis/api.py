@@ -7,12 +7,12 @@
     run.save("runs/mine")                                            # a complete run directory
     gmts.load_run("runs/mine")                                       # the same object back
 
-``options`` are the ``gmts probe`` flags in snake_case (:class:`gmts_analysis.config.ProbeOptions`);
+``options`` are the ``gmts probe`` flags in snake_case (:class:`gmts_analysis.options.config.ProbeOptions`);
 of the job settings, :func:`probe` takes those that mean something in one process
 (:data:`PROBE_SETTINGS`: ``quiet``, ``offline``, ``out`` to save as well); resuming a killed
 job is the CLI's (``gmts probe``, ``gmts run``).
 :func:`probe` runs the same kernel and the same statistics as ``gmts probe``
-(:mod:`gmts_analysis.kernel`, :mod:`gmts_analysis.finalize`), in one process, without files.
+(:mod:`gmts_analysis.probing.kernel`, :mod:`gmts_analysis.run.finalize`), in one process, without files.
 """
 
 from __future__ import annotations
@@ -22,21 +22,17 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from gmts_analysis.config import ProbeOptions, options_from_kwargs
+from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.runs import RunTables, read_run
+from gmts_analysis.options.config import ProbeOptions, options_from_kwargs
+from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN  # noqa: F401 - the API's names
 
 if TYPE_CHECKING:
     import torch
     from matplotlib.figure import Figure
 
-    from gmts_analysis.config import SamplingOptions
-    from gmts_analysis.notebook_view import TokenView
+    from gmts_analysis.views.notebook_view import TokenView
 
-DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
-#: the real-model world: grade-school word problems (:mod:`gmts_analysis.wordproblems`)
-WORD_DOMAIN = "word"
-ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
 #: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
 PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")
 
@@ -50,7 +46,7 @@ class Run(RunTables):
     def save(self, path: str | os.PathLike, *, figures: bool = True, overwrite: bool = False) -> Path:
         """Write a complete run directory (contract files; with ``figures`` also figures/ and
         report.html), atomically. Refuses a non-empty ``path`` unless ``overwrite``. Returns it."""
-        from gmts_analysis.finalize import write_run_dir
+        from gmts_analysis.run.finalize import write_run_dir
 
         out = write_run_dir(self, path, figures=figures, overwrite=overwrite)
         self.path = out
@@ -58,7 +54,7 @@ class Run(RunTables):
 
     def figure(self, name: str) -> "Figure | None":
         """One figure, drawn in memory (``None`` when its data is absent). Names: :func:`figure_names`."""
-        from gmts_analysis.plots import FIGURES
+        from gmts_analysis.views.plots import FIGURES
 
         if name not in FIGURES:
             raise GmtsError(f"unknown figure '{name}' (choose from {', '.join(FIGURES)})")
@@ -66,7 +62,7 @@ class Run(RunTables):
 
     def figures(self, to: str | os.PathLike | None = None) -> list[Path]:
         """Write every figure as PNG and PDF into ``to`` (default: ``<path>/figures`` of a saved run)."""
-        from gmts_analysis.plots import render_all
+        from gmts_analysis.views.plots import render_all
 
         if to is None and self.path is None:
             raise GmtsError("Run.figures: give a directory (this run is not saved; or call run.save(path))")
@@ -74,20 +70,20 @@ class Run(RunTables):
 
     def report(self, path: str | os.PathLike | None = None) -> str | Path:
         """The HTML report: returned as a string, or written to ``path`` (returns the path)."""
-        from gmts_analysis.report import render_report
+        from gmts_analysis.views.report import render_report
 
         html = render_report(self)
         if path is None:
             return html
-        from gmts_analysis.io import atomic_write_text
+        from gmts_analysis.util.io import atomic_write_text
 
         return atomic_write_text(path, html)
 
     def show(self, n: int = 5, **kw: Any) -> "TokenView":
         """An inline token heatmap (renders in a notebook cell): the ``n`` answers where entropy and
         GMTS rank tokens most differently, with the report's hover values. Keywords: those of
-        :func:`gmts_analysis.notebook_view.render_tokens_html` (``rho`` defaults to the run's)."""
-        from gmts_analysis.notebook_view import show
+        :func:`gmts_analysis.views.notebook_view.render_tokens_html` (``rho`` defaults to the run's)."""
+        from gmts_analysis.views.notebook_view import show
 
         return show(self, n, **kw)
 
@@ -101,7 +97,7 @@ class Run(RunTables):
 
 def figure_names() -> list[str]:
     """Names accepted by :meth:`Run.figure`."""
-    from gmts_analysis.plots import FIGURES
+    from gmts_analysis.views.plots import FIGURES
 
     return list(FIGURES)
 
@@ -116,7 +112,7 @@ def load_run(path: str | os.PathLike) -> Run:
 
 
 def _dtype_name(model: "torch.nn.Module") -> str:
-    from gmts_analysis.models import DTYPES
+    from gmts_analysis.readers.models import DTYPES
 
     dt = next(model.parameters()).dtype
     names = {v: k for k, v in DTYPES.items()}
@@ -131,7 +127,7 @@ def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict,
     (its device and dtype; never moved or cast: ``device``/``dtype`` options must then agree)."""
     import torch
 
-    from gmts_analysis.models import load_model, resolve_device, resolve_model_path
+    from gmts_analysis.readers.models import load_model, resolve_device, resolve_model_path
 
     if isinstance(model, (str, os.PathLike)):
         name = os.fspath(model)
@@ -160,8 +156,8 @@ def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict,
 
 def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int | None = None) -> tuple[list, dict]:
     """Rollouts (path, DataFrame or list of row dicts) as answers, and a manifest note of the source."""
-    from gmts_analysis.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
-    from gmts_analysis.verifiers import resolve_verifier
+    from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
+    from gmts_analysis.readers.verifiers import resolve_verifier
 
     reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
 
@@ -189,7 +185,7 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
           **options: Any) -> Run:
     """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
 
-    model: a local directory, a hub id (see :func:`gmts_analysis.models.load_model`), ``tiny``/``small``, or a
+    model: a local directory, a hub id (see :func:`gmts_analysis.readers.models.load_model`), ``tiny``/``small``, or a
     loaded causal LM (``torch.nn.Module``; pass ``tokenizer=`` for text rollouts; it stays on
     its device and dtype, in eval mode during the probe, its mode restored after).
     rollouts: a .jsonl/.parquet path, a DataFrame, or a list of row dicts
@@ -222,7 +218,7 @@ def api_spelling(message: str) -> str:
     (``pass --max-completion-length`` -> ``pass max_completion_length=``, ``--kl-beta 0`` -> ``kl_beta=0``)."""
     import re
 
-    from gmts_analysis.config import ProbeConfig
+    from gmts_analysis.options.config import ProbeConfig
 
     fields = {f.name: f for f in dataclasses.fields(ProbeConfig)}
     names = set(fields) | set(PROBE_SETTINGS) | {"threads"}
@@ -248,13 +244,13 @@ def api_spelling(message: str) -> str:
 
 def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: int | None,
            options: dict[str, Any]) -> Run:
-    from gmts_analysis import kernel
-    from gmts_analysis.finalize import finish_result
-    from gmts_analysis.models import context_length
     from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
-    from gmts_analysis.rollouts import validate_against_model
-    from gmts_analysis.sharding.run import truncation_counts
-    from gmts_analysis.validate import check_answers, validate_options
+    from gmts_analysis.probing import kernel
+    from gmts_analysis.probing.validate import check_answers, validate_options
+    from gmts_analysis.readers.models import context_length
+    from gmts_analysis.readers.rollouts import validate_against_model
+    from gmts_analysis.run.finalize import finish_result
+    from gmts_analysis.run.sharding.run import truncation_counts
 
     options = dict(options)
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
@@ -264,7 +260,7 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
                if (k in ALIAS_BY_NAME and k not in names) or k in TRL_NAMES}
     opts = options_from_kwargs(options)
     if threads is not None:
-        from gmts_analysis.threads import set_threads
+        from gmts_analysis.util.threads import set_threads
 
         set_threads(threads, "threads=")
     validate_options(opts)
@@ -279,7 +275,7 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
         if opts.mask_truncated_completions:
             kernel.mark_unterminated(answers, tokenizer, model)
         coefs = kernel.answer_coefficients(answers, opts)
-        from gmts_analysis.preflight import check_before_probe
+        from gmts_analysis.probing.preflight import check_before_probe
 
         check_before_probe(opts, model, answers, settings.get("out"))
         result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress,
@@ -299,21 +295,6 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
 # ----------------------------------------------------------------------------------- sample
 
 
-def card_max_new_tokens(model_path: str, default: int = 96) -> int:
-    """The generation budget recorded in a shipped policy's ``card.json`` (else ``default``)."""
-    import json
-
-    card = Path(model_path) / "card.json"
-    if card.exists():
-        try:
-            v = json.loads(card.read_text()).get("max_new_tokens")
-            if isinstance(v, int) and v > 0:
-                return v
-        except (ValueError, OSError):
-            pass
-    return default
-
-
 def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tokenizer: Any = None,
            progress: bool = True, offline: bool = False, threads: int | None = None, **options: Any) -> list[dict]:
     """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each domain, verified.
@@ -322,7 +303,7 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     ``offline``), or a loaded model (with ``tokenizer=``); default ``small``. domains: names or one
     comma-separated string (default: the three toy domains): the toy domains (``arithmetic``,
     ``program``, ``logic``) and ``word``, grade-school word problems asked through the chat template
-    and scored by the ``math`` verifier (:mod:`gmts_analysis.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.config.SamplingOptions`, with the same
+    and scored by the ``math`` verifier (:mod:`gmts_analysis.sampling.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same
     defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
     ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
     auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: torch CPU
@@ -330,80 +311,14 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
     ready for :func:`probe`; the same arguments give the same rows on one device.
     """
-    from gmts_analysis.models import load_model, resolve_model_path
-    from gmts_analysis.toy.sample import sample_rollouts
+    from gmts_analysis.sampling.domains import sample_rows, sampling_options
 
-    opts = _sampling_options(model, domains, options)
+    opts = sampling_options(model, domains, options)
     if threads is not None:
-        from gmts_analysis.threads import set_threads
+        from gmts_analysis.util.threads import set_threads
 
         set_threads(threads, "threads=")
-    doms = [d.strip() for d in (opts.domains.split(",") if isinstance(opts.domains, str) else opts.domains)
-            if d.strip()]
-    unknown = [d for d in doms if d not in ALL_DOMAINS]
-    if not doms or unknown:
-        raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(ALL_DOMAINS)})")
-    n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
-    if n_prompts < 1 or opts.num_generations < 2:
-        raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")
-    if opts.max_completion_length is not None and opts.max_completion_length < 1:
-        raise GmtsError(f"sample: max_completion_length must be >= 1, got {opts.max_completion_length}")
-    model = opts.model if model is None else model
-    if isinstance(model, (str, os.PathLike)):
-        path = resolve_model_path(os.fspath(model))
-        model, tok = load_model(os.fspath(model), opts.device, opts.dtype, offline=offline)
-        tokenizer = tokenizer if tokenizer is not None else tok
-    else:
-        path = str(getattr(model, "name_or_path", "") or "")
-    if tokenizer is None:
-        raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
-    budget = opts.max_completion_length or card_max_new_tokens(path)
-    rows: list[dict] = []
-    for d in doms:
-        if d == WORD_DOMAIN:
-            rows += sample_word_problems(model, tokenizer, n_prompts, opts.num_generations, opts.temperature, budget,
-                                         opts.seed, progress)
-        else:
-            rows += sample_rollouts(model, tokenizer, d, n_prompts, opts.num_generations, temperature=opts.temperature,
-                                    max_new_tokens=budget, seed=opts.seed, difficulty=opts.difficulty,
-                                    batch_size=opts.batch_size, progress=progress)
-    return rows
-
-def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
-                         max_new_tokens: int, seed: int, progress: bool = False) -> list[dict]:
-    """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.wordproblems`):
-    the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
-    from gmts_analysis.sampling import sample_prompts
-    from gmts_analysis.verifiers import math_reward
-    from gmts_analysis.wordproblems import word_problems
-
-    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,
-                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
-                          chat_template="auto", progress=progress, where="word problems")
-    for r in rows:
-        i, j = (int(x) for x in r["answer_id"][1:].split("-"))
-        r["group_id"], r["answer_id"], r["domain"] = f"{WORD_DOMAIN}-{i:04d}", f"{WORD_DOMAIN}-{i:04d}-{j}", WORD_DOMAIN
-    return rows
+    return sample_rows(opts.model if model is None else model, opts, tokenizer=tokenizer, progress=progress,
+                       offline=offline)
 
 
-def _sampling_options(model: Any, domains: Any, options: dict[str, Any]) -> "SamplingOptions":
-    """:class:`SamplingOptions` from :func:`sample`'s keywords (aliases resolved; unknown names refused)."""
-    import difflib
-
-    from gmts_analysis.config import SamplingOptions, check_values
-    from gmts_analysis.options import resolve_aliases
-
-    names = tuple(f.name for f in dataclasses.fields(SamplingOptions))
-    kw = resolve_aliases(options, names)
-    for k in kw:
-        if k not in names or k in ("model", "domains", "prompts", "verifier", "chat_template"):
-            close = difflib.get_close_matches(k, names, n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            raise GmtsError(f"gmts.sample: unknown option '{k}'{hint}")
-    if isinstance(model, (str, os.PathLike)):
-        kw["model"] = os.fspath(model)
-    kw["domains"] = domains if domains is not None else ",".join(DEFAULT_DOMAINS)
-    opts = SamplingOptions(**kw)
-    check_values(opts, skip=("model", "domains"))
-    return opts

@@ -123,11 +123,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     debug = bool(getattr(args, "debug", False))
     try:
-        from gmts_analysis.validate import validate_namespace
+        from gmts_analysis.probing.validate import validate_namespace
 
         validate_namespace(args.command, args)  # every option in its domain before any work
         if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
-            from gmts_analysis.threads import set_threads
+            from gmts_analysis.util.threads import set_threads
 
             args.threads = set_threads(args.threads)
         rc = args.func(args)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from gmts_analysis.estimators import add_estimator_columns
+from gmts_analysis.core.estimators import add_estimator_columns
 
 ALPHABET = list(string.ascii_lowercase + " .,=+0123456789")
 
@@ -119,8 +119,8 @@ def make_run_dir(
     **kw,
 ) -> Path:
     """A complete synthetic run directory (docs/definitions.md section 8) at ``path``."""
-    from gmts_analysis.io import atomic_write_json, atomic_write_parquet
-    from gmts_analysis.stats import compute_stats
+    from gmts_analysis.analysis.stats import compute_stats
+    from gmts_analysis.util.io import atomic_write_json, atomic_write_parquet
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
@@ -148,11 +148,11 @@ def make_run_dir(
         },
     )
     if figures:
-        from gmts_analysis.plots import render_all
+        from gmts_analysis.views.plots import render_all
 
         render_all(path)
     if report:
-        from gmts_analysis.report import write_report
+        from gmts_analysis.views.report import write_report
 
         write_report(path)
     return path

@@ -43,7 +43,7 @@ def chat_tokenizer(template: str = TEMPLATE):
 
 
 def save_chat_model(path: Path, arch: str = "qwen2") -> Path:
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
 
     tok = chat_tokenizer()
     model = build_tiny_model(arch, seed=3, vocab_size=len(tok))

@@ -38,7 +38,7 @@ def _one_thread():
 def plain_loop_grad_norms(model, input_ids, prompt_len, temperature=1.0):
     """The independent reference: one forward, then autograd.grad per response token over all
     trainable parameters (tied tensors once)."""
-    from gmts_analysis.tokens import sequence_logprobs
+    from gmts_analysis.core.tokens import sequence_logprobs
 
     params = []
     seen = set()
@@ -60,7 +60,7 @@ def plain_loop_grad_norms(model, input_ids, prompt_len, temperature=1.0):
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """``{arch: path}`` for tiny gpt2 (tied), llama (untied) and qwen2 (GQA, tied) checkpoints."""
-    from gmts_analysis.testing import save_tiny_model
+    from gmts_analysis.toy.testing import save_tiny_model
 
     root = tmp_path_factory.mktemp("models")
     return {arch: save_tiny_model(arch, root / arch, seed=1) for arch in ("gpt2", "llama", "qwen2")}

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from gmts_analysis.advantages import SingletonGroupWarning, compute_advantages, loss_weights, omega
+from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages, loss_weights, omega
 
 
 def test_group_advantage_bessel_std():
@@ -66,7 +66,7 @@ def test_omega_table_matches_tensor_version():
     """The table API and the tensor API are one implementation: same numbers on the same answer."""
     import torch
 
-    from gmts_analysis.selection_tensor import token_omega
+    from gmts_analysis.core.selection_tensor import token_omega
 
     rng = np.random.default_rng(0)
     lp = -rng.random(7) * 2

@@ -24,7 +24,7 @@ NUMERIC = ["logprob", "entropy", "omega", "grad_norm_logp", "grad_norm", "gmts",
 @pytest.fixture(scope="module")
 def fresh_llama(tmp_path_factory):
     """A random Llama the toolkit has never seen, saved with a tokenizer-free checkpoint."""
-    from gmts_analysis.testing import save_tiny_model
+    from gmts_analysis.toy.testing import save_tiny_model
 
     return save_tiny_model("llama", tmp_path_factory.mktemp("fresh") / "llama", seed=7)
 
@@ -106,7 +106,7 @@ def test_unknown_option_and_job_setting_refused(fresh_llama, rollouts_file):
 
 def test_in_memory_model_without_a_path_and_out_setting(tmp_path):
     """A model built in memory (no checkpoint, no name) on id rollouts; ``out=`` also saves it."""
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
 
     model = build_tiny_model("gpt2", seed=11)
     assert model.get_input_embeddings().weight.shape[0] == 64
@@ -170,8 +170,8 @@ def test_shipped_data_is_package_data():
 
     import tomllib
 
-    from gmts_analysis.models import resolve_model_path
-    from gmts_analysis.resources import data_dir, example_run_dir
+    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.util.resources import data_dir, example_run_dir
 
     pkg = Path(importlib.resources.files("gmts_analysis"))
     assert data_dir() == pkg / "data"
@@ -186,7 +186,7 @@ def test_shipped_data_is_package_data():
     # setuptools globs do not cross "/" with "*": check each file against them the same way
     unmatched = [f for f in files if not any(fnmatch.fnmatch(f, g) and f.count("/") == g.count("/") for g in globs)]
     assert unmatched == []
-    from gmts_analysis.runs import read_run
+    from gmts_analysis.analysis.runs import read_run
 
     assert len(read_run(example_run_dir(), compute_missing_stats=False).answers) == 192
 

@@ -11,7 +11,7 @@ import math
 import pandas as pd
 import pytest
 
-from gmts_analysis.compare import compare_runs, flatten_stats, run_step, stat_rows, write_comparison
+from gmts_analysis.views.compare import compare_runs, flatten_stats, run_step, stat_rows, write_comparison
 
 ESTIMATORS = ("entropy", "gmts", "gmts_lgn")
 
@@ -106,7 +106,7 @@ def test_settings_mismatch_flagged_and_text_escaped(tmp_path, caplog):
     root = _three(tmp_path)
     _write(root / "probe-z", _stats(3), _manifest("/ckpts/checkpoint-400<script>", temperature=0.7,
                                                   grad_norm="sketch"))
-    with caplog.at_level(logging.WARNING, logger="gmts_analysis.compare"):
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.views.compare"):
         cmp = compare_runs([root])
     keys = {m["key"] for m in cmp.mismatches}
     assert keys == {"temperature", "grad_norm"}
@@ -166,7 +166,7 @@ def test_probe_over_checkpoints_one_run_each_and_the_comparison(tmp_path, capsys
     rollouts, steps from the checkpoint names, the comparison in OUT/compare; and the same with a
     comma-separated --model list."""
     from gmts_analysis.cli import main
-    from gmts_analysis.testing import save_tiny_model
+    from gmts_analysis.toy.testing import save_tiny_model
 
     ck = tmp_path / "ckpts"
     for step, seed in [(20, 1), (10, 0)]:
@@ -217,6 +217,6 @@ def test_identical_runs_compare_equal_inputs_apart_from_settings(tmp_path, caplo
     assert cmp.mismatches == [] and {r["settings"] for r in cmp.runs} == {"A"}
     assert [r["inputs"] for r in cmp.runs] == [fp, fp]
     _write(tmp_path / "c", _stats(1), {**b, "run_fingerprint": {"rollouts_sha256": "cd" * 32}})
-    with caplog.at_level(logging.INFO, logger="gmts_analysis.compare"):
+    with caplog.at_level(logging.INFO, logger="gmts_analysis.views.compare"):
         cmp = compare_runs([tmp_path / "a", tmp_path / "c"])
     assert cmp.mismatches == [] and "probed different rollouts" in caplog.text

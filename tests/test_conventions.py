@@ -239,7 +239,7 @@ def test_one_name_per_concept_across_subcommands():
 
 
 def test_offline_hub_id_is_one_clear_line(monkeypatch):
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers.models import load_model
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(GmtsError) as e:
@@ -252,7 +252,7 @@ def test_hub_id_may_download_unless_offline(monkeypatch, tiny_model_dirs):
     """Without HF_HUB_OFFLINE a hub id is loaded with local_files_only=False (mocked: no network)."""
     import transformers
 
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers.models import load_model
 
     real = transformers.AutoModelForCausalLM.from_pretrained
     calls = []
@@ -270,7 +270,7 @@ def test_hub_id_may_download_unless_offline(monkeypatch, tiny_model_dirs):
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tok)
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(k, raising=False)
-    import gmts_analysis.models as models
+    import gmts_analysis.readers.models as models
 
     # a hub id missing from the cache, with the hub reachable (mocked: the test itself has no network)
     monkeypatch.setattr(models, "hub_cached", lambda path: False)
@@ -303,7 +303,7 @@ def test_offline_flag_parses():
 @pytest.mark.parametrize("offline", [True, False])
 def test_offline_on_every_command_that_loads_a_hub_model(argv, offline, tmp_path, monkeypatch, capsys):
     """`--offline` means the same in gmts sample, run and rl as in probe: load_model(..., offline=True)."""
-    import gmts_analysis.models as models
+    import gmts_analysis.readers.models as models
 
     seen = []
 
@@ -355,7 +355,7 @@ def test_manifest_truncation_counts_are_named_apart():
     (TRL's truncated completions), counted only with --mask-truncated-completions."""
     from types import SimpleNamespace
 
-    from gmts_analysis.sharding.run import truncation_counts
+    from gmts_analysis.run.sharding.run import truncation_counts
 
     ans = [SimpleNamespace(extra={"unterminated": True}), SimpleNamespace(extra={"unterminated": False}),
            SimpleNamespace(extra={})]
@@ -369,8 +369,8 @@ def test_manifest_truncation_counts_are_named_apart():
 
 
 def test_token_sum_and_seq_mean_token_sum_weights():
-    from gmts_analysis.advantages import loss_weights
-    from gmts_analysis.selection_tensor import aggregate_loss
+    from gmts_analysis.core.advantages import loss_weights
+    from gmts_analysis.core.selection_tensor import aggregate_loss
 
     lengths = [3, 5, 2, 7]
     assert loss_weights(lengths, "token-sum").tolist() == [1.0] * 4
@@ -396,7 +396,7 @@ def test_token_sum_and_seq_mean_token_sum_weights():
 
 def test_mask_truncated_completions_weights():
     """TRL: truncated answers leave the loss and the token count; N (answers) is unchanged."""
-    from gmts_analysis.advantages import loss_weights
+    from gmts_analysis.core.advantages import loss_weights
 
     lengths = [3, 5, 2, 7]
     trunc = [False, True, False, False]
@@ -419,7 +419,7 @@ def test_alias_table_documented():
 
 
 def test_api_takes_trl_names():
-    from gmts_analysis.config import options_from_kwargs
+    from gmts_analysis.options.config import options_from_kwargs
 
     o = options_from_kwargs(dict(epsilon=0.3, scale_rewards=True, top_entropy_quantile=0.1, kl_loss_coef=0.02))
     assert (o.clip_low, o.clip_high, o.advantage, o.rho, o.kl_beta) == (0.3, 0.3, "group", 0.1, 0.02)
@@ -434,9 +434,9 @@ def test_mark_unterminated_as_trl():
     """TRL: a completion is truncated when its last id is neither an EOS id nor the pad id."""
     from types import SimpleNamespace
 
-    from gmts_analysis.config import ProbeOptions
-    from gmts_analysis.kernel import answer_coefficients, mark_unterminated
-    from gmts_analysis.rollouts import Answer
+    from gmts_analysis.options.config import ProbeOptions
+    from gmts_analysis.probing.kernel import answer_coefficients, mark_unterminated
+    from gmts_analysis.readers.rollouts import Answer
 
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0)
     model = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7], pad_token_id=None))

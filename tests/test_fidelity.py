@@ -9,15 +9,15 @@ import pandas as pd
 import pytest
 import torch
 
-from gmts_analysis.errors import GmtsError
-from gmts_analysis.fidelity import (
+from gmts_analysis.engine.fidelity import (
     compare,
     fidelity_for_run,
     fidelity_selections,
     selection_gradients,
     update_fidelity,
 )
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.testing import build_tiny_model
 
 
 def _setup(arch="gpt2", n_answers=4, seed=0):
@@ -108,7 +108,7 @@ def test_errors_are_clear():
 
 
 def test_fidelity_for_run_fills_slices():
-    from gmts_analysis.rollouts import Answer
+    from gmts_analysis.readers.rollouts import Answer
 
     model, batches, df = _setup()
     answers = [Answer(answer_id=aid, group_id="g", prompt_ids=ids[:P].tolist(), response_ids=ids[P:].tolist(),
@@ -123,7 +123,7 @@ def test_fidelity_for_run_fills_slices():
         assert blk["all"]["norm_ratio"] == pytest.approx(1.0)
         assert {"entropy", "gmts", "oracle", "random"} <= set(blk)
     # the domain block selects inside the domain and compares with the domain's full gradient
-    from gmts_analysis.selection import select_top
+    from gmts_analysis.core.selection import select_top
 
     rows = np.flatnonzero((df["domain"] == "x").to_numpy())
     sub = df.iloc[rows].reset_index(drop=True)

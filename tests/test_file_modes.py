@@ -8,7 +8,7 @@ import stat
 import pandas as pd
 import pytest
 
-from gmts_analysis import io
+from gmts_analysis.util import io
 
 
 @pytest.fixture

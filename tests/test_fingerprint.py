@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from gmts_analysis.config import ProbeConfig
-from gmts_analysis.sharding import state
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.run.sharding import state
 
 
 def _another(f: dataclasses.Field, v):

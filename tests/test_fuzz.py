@@ -184,7 +184,7 @@ def fuzz_models(tmp_path_factory):
     test_reliability.py loads real encoder weights), and the tiny policy with NaN weights."""
     from safetensors.torch import load_file, save_file
 
-    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.readers.models import resolve_model_path
 
     root = tmp_path_factory.mktemp("fuzz_models")
     (root / "bert_mlm").mkdir()
@@ -363,7 +363,7 @@ def test_command_sequences_touch_only_their_outputs_and_leave_consistent_runs(st
 
     from _sharding_helpers import write_rollouts
 
-    import gmts_analysis.stats as stats_mod
+    import gmts_analysis.analysis.stats as stats_mod
 
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)

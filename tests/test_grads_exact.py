@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.grads import grad_norms
-from gmts_analysis.grads.reference import loop_grad_norms, naive_grad_norms
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.toy.testing import build_tiny_model
 
 TOL = {torch.float32: 1e-4, torch.float64: 1e-9}
 
@@ -157,7 +157,7 @@ def _hf_tiny(kind: str) -> nn.Module:
     else:
         cfg = T.OPTConfig(hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
                           word_embed_proj_dim=32, dropout=0.0, **c)
-    from gmts_analysis.seeding import seeded_global_rng
+    from gmts_analysis.core.seeding import seeded_global_rng
 
     with seeded_global_rng(0):
         model = T.AutoModelForCausalLM.from_config(cfg)
@@ -171,7 +171,7 @@ def _hf_tiny(kind: str) -> nn.Module:
 
 @pytest.mark.parametrize("kind", ["gemma", "opt"])
 def test_embedding_subclass_with_own_forward(kind):
-    from gmts_analysis.grads.plan import EMBEDDING, rule_for
+    from gmts_analysis.engine.plan import EMBEDDING, rule_for
 
     model = _hf_tiny(kind)
     emb = model.model.embed_tokens if kind == "gemma" else model.model.decoder.embed_positions
@@ -193,7 +193,7 @@ def test_refused_model_goes_to_the_loop_once(caplog):
 
     import transformers as T
 
-    from gmts_analysis.seeding import seeded_global_rng
+    from gmts_analysis.core.seeding import seeded_global_rng
 
     cfg = T.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
@@ -218,7 +218,7 @@ def test_confident_tokens_float32_close_to_float64():
     Before: 10% relative error on the most confident token here (1 - p = 2e-7), for both."""
     import copy
 
-    from gmts_analysis.grads import forward_quantities
+    from gmts_analysis.engine import forward_quantities
 
     m64 = build_tiny_model("qwen2", dtype=torch.float64, seed=2)
     with torch.no_grad():

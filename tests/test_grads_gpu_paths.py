@@ -14,9 +14,9 @@ import pytest
 import torch
 from conftest import plain_loop_grad_norms
 
-from gmts_analysis.grads import grad_norms
-from gmts_analysis.grads.bench import PeakMemory
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.run.bench import PeakMemory
+from gmts_analysis.toy.testing import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

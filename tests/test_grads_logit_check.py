@@ -9,9 +9,9 @@ import logging
 import pytest
 import torch
 
-from gmts_analysis.grads import grad_norms
-from gmts_analysis.grads.reference import loop_grad_norms
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.engine.reference import loop_grad_norms
+from gmts_analysis.toy.testing import build_tiny_model
 
 
 def _ids(n: int, vocab: int, seed: int = 1) -> torch.Tensor:
@@ -31,7 +31,7 @@ def smollm2_shaped(seed: int = 0) -> torch.nn.Module:
     below any tolerance."""
     import transformers as T
 
-    from gmts_analysis.seeding import seeded_global_rng
+    from gmts_analysis.core.seeding import seeded_global_rng
 
     cfg = T.LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                         num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
@@ -90,7 +90,7 @@ def test_post_processed_logits_are_refused_every_answer(kind, caplog):
 def test_injected_false_alarm_is_not_cached(monkeypatch):
     """A numerical refusal on one answer (injected) sends that answer to the loop, which is
     exact too, and says so (method ``loop``); the next answer runs the exact engine again."""
-    import gmts_analysis.grads.exact as ex
+    import gmts_analysis.engine.exact as ex
 
     model = build_tiny_model("qwen2", dtype=torch.float64)
     real = ex.check_head_logits
@@ -114,7 +114,7 @@ def test_injected_false_alarm_is_not_cached(monkeypatch):
 def test_bound_is_rigorous_for_float32_and_bfloat16():
     """The bound holds for the model dtype's own matmul on wide random rows of large norm (where
     a fixed tolerance fails), and a 1.5x scaling is outside it."""
-    from gmts_analysis.grads.exact import head_error_bound
+    from gmts_analysis.engine.exact import head_error_bound
 
     g = torch.Generator().manual_seed(0)
     h = 30 * torch.randn(8, 576, generator=g)
@@ -128,7 +128,7 @@ def test_bound_is_rigorous_for_float32_and_bfloat16():
 
 
 def _false_alarm_on_first_answer(monkeypatch):
-    import gmts_analysis.grads.exact as ex
+    import gmts_analysis.engine.exact as ex
 
     real = ex.check_head_logits
     calls = {"n": 0}

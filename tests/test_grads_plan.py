@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from conftest import plain_loop_grad_norms
 from torch import nn
 
+from gmts_analysis.core.tokens import response_logits, response_targets, token_quantities
+from gmts_analysis.engine import forward_quantities, grad_norms
+from gmts_analysis.engine.exact import _PLANS, cached_plan, planning_pass
+from gmts_analysis.engine.params import trainable_parameters
+from gmts_analysis.engine.plan import GHOST_RULES, LINEAR, make_plan, rule_for
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.grads import forward_quantities, grad_norms
-from gmts_analysis.grads.exact import _PLANS, cached_plan, planning_pass
-from gmts_analysis.grads.plan import GHOST_RULES, LINEAR, make_plan, rule_for
-from gmts_analysis.models import trainable_parameters
-from gmts_analysis.testing import build_tiny_model
-from gmts_analysis.tokens import response_logits, response_targets, token_quantities
+from gmts_analysis.toy.testing import build_tiny_model
 
 
 def _ids(n: int, vocab: int = 64, seed: int = 1) -> torch.Tensor:

@@ -7,9 +7,9 @@ import math
 import pytest
 import torch
 
-from gmts_analysis.grads import grad_norms
-from gmts_analysis.grads.sketch import chi2_interval_factors
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.engine.sketch import chi2_interval_factors
+from gmts_analysis.toy.testing import build_tiny_model
 
 
 def test_chi2_factors():

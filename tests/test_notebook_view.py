@@ -10,7 +10,7 @@ from _synthetic import make_tables
 from scipy.stats import rankdata
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.notebook_view import TokenView, rank_disagreement, render_tokens_html, safe_text, show
+from gmts_analysis.views.notebook_view import TokenView, rank_disagreement, render_tokens_html, safe_text, show
 
 PLANT = "<script>alert(1)</script>\u202egnp.exe"
 
@@ -158,8 +158,8 @@ def test_off_policy_fields_end_to_end(tiny_model_dirs, tmp_path):
 
 def test_run_show_and_repr_html(tables, tmp_path):
     """The API's Run displays itself in a notebook: a header and the heatmap, with the run's rho."""
+    from gmts_analysis.analysis.stats import compute_stats
     from gmts_analysis.api import Run
-    from gmts_analysis.stats import compute_stats
 
     tokens, answers = tables
     run = Run(tokens=tokens, answers=answers, stats=compute_stats(tokens, answers, n_boot=0, rho=0.1),

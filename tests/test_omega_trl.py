@@ -6,7 +6,7 @@ TRL's own ``GRPOTrainer._compute_loss`` (called unbound on a minimal stand-in fo
 policy forward is replaced by the leaf tensor, the accelerator is one process). The vLLM
 importance-sampling ratio (computed by TRL inside ``_generate_and_score_completions``, which cannot
 be called in isolation) and verl's policy loss (verl is not installed) are re-implemented below from
-their sources, independently of gmts_analysis.objective.
+their sources, independently of gmts_analysis.core.objective.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gmts_analysis.errors import GmtsError
-from gmts_analysis.objective import (
+from gmts_analysis.core.objective import (
     LossSettings,
     answer_weights,
     loss_settings,
@@ -27,6 +26,7 @@ from gmts_analysis.objective import (
     trl_loss_settings,
     verl_loss_settings,
 )
+from gmts_analysis.errors import GmtsError
 
 trl = pytest.importorskip("trl")
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402

@@ -18,7 +18,7 @@ BAD = {
     "group_size": "1", "max_new_tokens": "0", "answers_per_chunk": "0", "domains": "nope", "verifier": "no-such",
     "model": "{file}", "out": "{under_file}", "to": "{under_file}", "figures": "{under_file}", "prompts": "{missing}",
     "rollouts": "{missing}", "difficulty": "0", "batch_size": "0", "n_boot": "0", "max_answers": "0",
-    "max_steps": "0", "lr": "-1", "prompts_per_domain": "0", "eval_every": "0", "eval_prompts": "0",
+    "max_steps": "0", "lr": "-1", "prompts_per_domain": "0", "eval_every": "0", "eval_prompts": "0", "final_eval_prompts": "-1",
     "diag_every": "-1", "diag_answers": "0", "threads": "0", "layers": "0", "prompt_len": "0", "naive_tokens": "1",
     "naive_full_max": "-1", "max_memory": "0", "lengths": "8,x", "probes": "1", "config": "{missing}",
     "clip_low": "1", "clip_high": "-0.5", "clip_ratio_c": "1", "kl_beta": "-1", "vllm_is_min": "-1",
@@ -80,7 +80,7 @@ def test_option_domains_refused_before_the_model_loads(command, flag, dest, choi
     def no_model(*a, **k):
         raise AssertionError(f"a model was loaded before {flag} was refused")
 
-    monkeypatch.setattr("gmts_analysis.models.load_model", no_model)
+    monkeypatch.setattr("gmts_analysis.readers.models.load_model", no_model)
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_model)
     (tmp_path / "r.jsonl").write_text('{"prompt_ids": [1, 2], "response_ids": [3, 4], "reward": 1.0}\n')
     (tmp_path / "a_file").write_text("x")
@@ -99,7 +99,7 @@ def test_option_domains_refused_before_the_model_loads(command, flag, dest, choi
                                   ["stats", "--n-boot", "0"], ["sample", "--difficulty", "3"],
                                   ["rl", "--max-steps", "0"], ["rl", "--diag-every", "0"]])
 def test_option_domains_edges_inside_the_domain_are_accepted(argv):
-    from gmts_analysis.validate import validate_namespace
+    from gmts_analysis.probing.validate import validate_namespace
 
     ns = build_parser().parse_args([argv[0], *(["RUN"] if argv[0] == "stats" else ["--out", "x.json"]), *argv[1:]])
     validate_namespace(argv[0], ns)
@@ -107,9 +107,9 @@ def test_option_domains_edges_inside_the_domain_are_accepted(argv):
 
 def test_option_domains_shared_by_the_api():
     """The Python API refuses the same values (rho, num_generations, ...) before it loads a model."""
-    from gmts_analysis.config import ProbeOptions
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.validate import validate_options
+    from gmts_analysis.options.config import ProbeOptions
+    from gmts_analysis.probing.validate import validate_options
 
     for kw, needle in (({"rho": 0.0}, "--rho"), ({"rho": 1.5}, "--rho"), ({"num_generations": 0}, "--num-generations"),
                        ({"max_completion_length": 0}, "--max-completion-length"), ({"steps": "a"}, "--steps"),
@@ -125,7 +125,7 @@ def test_option_domains_api_probe_refuses_before_loading(monkeypatch, tmp_path):
     def no_model(*a, **k):
         raise AssertionError("a model was loaded before the option was refused")
 
-    monkeypatch.setattr("gmts_analysis.models.load_model", no_model)
+    monkeypatch.setattr("gmts_analysis.readers.models.load_model", no_model)
     (tmp_path / "r.jsonl").write_text('{"prompt_ids": [1, 2], "response_ids": [3, 4], "reward": 1.0}\n')
     for kw in ({"rho": 0.0}, {"num_generations": 0}, {"steps": "x"}):
         with pytest.raises(GmtsError):
@@ -200,7 +200,7 @@ def test_columns_at_read_time_refused_before_any_answer_is_probed(tiny_model_dir
     def no_probe(*a, **k):
         raise AssertionError("answers were probed before the bad column was refused")
 
-    monkeypatch.setattr("gmts_analysis.sharding.run.probe_share", no_probe)
+    monkeypatch.setattr("gmts_analysis.run.sharding.run.probe_share", no_probe)
     f = tmp_path / name
     f.write_text(content)
     before = snapshot(tmp_path)

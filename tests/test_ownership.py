@@ -12,8 +12,8 @@ import pytest
 from _adversarial import assert_one_line_error, assert_untouched, probe, run_cli, snapshot
 from _sharding_helpers import write_rollouts
 
-from gmts_analysis import io as gio
-from gmts_analysis.sharding import state
+from gmts_analysis.run.sharding import state
+from gmts_analysis.util import io as gio
 
 
 @pytest.fixture(scope="module")
@@ -153,10 +153,10 @@ def test_replace_dont_pre_empty_a_late_failure_keeps_the_old_run(model_dir, roll
     before = snapshot(tmp_path)
     enospc = OSError(errno.ENOSPC, "No space left on device", str(out / "x"))
     if where == "stats":
-        monkeypatch.setattr("gmts_analysis.stats.write_stats", _fail(enospc))
+        monkeypatch.setattr("gmts_analysis.analysis.stats.write_stats", _fail(enospc))
         extra = ()
     elif where == "figures":
-        monkeypatch.setattr("gmts_analysis.plots.render_all", _fail(enospc))
+        monkeypatch.setattr("gmts_analysis.views.plots.render_all", _fail(enospc))
         extra = ("figures",)
     elif where == "manifest":
         real = gio.atomic_write_json
@@ -233,7 +233,7 @@ def test_known_os_errors_are_plain_messages(model_dir, rollouts, tmp_path, monke
     assert os_error_message(OSError(errno.ENOSPC, "x", "/d/f")) .startswith("/d/f: no space left")
     assert os_error_message(OSError(errno.EACCES, "x", "/d/f")) == "/d/f: permission denied"
     assert os_error_message(OSError(errno.EBADF, "x")) is None
-    monkeypatch.setattr("gmts_analysis.stats.write_stats",
+    monkeypatch.setattr("gmts_analysis.analysis.stats.write_stats",
                         _fail(PermissionError(errno.EACCES, "Permission denied", str(tmp_path / "run" / "x"))))
     line = assert_one_line_error(*run_cli(probe(model_dir, rollouts, tmp_path / "run")), "permission denied")
     assert "unexpected" not in line
@@ -346,7 +346,7 @@ def test_smaller_points_compare_dir_skips_hidden_staging_directories(finished, t
     _copy_run(finished, root / "r1")
     _copy_run(finished, root / "r2")
     _copy_run(finished, root / ".r3.AbCd1234.partial")  # a job's staging area, not a run of the series
-    from gmts_analysis.compare import compare_runs
+    from gmts_analysis.views.compare import compare_runs
 
     cmp = compare_runs([str(root)])
     assert len(cmp.runs) == 2
@@ -372,7 +372,7 @@ def test_every_writer_checks_its_target_rl_out_and_its_runs_directory(tmp_path, 
     def no_model(*a, **k):
         raise AssertionError("training started before the target was checked")
 
-    monkeypatch.setattr("gmts_analysis.models.load_model", no_model)
+    monkeypatch.setattr("gmts_analysis.readers.models.load_model", no_model)
     mine = tmp_path / "mine.json"
     mine.write_text('{"my": "results"}')
     (tmp_path / "exp.runs").mkdir()

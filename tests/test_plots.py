@@ -7,8 +7,8 @@ import pytest
 from _synthetic import make_run_dir, make_tables
 from matplotlib.figure import Figure
 
-from gmts_analysis import plots
-from gmts_analysis.stats import compute_stats
+from gmts_analysis.analysis.stats import compute_stats
+from gmts_analysis.views import plots
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_decomposition_and_estimator_figures_draw_the_stats(tables):
     assert [t.get_text() for t in sl.axes[0].get_xticklabels()] == ["x", "y"]
     est = plots.fig_estimators(tokens, stats)
     ticks = [t.get_text() for t in est.axes[0].get_yticklabels()]
-    from gmts_analysis.stats import estimator_table
+    from gmts_analysis.analysis.stats import estimator_table
 
     t = estimator_table(stats)
     t = t[t["estimator"] != "entropy"]  # the reference of the paired differences

@@ -1,4 +1,4 @@
-"""Needs checked before the model runs (gmts_analysis.preflight): update fidelity's memory, the
+"""Needs checked before the model runs (gmts_analysis.probing.preflight): update fidelity's memory, the
 exact engine's minimum memory, disk for the run directory."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from conftest import make_rollouts
 
 import gmts_analysis as gmts
-from gmts_analysis import preflight
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.testing import build_tiny_model
+from gmts_analysis.probing import preflight
+from gmts_analysis.toy.testing import build_tiny_model
 
 
 def test_fidelity_need_of_smollm2_is_known_before_any_work():
@@ -34,7 +34,7 @@ def rows(tmp_path):
 
 
 def _no_probing(monkeypatch):
-    from gmts_analysis import kernel
+    from gmts_analysis.probing import kernel
 
     def boom(*a, **k):
         raise AssertionError("the model ran before the resource check")
@@ -44,7 +44,7 @@ def _no_probing(monkeypatch):
 
 
 def test_fidelity_auto_off_when_it_would_not_fit(rows, monkeypatch, caplog):
-    import gmts_analysis.fidelity as fid
+    import gmts_analysis.engine.fidelity as fid
 
     model = build_tiny_model("gpt2", seed=11)
     on = gmts.probe(model, rows, quiet=True, device="cpu", figures=False)
@@ -58,7 +58,7 @@ def test_fidelity_auto_off_when_it_would_not_fit(rows, monkeypatch, caplog):
 
 
 def test_fidelity_on_that_cannot_fit_is_refused_before_the_model_runs(rows, monkeypatch):
-    import gmts_analysis.fidelity as fid
+    import gmts_analysis.engine.fidelity as fid
 
     monkeypatch.setattr(fid, "DEFAULT_BUDGET", 1000)
     _no_probing(monkeypatch)
@@ -67,7 +67,7 @@ def test_fidelity_on_that_cannot_fit_is_refused_before_the_model_runs(rows, monk
 
 
 def test_cli_fidelity_on_refused_before_probing(tiny_model_dirs, tmp_path, monkeypatch, capsys):
-    import gmts_analysis.fidelity as fid
+    import gmts_analysis.engine.fidelity as fid
 
     monkeypatch.setattr(fid, "DEFAULT_BUDGET", 1000)
     _no_probing(monkeypatch)

@@ -11,12 +11,12 @@ import torch
 from conftest import make_rollouts, plain_loop_grad_norms
 
 from gmts_analysis.cli import main
-from gmts_analysis.config import ProbeConfig
-from gmts_analysis.kernel import answer_coefficients
-from gmts_analysis.kernel import probe_answers as probe_rollouts
-from gmts_analysis.models import load_model
-from gmts_analysis.rollouts import read_rollouts
-from gmts_analysis.tables import TOKEN_COLUMNS
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing.kernel import answer_coefficients
+from gmts_analysis.probing.kernel import probe_answers as probe_rollouts
+from gmts_analysis.probing.tables import TOKEN_COLUMNS
+from gmts_analysis.readers.models import load_model
+from gmts_analysis.readers.rollouts import read_rollouts
 
 CONTRACT_ANSWER_COLUMNS = ["answer_id", "group_id", "reward", "advantage", "length"]
 
@@ -63,7 +63,7 @@ def test_columns_and_closed_forms(tiny_model_dirs, tmp_path):
     a = answers[0]
     ids = torch.tensor(a.prompt_ids + a.response_ids)
     z = model(input_ids=ids[None]).logits[0].detach().requires_grad_(True)
-    from gmts_analysis.tokens import sequence_logprobs
+    from gmts_analysis.core.tokens import sequence_logprobs
 
     lp = sequence_logprobs(z, ids, len(a.prompt_ids), 1.3)
     rows = t[t.answer_id == a.answer_id]

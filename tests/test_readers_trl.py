@@ -11,7 +11,7 @@ from _trainer_logs import chat_tokenizer, save_chat_model, template_ids, write_t
 
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rollouts import ReaderOptions, read_rollouts
+from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts
 
 OPTS = dict(reward_columns="accuracy,format", num_generations=2, max_completion_length=6)
 
@@ -153,7 +153,7 @@ def test_a_repeated_generation_batch_is_read_once(trl_dir, tok, tmp_path, caplog
 
 def test_rows_in_memory_as_a_trl_dataframe(trl_dir, tok):
     """The Python API's path: a DataFrame of TRL rows (NaN = a skipped reward) reads the same."""
-    from gmts_analysis.rollouts import read_rollouts_rows
+    from gmts_analysis.readers.rollouts import read_rollouts_rows
 
     root, truth = trl_dir
     df = pd.read_parquet(root / "completions" / "completions_00010.parquet")
@@ -171,7 +171,7 @@ def test_sampling_logprobs_reach_the_vllm_correction(tmp_path, tok):
     import numpy as np
     import torch
 
-    from gmts_analysis.objective import LossSettings, omega_tensor
+    from gmts_analysis.core.objective import LossSettings, omega_tensor
 
     model = save_chat_model(tmp_path / "model")
     p = tmp_path / "rollouts.jsonl"
@@ -225,7 +225,7 @@ def test_trainer_rollouts_vs_trl_text_log(tmp_path):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
 
     path = save_chat_model(tmp_path / "m")
     model, tok = AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)

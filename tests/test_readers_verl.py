@@ -9,7 +9,7 @@ from _trainer_logs import QWEN_TEMPLATE, chat_tokenizer, save_chat_model, write_
 
 from gmts_analysis.cli import main
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rollouts import ReaderOptions, read_rollouts
+from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ def _smollm2_file() -> Path | None:
     try:
         import gguf  # noqa: F401
 
-        from gmts_analysis.gguf import smollm2_gguf
+        from gmts_analysis.readers.gguf import smollm2_gguf
         return smollm2_gguf()
     except (GmtsError, ImportError):
         return None
@@ -45,7 +45,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def smollm2(cache):
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers.models import load_model
 
     model, tok = load_model("smollm2", "cpu")
     return model, tok
@@ -57,7 +57,7 @@ def smollm2(cache):
 def test_smollm2_missing_package_says_how_to_install(monkeypatch):
     from importlib import metadata
 
-    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.readers.models import resolve_model_path
 
     def missing(name):
         raise metadata.PackageNotFoundError(name)
@@ -69,7 +69,7 @@ def test_smollm2_missing_package_says_how_to_install(monkeypatch):
 
 
 def test_find_gguf_file_folder_and_ambiguity(tmp_path):
-    from gmts_analysis.gguf import find_gguf
+    from gmts_analysis.readers.gguf import find_gguf
 
     d = tmp_path / "m"
     d.mkdir()
@@ -87,7 +87,7 @@ def test_find_gguf_file_folder_and_ambiguity(tmp_path):
 def test_cache_key_follows_the_file(tmp_path, monkeypatch):
     import os
 
-    from gmts_analysis.gguf import cache_dir_for
+    from gmts_analysis.readers.gguf import cache_dir_for
 
     monkeypatch.setenv("GMTS_CACHE", str(tmp_path / "c"))
     f = tmp_path / "x.gguf"
@@ -103,8 +103,8 @@ def test_cache_key_follows_the_file(tmp_path, monkeypatch):
 
 
 def test_word_problems_seeded_distinct_and_verified():
-    from gmts_analysis.verifiers import math_reward
-    from gmts_analysis.wordproblems import DIFFICULTIES, TEMPLATES, generate, word_problems
+    from gmts_analysis.readers.verifiers import math_reward
+    from gmts_analysis.sampling.wordproblems import DIFFICULTIES, TEMPLATES, generate, word_problems
 
     a, b = generate(30, seed=3), generate(30, seed=3)
     assert a == b and len({p.text for p in a}) == 30
@@ -137,7 +137,7 @@ def test_word_problem_answers_recomputed_from_the_text():
     """Every answer follows from the numbers in its own text."""
     import re
 
-    from gmts_analysis.wordproblems import generate
+    from gmts_analysis.sampling.wordproblems import generate
 
     for p in generate(60, seed=7):
         x = [int(v) for v in re.findall(r"\b\d+\b", p.text)]
@@ -149,8 +149,8 @@ def test_word_problem_answers_recomputed_from_the_text():
 
 @needs_smollm2
 def test_gguf_converted_once_checked_and_cached(cache, smollm2, monkeypatch):
-    from gmts_analysis import gguf
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers import gguf
+    from gmts_analysis.readers.models import load_model
 
     src = gguf.smollm2_gguf()
     d = gguf.cache_dir_for(src)
@@ -177,7 +177,7 @@ def test_gguf_converted_once_checked_and_cached(cache, smollm2, monkeypatch):
 @needs_smollm2
 def test_exact_engine_on_a_real_answer_matches_autograd_loop(smollm2):
     import gmts_analysis as gmts
-    from gmts_analysis.grads.reference import loop_grad_norms
+    from gmts_analysis.engine.reference import loop_grad_norms
     from gmts_analysis.sampling import prompt_ids
 
     model, tok = smollm2

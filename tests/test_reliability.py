@@ -14,8 +14,8 @@ import torch
 from _adversarial import assert_finite_run, assert_one_line_error, assert_untouched, probe, run_cli, snapshot
 from _sharding_helpers import write_rollouts
 
-from gmts_analysis import io as gio
-from gmts_analysis.sharding import state
+from gmts_analysis.run.sharding import state
+from gmts_analysis.util import io as gio
 
 
 @pytest.fixture(scope="module")
@@ -258,27 +258,27 @@ def test_unreadable_tokenizer_files_are_named_not_hidden(tmp_path, caplog):
     import logging
     import shutil
 
-    from gmts_analysis.models import load_model, resolve_model_path
+    from gmts_analysis.readers.models import load_model, resolve_model_path
 
     d = tmp_path / "m"
     shutil.copytree(resolve_model_path("tiny"), d)
     (d / "tokenizer.json").write_text("{not json")
-    with caplog.at_level(logging.WARNING, logger="gmts_analysis.models"):
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.readers.models"):
         _, tok = load_model(str(d), device="cpu")
     assert tok is None
-    msgs = [r.getMessage() for r in caplog.records if r.name == "gmts_analysis.models"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "gmts_analysis.readers.models"]
     assert len(msgs) == 1 and "tokenizer files cannot be loaded" in msgs[0] and "JSONDecodeError" in msgs[0]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="gmts_analysis.models"):
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.readers.models"):
         _, tok = load_model("tiny", device="cpu")  # a readable tokenizer: no warning
-    assert tok is not None and not [r for r in caplog.records if r.name == "gmts_analysis.models"]
+    assert tok is not None and not [r for r in caplog.records if r.name == "gmts_analysis.readers.models"]
 
 
 # ---------------------------------------------------------------- finite or nothing
 
 
 def test_a_non_finite_answer_goes_to_errors_jsonl(model_dir, rollouts, tmp_path, monkeypatch):
-    from gmts_analysis import kernel
+    from gmts_analysis.probing import kernel
 
     real = kernel.answer_coefficients
 
@@ -316,7 +316,7 @@ def test_every_answer_failing_ends_with_one_line_pointing_at_errors(tmp_path, ti
 
 
 def test_check_finite_names_column_and_token():
-    from gmts_analysis.validate import check_finite
+    from gmts_analysis.probing.validate import check_finite
 
     check_finite({"a": [1.0, 2.0], "g": [float("nan")], "s": ["x"]}, "w", allow_nan=("g",))
     with pytest.raises(gio.GmtsError, match=r"w: non-finite a \(inf\) at token 1"):
@@ -376,7 +376,7 @@ def test_merge_of_what_is_not_a_run_is_one_line(finished_run, tmp_path):
 
 
 def test_unexpected_exceptions_are_one_line_with_a_debug_hint(model_dir, rollouts, tmp_path, monkeypatch):
-    from gmts_analysis.sharding import run as run_mod
+    from gmts_analysis.run.sharding import run as run_mod
 
     def boom(*a, **k):
         raise ZeroDivisionError("a bug\nover two lines")
@@ -395,7 +395,7 @@ def test_unexpected_exceptions_are_one_line_with_a_debug_hint(model_dir, rollout
 
 
 def test_report_shows_control_and_bidi_characters_visibly():
-    from gmts_analysis.report import _e
+    from gmts_analysis.views.report import _e
 
     s = _e("ab\u202ecd\u2066e\u200ff\x00g\x1bh\x85i\ud800j\nk\tl<m>")
     for cp in ("202E", "2066", "200F", "0000", "001B", "0085", "D800"):

@@ -8,8 +8,8 @@ import pytest
 from _browser import Browser, find_browser
 from _synthetic import make_run_dir
 
-from gmts_analysis.report import MAX_ANSWERS, PAGE_SIZE, write_report
-from gmts_analysis.selection import answer_disagreement
+from gmts_analysis.core.selection import answer_disagreement
+from gmts_analysis.views.report import MAX_ANSWERS, PAGE_SIZE, write_report
 
 PLANT = "<script>alert(1)</script>"
 
@@ -42,7 +42,7 @@ def test_model_text_is_escaped(run):
 
 
 def test_audit_order_and_limit(run):
-    from gmts_analysis.plots import load_run
+    from gmts_analysis.views.plots import load_run
 
     text = (run / "report.html").read_text(encoding="utf-8")
     shown = re.findall(r'<div class="answer" data-aid="([^"]+)"', text)
@@ -113,8 +113,8 @@ def test_report_without_figures_manifest_or_gradients(tmp_path):
     import numpy as np
     from _synthetic import make_tables
 
-    from gmts_analysis.io import atomic_write_parquet
-    from gmts_analysis.plots import render_all
+    from gmts_analysis.util.io import atomic_write_parquet
+    from gmts_analysis.views.plots import render_all
 
     tokens, _ = make_tables(n_groups=2, group_size=3, seed=9)
     tokens["grad_norm_logp"] = np.nan
@@ -130,9 +130,9 @@ def test_report_without_figures_manifest_or_gradients(tmp_path):
 
 
 def test_report_says_what_the_run_shows(run):
-    from gmts_analysis.report import render_report
-    from gmts_analysis.runs import read_run
-    from gmts_analysis.summary import findings
+    from gmts_analysis.analysis.runs import read_run
+    from gmts_analysis.analysis.summary import findings
+    from gmts_analysis.views.report import render_report
 
     html = render_report(run)
     st = read_run(run).stats
@@ -147,7 +147,7 @@ def test_readme_results_block_is_generated_from_the_example_run():
     import json
     from pathlib import Path
 
-    from gmts_analysis.summary import README_BEGIN, README_END, readme_block
+    from gmts_analysis.analysis.summary import README_BEGIN, README_END, readme_block
 
     root = Path(__file__).resolve().parent.parent
     run = root / "data" / "example_run"
@@ -165,7 +165,7 @@ def test_readme_headline_block_is_generated_from_the_real_model_run():
     import json
     from pathlib import Path
 
-    from gmts_analysis.summary import readme_block, readme_markers
+    from gmts_analysis.analysis.summary import readme_block, readme_markers
 
     root = Path(__file__).resolve().parent.parent
     run = root / "data" / "smollm2_run"

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
+from gmts_analysis.core.tokens import response_logits, response_targets, sequence_logprobs, token_quantities
 from gmts_analysis.rl.trainer import RLConfig, batch_fidelity, collate, policy_forward, train
-from gmts_analysis.tokens import response_logits, response_targets, sequence_logprobs, token_quantities
 
 
 def _model():
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
 
     return build_tiny_model("qwen2", vocab_size=100, seed=0)
 
@@ -59,8 +59,8 @@ def test_batched_forward_matches_per_answer_reference():
 
 
 def test_update_fidelity_all_is_one_and_selection_gradient_is_the_loss_gradient():
-    from gmts_analysis.models import trainable_parameters
-    from gmts_analysis.selection import aggregate_loss, select_tokens, token_omega
+    from gmts_analysis.core.selection import aggregate_loss, select_tokens, token_omega
+    from gmts_analysis.engine.params import trainable_parameters
 
     model, rows = _model(), _rows()
     params = [p for _, p in trainable_parameters(model)]
@@ -126,7 +126,7 @@ def test_same_seed_same_run():
 def test_experiment_resume_summary_and_cli(tmp_path):
     from gmts_analysis.cli import main
     from gmts_analysis.rl.experiment import run_experiment, summarise
-    from gmts_analysis.testing import save_tiny_model
+    from gmts_analysis.toy.testing import save_tiny_model
 
     cfg = RLConfig(policy="test", steps=1, domains=("logic",), prompts_per_domain=2, group_size=2,
                    max_new_tokens=8, eval_every=1, eval_prompts=3, diag_every=0)
@@ -198,7 +198,7 @@ def test_cli_bad_input_is_one_line_error(argv, tmp_path, capsys):
 
 def test_one_step_on_the_shipped_tiny_policy():
     """Real verifier rewards: the shipped policy has mixed groups, so the update is not empty."""
-    from gmts_analysis.models import data_dir, load_model
+    from gmts_analysis.readers.models import data_dir, load_model
 
     if not (data_dir() / "policies" / "tiny" / "model.safetensors").exists():
         pytest.skip("shipped tiny policy not present")
@@ -221,7 +221,7 @@ def test_gmts_lgn_scores_are_autograd_logit_grad_norm_times_abs_omega_and_select
     the selection the exact top-k of that product by an explicit sort, per batch and per group."""
     import math as _m
 
-    from gmts_analysis.selection import gmts_lgn_scores, selection_mask, token_omega
+    from gmts_analysis.core.selection import gmts_lgn_scores, selection_mask, token_omega
 
     g = torch.Generator().manual_seed(4)
     B, T, V, tau = 6, 7, 11, 0.7

@@ -14,7 +14,7 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
-from gmts_analysis.rl.diagnostics import (
+from gmts_analysis.integrations.diagnostics import (
     PREFIX,
     diagnose_batch,
     gradient_diagnostics,
@@ -56,8 +56,8 @@ def _table(ent, lgn, omega, mask, groups):
 @pytest.mark.parametrize("scope", ["batch", "group"])
 @pytest.mark.parametrize("rho", [0.05, 0.2])
 def test_selection_part_equals_stats_functions(scope, rho):
-    from gmts_analysis import stats
-    from gmts_analysis.selection import token_omega
+    from gmts_analysis.analysis import stats
+    from gmts_analysis.core.selection import token_omega
 
     ent, lgn, adv, mask, groups = _batch()
     omega = token_omega(adv, mask)
@@ -79,7 +79,7 @@ def test_selection_part_equals_stats_functions(scope, rho):
         assert d[PREFIX + "selection_waste/gmts"] > 0.0
     assert d[PREFIX + "selection_waste/entropy"] > 0.0
     # overlap: explicit sets from the table's own selections
-    from gmts_analysis.selection import select_top
+    from gmts_analysis.core.selection import select_top
 
     e, gm, gl = (select_top(df, s, rho, scope) for s in ("entropy", "gmts", "gmts_lgn"))
     assert d[PREFIX + "overlap/entropy_gmts"] == pytest.approx((e & gm).sum() / gm.sum())
@@ -87,15 +87,15 @@ def test_selection_part_equals_stats_functions(scope, rho):
 
 
 def _tiny():
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
 
     return build_tiny_model("qwen2", vocab_size=100, seed=0).eval()
 
 
 def test_gradient_part_equals_autograd_loop_and_scipy():
-    from gmts_analysis.grads import grad_norms
-    from gmts_analysis.rl.diagnostics import diagnostic_scores
-    from gmts_analysis.selection import token_omega
+    from gmts_analysis.core.selection import token_omega
+    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.integrations.diagnostics import diagnostic_scores
 
     model = _tiny()
     ent, lgn, adv, mask, groups = _batch(seed=1)
@@ -139,7 +139,7 @@ def test_verl_hook_same_dictionary():
         non_tensor_batch={"uid": np.array(groups, dtype=object)},
     )
     d = verl_diagnostics(data, rho=0.2, scope="group")
-    from gmts_analysis.selection import token_omega
+    from gmts_analysis.core.selection import token_omega
 
     ref = diagnose_batch(ent.float(), token_omega(adv, mask), mask, rho=0.2, scope="group", group_ids=groups,
                          logit_grad_norm=lgn.float())
@@ -157,8 +157,8 @@ trl = pytest.importorskip("trl")
 def _trl_setup(tmp_path, cls, **kw):
     from datasets import Dataset
 
-    from gmts_analysis.testing import build_tiny_model
     from gmts_analysis.toy.domains import generate_problems
+    from gmts_analysis.toy.testing import build_tiny_model
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()  # a tiny random Qwen2 as in test_rl_trl.py: diverse samples, mixed rewards
@@ -195,8 +195,8 @@ def _captured(cb):
 def test_trl_callback_two_steps_metrics_in_logs_and_equal_stats(tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
-    from gmts_analysis import stats
-    from gmts_analysis.rl.diagnostics import GmtsDiagnosticsCallback
+    from gmts_analysis.analysis import stats
+    from gmts_analysis.integrations.diagnostics import GmtsDiagnosticsCallback
 
     model, tok, ds, reward, base = _trl_setup(tmp_path, GRPOConfig)
     tr = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**base), train_dataset=ds,
@@ -245,7 +245,7 @@ def test_trl_callback_two_steps_metrics_in_logs_and_equal_stats(tmp_path):
 
 
 def test_selective_trainer_option_and_gmts_lgn(tmp_path):
-    from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
 
     model, tok, ds, reward, base = _trl_setup(tmp_path, SelectiveGRPOConfig)
     args = SelectiveGRPOConfig(**base, token_selection="gmts_lgn", selection_rho=0.1, diagnostics_every=1,

@@ -11,8 +11,8 @@ import torch
 
 trl = pytest.importorskip("trl")
 
-from gmts_analysis.rl.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer  # noqa: E402
-from gmts_analysis.selection import select_tokens  # noqa: E402
+from gmts_analysis.core.selection import select_tokens  # noqa: E402
+from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer  # noqa: E402
 
 G = 4
 
@@ -31,7 +31,7 @@ def _dataset(n=8):
 
 
 def _model():
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()
@@ -197,7 +197,7 @@ def test_log_rollouts_on_stock_trainer(tmp_path):
     """The hook for stock GRPOTrainer: wraps the instance, training is unchanged, rows are written."""
     from trl import GRPOConfig, GRPOTrainer
 
-    from gmts_analysis.rl.rollout_log import log_rollouts
+    from gmts_analysis.integrations.rollout_log import log_rollouts
 
     model, tok = _model()
     tr = GRPOTrainer(model=model, reward_funcs=char_sum_reward, args=_args(tmp_path, cls=GRPOConfig, max_steps=1),

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from gmts_analysis.rl.verl_recipe import apply_token_selection, verl_selection_mask
-from gmts_analysis.selection import aggregate_loss, select_tokens
+from gmts_analysis.core.selection import aggregate_loss, select_tokens
+from gmts_analysis.integrations.verl_recipe import apply_token_selection, verl_selection_mask
 
 
 def verl_vanilla_pg_losses(old_log_prob, log_prob, advantages, clip_low=0.2, clip_high=0.28, clip_ratio_c=3.0):
@@ -112,7 +112,7 @@ def test_verl_batch_written_in_our_format_and_probed(tmp_path, tiny_model_dirs):
     import pandas as pd
 
     from gmts_analysis.cli import main
-    from gmts_analysis.rl.rollout_log import write_verl_batch
+    from gmts_analysis.integrations.rollout_log import write_verl_batch
 
     g = torch.Generator().manual_seed(0)
     bs, P, R = 4, 5, 6

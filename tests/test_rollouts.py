@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rollouts import ReaderOptions, read_rollouts, validate_against_model
+from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, validate_against_model
 from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
 

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from gmts_analysis.cli import main
-from gmts_analysis.job import sample_work_dir
-from gmts_analysis.sharding.worker import InjectedFailure
-from gmts_analysis.tables import TOKEN_COLUMNS
+from gmts_analysis.probing.tables import TOKEN_COLUMNS
+from gmts_analysis.run.job import sample_work_dir
+from gmts_analysis.run.sharding.worker import InjectedFailure
 
 SMALL = ["--model", "tiny", "--num-prompts", "1", "--group-size", "3", "--quiet", "--seed", "1"]
 FAST = [*SMALL, "--max-new-tokens", "12", "--no-figures", "--fidelity", "off", "--answers-per-chunk", "2"]

@@ -16,7 +16,7 @@ TEMPLATE = ("{% for m in messages %}<bos>{{ m['role'] }}: {{ m['content'] }}\n{%
 
 @pytest.fixture(scope="module")
 def chat_policy(tmp_path_factory):
-    from gmts_analysis.testing import build_tiny_model
+    from gmts_analysis.toy.testing import build_tiny_model
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
     tok = build_char_tokenizer()

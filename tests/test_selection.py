@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gmts_analysis.core.selection import answer_disagreement, n_keep, overlap, select_top, token_disagreement
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.selection import answer_disagreement, n_keep, overlap, select_top, token_disagreement
 
 
 def _table(scores, answers, groups=None, steps=None):

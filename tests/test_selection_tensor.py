@@ -1,4 +1,4 @@
-"""Tensor-level token selection (gmts_analysis.selection's tensor API): exact k, ties, padding,
+"""Tensor-level token selection (gmts_analysis.core.selection's tensor API): exact k, ties, padding,
 groups, GMTS = entropy x |A| x w on-policy, omega against the numpy reference, loss normalizers."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from gmts_analysis import selection
-from gmts_analysis.advantages import loss_weights, omega
-from gmts_analysis.selection import (
+from gmts_analysis.core import selection
+from gmts_analysis.core.advantages import loss_weights, omega
+from gmts_analysis.core.selection import (
     aggregate_loss,
     gmts_scores,
     select_tokens,
@@ -191,7 +191,7 @@ def test_bad_inputs_raise():
 
 
 def test_masked_baselines_select_like_the_masked_table_score():
-    from gmts_analysis.selection_tensor import MASKED_SELECTIONS, masked_scores, selection_mask
+    from gmts_analysis.core.selection_tensor import MASKED_SELECTIONS, masked_scores, selection_mask
 
     g = torch.Generator().manual_seed(0)
     ent = torch.rand(6, 5, generator=g, dtype=torch.float64)

@@ -12,16 +12,16 @@ import pytest
 import torch
 from _sharding_helpers import assert_same_rows, probe_args, tokens, write_rollouts
 
-from gmts_analysis import finalize as finalize_mod
-from gmts_analysis import kernel as probe_mod
 from gmts_analysis.cli import main
-from gmts_analysis.config import ProbeConfig
-from gmts_analysis.models import load_model
-from gmts_analysis.rollouts import Answer, read_rollouts
-from gmts_analysis.sharding import merge as merge_mod
-from gmts_analysis.sharding import shard_answers
-from gmts_analysis.sharding.shard import answer_cost
-from gmts_analysis.sharding.worker import InjectedFailure
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing import kernel as probe_mod
+from gmts_analysis.readers.models import load_model
+from gmts_analysis.readers.rollouts import Answer, read_rollouts
+from gmts_analysis.run import finalize as finalize_mod
+from gmts_analysis.run.sharding import merge as merge_mod
+from gmts_analysis.run.sharding import shard_answers
+from gmts_analysis.run.sharding.shard import answer_cost
+from gmts_analysis.run.sharding.worker import InjectedFailure
 
 FAST = ("--grad-norm", "none")
 
@@ -216,7 +216,7 @@ def nan_model_dir(tmp_path_factory):
     than 40 tokens gets non-finite logits, shorter ones are untouched."""
     from transformers import AutoModelForCausalLM
 
-    from gmts_analysis.testing import save_tiny_model
+    from gmts_analysis.toy.testing import save_tiny_model
 
     d = save_tiny_model("gpt2", tmp_path_factory.mktemp("nan") / "m", seed=2)
     model = AutoModelForCausalLM.from_pretrained(d)

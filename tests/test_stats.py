@@ -12,10 +12,10 @@ import pytest
 from _synthetic import make_tables
 from scipy.stats import kendalltau, spearmanr
 
-from gmts_analysis import rank
-from gmts_analysis import stats as S
-from gmts_analysis.io import to_json
-from gmts_analysis.selection import overlap, select_top
+from gmts_analysis.analysis import stats as S
+from gmts_analysis.core import rank
+from gmts_analysis.core.selection import overlap, select_top
+from gmts_analysis.util.io import to_json
 
 RHO_KEYS = {"0.05", "0.1", "0.2", "0.3", "0.5"}
 SUMMARY_KEYS = {"median", "mean", "q25", "q75", "n_answers", "ci_low", "ci_high"}
@@ -433,7 +433,7 @@ def test_stats_table_and_estimator_ranking(stats):
 
 
 def test_findings_are_generated_from_the_numbers(stats):
-    from gmts_analysis.summary import findings, summary_text
+    from gmts_analysis.analysis.summary import findings, summary_text
 
     words = findings(stats)
     za = stats["zero_advantage"]
@@ -446,7 +446,7 @@ def test_findings_are_generated_from_the_numbers(stats):
 
 def test_gmts_stats_rewrites_a_version_1_directory(tmp_path, tables):
     from gmts_analysis.cli import main
-    from gmts_analysis.io import atomic_write_json, atomic_write_parquet, read_json
+    from gmts_analysis.util.io import atomic_write_json, atomic_write_parquet, read_json
 
     tokens, answers = tables
     atomic_write_parquet(tmp_path / "tokens.parquet", tokens)
@@ -472,7 +472,7 @@ def test_gmts_stats_rewrites_a_version_1_directory(tmp_path, tables):
 
 
 def test_the_runs_rho_joins_the_grid_and_the_words():
-    from gmts_analysis.summary import findings
+    from gmts_analysis.analysis.summary import findings
 
     df = hand_table()
     st = S.compute_stats(df, n_boot=0, estimators=["entropy", "gmts"], rho=0.25)

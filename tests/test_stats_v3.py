@@ -10,9 +10,9 @@ import pytest
 from scipy.stats import spearmanr, weightedtau
 from test_stats import expand, hand_table
 
-from gmts_analysis import stats as S
-from gmts_analysis.estimators import add_estimator_columns
-from gmts_analysis.selection import select_top
+from gmts_analysis.analysis import stats as S
+from gmts_analysis.core.estimators import add_estimator_columns
+from gmts_analysis.core.selection import select_top
 
 ESTS = ["entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "one_minus_prob", "one_minus_prob_inf"]
 

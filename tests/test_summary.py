@@ -7,8 +7,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gmts_analysis import stats as S
-from gmts_analysis.summary import compare, findings, readme_block, summary_table, summary_text, update_readme
+from gmts_analysis.analysis import stats as S
+from gmts_analysis.analysis.summary import compare, findings, readme_block, summary_table, summary_text, update_readme
 
 
 def noise_table(n_groups: int = 8, seed: int = 1, zero_groups: int = 0) -> pd.DataFrame:

@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from _synthetic import make_tables
 
+from gmts_analysis.analysis.token_strings import COLUMNS, fig_token_strings, token_strings_table, write_token_strings
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.token_strings import COLUMNS, fig_token_strings, token_strings_table, write_token_strings
 
 
 @pytest.fixture(scope="module")
@@ -72,9 +72,9 @@ def test_rendered_with_the_run(tmp_path):
     finalize has token_strings.csv."""
     from _synthetic import make_tables
 
-    from gmts_analysis.finalize import write_run_dir
-    from gmts_analysis.runs import RunTables
-    from gmts_analysis.stats import compute_stats
+    from gmts_analysis.analysis.runs import RunTables
+    from gmts_analysis.analysis.stats import compute_stats
+    from gmts_analysis.run.finalize import write_run_dir
 
     t, a = make_tables(n_groups=3, group_size=4, seed=2, domains=("math", "logic"))
     stats = compute_stats(t, a, n_boot=0, rho=0.1)

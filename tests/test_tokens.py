@@ -1,11 +1,17 @@
-"""Closed forms of gmts_analysis.tokens against autograd and hand values."""
+"""Closed forms of gmts_analysis.core.tokens against autograd and hand values."""
 
 import math
 
 import pytest
 import torch
 
-from gmts_analysis.tokens import gather_logprobs, response_logits, response_targets, sequence_logprobs, token_quantities
+from gmts_analysis.core.tokens import (
+    gather_logprobs,
+    response_logits,
+    response_targets,
+    sequence_logprobs,
+    token_quantities,
+)
 
 
 @pytest.mark.parametrize("tau", [1.0, 0.7, 1.5])
@@ -63,7 +69,7 @@ def test_shift_by_one():
 
 
 def test_prefix_and_padded_shift_agree_with_response_logits():
-    from gmts_analysis.tokens import gather_positions, response_positions, response_prefix
+    from gmts_analysis.core.tokens import gather_positions, response_positions, response_prefix
 
     g = torch.Generator().manual_seed(0)
     S, V = 11, 7
@@ -87,7 +93,7 @@ def test_prefix_and_padded_shift_agree_with_response_logits():
 
 @pytest.mark.parametrize("tau", [1.0, 0.6])
 def test_logit_grad_and_head_grad_against_autograd(tau):
-    from gmts_analysis.tokens import head_grad_sq, logit_grad, logit_grad_sq, scaled_log_softmax
+    from gmts_analysis.core.tokens import head_grad_sq, logit_grad, logit_grad_sq, scaled_log_softmax
 
     g = torch.Generator().manual_seed(1)
     T, d, V = 5, 6, 9

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from gmts_analysis.models import data_dir
+from gmts_analysis.readers.models import data_dir
 from gmts_analysis.toy.domains import DOMAINS
 
 POLICIES = data_dir() / "policies"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.verifiers import math_reward, resolve_verifier, score
+from gmts_analysis.readers.verifiers import math_reward, resolve_verifier, score
 
 
 def test_toy_verifiers_keep_working():
@@ -28,9 +28,9 @@ def test_module_function_and_file(tmp_path):
     f = resolve_verifier(f"{p}:reward")
     vals = score(f, ["a", "b", "c"], ["1", "2", "3"], [[1], [2], [3]], {"solution": ["1", "x", None]})
     assert vals[:2] == [1.0, 0.0] and math.isnan(vals[2])
-    assert resolve_verifier("gmts_analysis.verifiers:math_reward") is math_reward
+    assert resolve_verifier("gmts_analysis.readers.verifiers:math_reward") is math_reward
     with pytest.raises(GmtsError, match="has no 'missing'"):
-        resolve_verifier("gmts_analysis.verifiers:missing")
+        resolve_verifier("gmts_analysis.readers.verifiers:missing")
     with pytest.raises(GmtsError, match="cannot import module"):
         resolve_verifier("no_such_module_xyz:f")
     with pytest.raises(GmtsError, match="no such file"):

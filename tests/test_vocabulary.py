@@ -13,8 +13,9 @@ import pytest
 
 from gmts_analysis.cli import as_spelled, build_parser, main
 from gmts_analysis.commands.run import TOY_DEFAULTS as RUN_WORLD_DEFAULTS
-from gmts_analysis.config import JobSettings, OutputOptions, ProbeConfig, RunControl, SamplingOptions
 from gmts_analysis.options import ALIAS_BY_NAME, ALIASES
+from gmts_analysis.options.config import JobSettings, OutputOptions, ProbeConfig, RunControl, SamplingOptions
+from gmts_analysis.sampling import domains as sampling_domains
 
 COMMANDS = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "toy-train", "bench"]
 #: the subcommands whose every option is a dataclass field
@@ -115,13 +116,13 @@ def test_sample_defaults_are_the_apis():
 
     sig = inspect.signature(api.sample)  # the API takes SamplingOptions' fields as keywords: one set of defaults
     assert "options" in sig.parameters and sig.parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
-    opts = api._sampling_options("tiny", None, {"group_size": 4, "max_new_tokens": 16})
+    opts = sampling_domains.sampling_options("tiny", None, {"group_size": 4, "max_new_tokens": 16})
     assert (opts.num_generations, opts.max_completion_length, opts.device, opts.temperature) == (4, 16, "auto", 1.0)
     assert opts.domains == "arithmetic,program,logic"
     assert dataclasses.replace(opts, num_generations=8, max_completion_length=None, model="small",
                                domains=None) == SamplingOptions()
     with pytest.raises(Exception, match="did you mean 'num_prompts'"):
-        api._sampling_options("tiny", None, {"num_prompt": 2})
+        sampling_domains.sampling_options("tiny", None, {"num_prompt": 2})
 
 
 def test_job_settings_out_not_required():
@@ -153,7 +154,7 @@ def test_cli_error_as_typed(capsys):
 
 def test_threads_default_and_checks(monkeypatch):
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.threads import available_cores, check_threads, default_threads
+    from gmts_analysis.util.threads import available_cores, check_threads, default_threads
 
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("GMTS_THREADS", "3")
@@ -176,7 +177,7 @@ def test_library_sets_no_threads_on_import():
     import sys
 
     code = ("import torch; n = torch.get_num_threads(); import gmts_analysis, gmts_analysis.api, "
-            "gmts_analysis.config, gmts_analysis.threads, gmts_analysis.kernel; "
+            "gmts_analysis.options.config, gmts_analysis.util.threads, gmts_analysis.probing.kernel; "
             "assert torch.get_num_threads() == n, (n, torch.get_num_threads())")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -213,8 +214,8 @@ def test_uncached_hub_id_fails_fast_in_one_line(monkeypatch):
     """A hub id that is not cached, with no network: one line, no download attempt (no retry storm)."""
     import transformers
 
-    from gmts_analysis import models
     from gmts_analysis.errors import GmtsError
+    from gmts_analysis.readers import models
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
@@ -235,7 +236,7 @@ def test_intervals_from_few_groups_warn(caplog):
 
     from gmts_analysis.commands.stats import warn_few_groups
 
-    with caplog.at_level(logging.WARNING, logger="gmts_analysis.stats"):
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.analysis.stats"):
         assert warn_few_groups({"meta": {"n_groups": 2, "n_boot": 1000, "ci_unit": "group"}})
     assert "from 2 group(s), fewer than 10" in caplog.text
     assert not warn_few_groups({"meta": {"n_groups": 24, "n_boot": 1000}})

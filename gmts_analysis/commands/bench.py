@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 
 def _ints(s: str) -> list[int]:
@@ -81,9 +81,9 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.grads.bench import format_table, run_bench
-    from gmts_analysis.io import atomic_write_json, atomic_write_text
-    from gmts_analysis.models import resolve_device, resolve_dtype
+    from gmts_analysis.readers.models import resolve_device, resolve_dtype
+    from gmts_analysis.run.bench import format_table, run_bench
+    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
 
     log = logging.getLogger("gmts_analysis.bench")
     if args.threads:

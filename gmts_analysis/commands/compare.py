@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
 
 EXAMPLES = """examples:
   gmts compare runs/ckpt-100 runs/ckpt-200 runs/ckpt-300 --out runs/cmp
@@ -42,13 +42,13 @@ def run(args: argparse.Namespace) -> int:
     import logging
     from pathlib import Path
 
-    from gmts_analysis.compare import compare_runs, write_comparison
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.io import check_output_location
+    from gmts_analysis.util.io import check_output_location
+    from gmts_analysis.views.compare import compare_runs, write_comparison
 
-    log = logging.getLogger("gmts_analysis.compare")
+    log = logging.getLogger("gmts_analysis.views.compare")
     if args.out is None:
-        from gmts_analysis.config import default_out
+        from gmts_analysis.options.config import default_out
 
         args.out = default_out("compare")
     out = check_output_location(args.out, whole_dir=False)
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         rp = Path(r).expanduser().resolve()
         if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
             raise GmtsError(f"--out {args.out}: is inside the run directory {r}; write the comparison elsewhere")
-    from gmts_analysis.io import check_ours, staged_directory
+    from gmts_analysis.util.io import check_ours, staged_directory
 
     check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
     cmp = compare_runs(args.runs)

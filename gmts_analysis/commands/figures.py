@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
 
 EXAMPLES = """examples:
   gmts figures runs/mine                    # runs/mine/figures/*.png and *.pdf
@@ -39,7 +39,7 @@ def _check_figures_dir(to) -> None:
     import re
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.plots import FIGURES
+    from gmts_analysis.views.plots import FIGURES
 
     if not to.is_dir():
         return
@@ -56,26 +56,26 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.plots import render_all
+    from gmts_analysis.views.plots import render_all
 
-    log = logging.getLogger("gmts_analysis.plots")
+    log = logging.getLogger("gmts_analysis.views.plots")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
-    from gmts_analysis.validate import validate_tokens_file
+    from gmts_analysis.probing.validate import validate_tokens_file
 
     if args.max_answers is not None and args.max_answers < 1:
         raise GmtsError(f"--max-answers must be >= 1, got {args.max_answers}")
     validate_tokens_file(run_dir / "tokens.parquet")
     if args.to is not None:
-        from gmts_analysis.io import check_output_location
+        from gmts_analysis.util.io import check_output_location
 
         check_output_location(args.to, flag="--to", whole_dir=False)
         _check_figures_dir(Path(args.to))
     paths = render_all(run_dir, to=args.to)
     log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
     if args.report:
-        from gmts_analysis.report import MAX_ANSWERS, write_report
+        from gmts_analysis.views.report import MAX_ANSWERS, write_report
 
         n = MAX_ANSWERS if args.max_answers is None else args.max_answers
         if n < 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
 
 EXAMPLES = """examples:
   gmts merge runs/big                       # rank 0 died after every chunk was recorded
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts_analysis.sharding import merge_run
+    from gmts_analysis.run.sharding import merge_run
 
     out = merge_run(args.run_dir, device=args.device, figures=args.figures, fidelity=args.fidelity,
                     quiet=args.quiet)

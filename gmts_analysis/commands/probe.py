@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 EXAMPLES = """examples:
   gmts probe --model tiny --rollouts rollouts.jsonl                       # -> runs/probe-<time>/
@@ -16,8 +16,8 @@ EXAMPLES = """examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import ProbeConfig, add_dataclass_args
     from gmts_analysis.options import help_group
+    from gmts_analysis.options.config import ProbeConfig, add_dataclass_args
 
     p = sub.add_parser(
         "probe",
@@ -37,9 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from gmts_analysis.config import ProbeConfig, default_out, from_args
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.job import run_probe
+    from gmts_analysis.options.config import ProbeConfig, default_out, from_args
+    from gmts_analysis.run.job import run_probe
 
     if args.out is None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must name the same directory
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
         args.out = default_out("probe")
     cfg = from_args(ProbeConfig, args, config_file=getattr(args, "config", None),
                     aliases=dict(getattr(args, "aliases", None) or {}))
-    from gmts_analysis.compare import checkpoint_series, probe_series
+    from gmts_analysis.run.series import checkpoint_series, probe_series
 
     series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
     out = run_probe(cfg) if series is None else probe_series(cfg, series, figures=cfg.figures)
@@ -62,9 +62,9 @@ def print_results(out) -> None:
     """The results table of a finished run directory, as ``gmts run`` prints it (stdout)."""
     from pathlib import Path
 
+    from gmts_analysis.analysis.summary import summary_text
     from gmts_analysis.commands.stats import warn_few_groups
-    from gmts_analysis.io import read_json
-    from gmts_analysis.summary import summary_text
+    from gmts_analysis.util.io import read_json
 
     path = Path(out) / "stats.json"
     if path.is_file():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 EXAMPLES = """examples:
   gmts rl --model tiny --selection all gmts --seed 0 --max-steps 20 --out /tmp/rl.json
@@ -13,7 +13,7 @@ EXAMPLES = """examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import add_offline_flag
+    from gmts_analysis.options.config import add_offline_flag
     from gmts_analysis.rl.config import ALL_DOMAINS, DEFAULT_ARMS, SELECTION_ARMS, RLConfig
 
     d = RLConfig()
@@ -90,7 +90,7 @@ def _check_targets(out, figures) -> None:
     import re
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.io import check_output_file
+    from gmts_analysis.util.io import check_output_file
 
     check_output_file(out, "--out", _is_rl_result, overwrite=None)
     runs = out.with_suffix("").with_name(out.stem + ".runs")
@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.models import resolve_device
+    from gmts_analysis.readers.models import resolve_device
     from gmts_analysis.rl.config import RLConfig
     from gmts_analysis.rl.experiment import run_experiment
 

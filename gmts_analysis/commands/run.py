@@ -2,8 +2,8 @@
 
 Samples groups of answers from a model (default: the shipped ``small`` policy) on the toy
 domains, or, for a real instruct model (``--model smollm2``, a GGUF file, any checkpoint that is not a
-toy policy), on grade-school word problems (:mod:`gmts_analysis.wordproblems`; the ``word`` domain, with
-its own default size, :data:`WORD_DEFAULTS`), then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.job.sample_and_probe`:
+toy policy), on grade-school word problems (:mod:`gmts_analysis.sampling.wordproblems`; the ``word`` domain, with
+its own default size, :data:`WORD_DEFAULTS`), then runs the same job as ``gmts probe`` on them (:func:`gmts_analysis.run.job.sample_and_probe`:
 resumable chunk records, run fingerprint, ``errors.jsonl``), and prints within-answer vs
 cross-answer Spearman for entropy and gmts, overall and per domain. Killed, the same
 command (same ``--out``) resumes.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 DEFAULT_DOMAINS = "arithmetic,program,logic"
 #: the toy world's sampling defaults (the shipped policies; max_completion_length None = the policy card's)
@@ -30,7 +30,7 @@ def is_toy_policy(model: str) -> bool:
     """``tiny``/``small`` or a directory with a policy card (a toy policy speaks the toy domains' format)."""
     from pathlib import Path
 
-    from gmts_analysis.models import ALIASES
+    from gmts_analysis.readers.models import ALIASES
 
     return model in ALIASES or (Path(model) / "card.json").is_file()
 
@@ -46,7 +46,7 @@ NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights",
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import ProbeConfig, RunControl, SamplingOptions, add_options
+    from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions, add_options
 
     p = sub.add_parser(
         "run",
@@ -68,13 +68,13 @@ def run(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from gmts_analysis import io
     from gmts_analysis.api import ALL_DOMAINS, WORD_DOMAIN
-    from gmts_analysis.config import ProbeConfig
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.job import sample_and_probe
-    from gmts_analysis.models import resolve_device, resolve_model_path
-    from gmts_analysis.validate import validate_options
+    from gmts_analysis.options.config import ProbeConfig
+    from gmts_analysis.probing.validate import validate_options
+    from gmts_analysis.readers.models import resolve_device, resolve_model_path
+    from gmts_analysis.run.job import sample_and_probe
+    from gmts_analysis.util import io
 
     t0 = time.perf_counter()
     given = args.domains
@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError("--num-prompts must be >= 1 and --num-generations >= 2 (a group needs a baseline)")
     if args.max_completion_length is not None and args.max_completion_length < 1:
         raise GmtsError(f"--max-completion-length: must be an integer >= 1, got {args.max_completion_length}")
-    from gmts_analysis.config import default_out, from_args
+    from gmts_analysis.options.config import default_out, from_args
 
     out = Path(args.out or default_out("run"))
     # the probe half: every gmts probe option; num_generations is the sampling's (the rows carry group ids)
@@ -108,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
                 "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
     sample_and_probe(cfg, sampling)
     stats = json.loads((out / "stats.json").read_text())
-    from gmts_analysis.summary import summary_text
+    from gmts_analysis.analysis.summary import summary_text
 
     print(summary_text(stats, domains))
     from gmts_analysis.commands.stats import warn_few_groups

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 EXAMPLES = """examples:
   gmts sample --model small --domains arithmetic --num_generations 4 --max_completion_length 48 --output_dir runs/s1
@@ -14,7 +14,7 @@ EXAMPLES = """examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.config import OutputOptions, RunControl, SamplingOptions, add_options
+    from gmts_analysis.options.config import OutputOptions, RunControl, SamplingOptions, add_options
 
     p = subparsers.add_parser(
         "sample",
@@ -34,7 +34,7 @@ def _out_file(args: argparse.Namespace) -> str:
     (a directory, as TRL's output_dir; default: a new folder under runs/)."""
     from pathlib import Path
 
-    from gmts_analysis.config import default_out
+    from gmts_analysis.options.config import default_out
 
     out = Path(args.out or default_out("sample"))
     return str(out if out.suffix.lower() in (".jsonl", ".json") and not out.is_dir() else out / "rollouts.jsonl")
@@ -43,7 +43,7 @@ def _out_file(args: argparse.Namespace) -> str:
 def _check_out(args: argparse.Namespace) -> str:
     from pathlib import Path
 
-    from gmts_analysis.io import check_output_file, check_output_location
+    from gmts_analysis.util.io import check_output_file, check_output_location
 
     path = Path(_out_file(args))
     # never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)
@@ -58,19 +58,19 @@ def run(args: argparse.Namespace) -> int:
 
     import torch
 
-    from gmts_analysis.api import WORD_DOMAIN, sample_word_problems
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers.models import load_model
+    from gmts_analysis.sampling.domains import WORD_DOMAIN, sample_domains
     from gmts_analysis.toy.domains import get_domain
-    from gmts_analysis.toy.sample import sample_rollouts, write_rollouts
+    from gmts_analysis.toy.sample import write_rollouts
 
     if args.domains is not None and args.prompts is not None:
         raise GmtsError("gmts sample: give one of --domains (toy domains) or --prompts FILE, not both")
     _check_sampling(args)
     if args.prompts is not None:
         return _run_prompts(args)
-    from gmts_analysis.api import DEFAULT_DOMAINS, card_max_new_tokens
-    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.sampling.domains import DEFAULT_DOMAINS, card_max_new_tokens
 
     if args.num_prompts is None:
         args.num_prompts = 8
@@ -87,15 +87,9 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
     with torch.inference_mode():
-        rows = []
-        for d in domains:
-            if d == WORD_DOMAIN:  # grade-school word problems for real models: chat template, math verifier
-                rows += sample_word_problems(model, tokenizer, args.num_prompts, args.num_generations,
-                                             args.temperature, budget, args.seed, progress=not args.quiet)
-                continue
-            rows += sample_rollouts(model, tokenizer, d, args.num_prompts, args.num_generations,
-                                    args.temperature, budget, args.seed, args.difficulty,
-                                    batch_size=args.batch_size, progress=not args.quiet)
+        rows = sample_domains(model, tokenizer, domains, args.num_prompts, args.num_generations, args.temperature,
+                              budget, args.seed, difficulty=args.difficulty, batch_size=args.batch_size,
+                              progress=not args.quiet)
     write_rollouts(out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
@@ -135,10 +129,10 @@ def _run_prompts(args: argparse.Namespace) -> int:
     import torch
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.models import load_model
+    from gmts_analysis.readers.models import load_model
+    from gmts_analysis.readers.verifiers import resolve_verifier
     from gmts_analysis.sampling import read_prompts, sample_prompts
     from gmts_analysis.toy.sample import write_rollouts
-    from gmts_analysis.verifiers import resolve_verifier
 
     if args.num_prompts is not None and args.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
@@ -148,8 +142,8 @@ def _run_prompts(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
-    from gmts_analysis.api import card_max_new_tokens
-    from gmts_analysis.models import resolve_model_path
+    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.sampling.domains import card_max_new_tokens
 
     budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
     with torch.inference_mode():

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
 
 EXAMPLES = """examples:
   gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
@@ -53,7 +53,7 @@ def warn_few_groups(stats: dict) -> bool:
     n, n_boot = meta.get("n_groups"), meta.get("n_boot") or 0
     if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0:
         return False
-    logging.getLogger("gmts_analysis.stats").warning(
+    logging.getLogger("gmts_analysis.analysis.stats").warning(
         "the intervals come from %d %s(s), fewer than %d: bootstrap CIs over so few groups are too narrow "
         "to trust (sample more prompts)", n, meta.get("ci_unit") or "group", MIN_CI_UNITS)
     return True
@@ -64,23 +64,23 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
+    from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below
+    from gmts_analysis.analysis.stats import compute_stats, is_current, kept_fidelity, write_stats
+    from gmts_analysis.analysis.summary import summary_text
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.io import read_json, read_parquet
-    from gmts_analysis.runs import manifest_rho, manifest_uncertain_below
-    from gmts_analysis.stats import compute_stats, is_current, kept_fidelity, write_stats
-    from gmts_analysis.summary import summary_text
+    from gmts_analysis.util.io import read_json, read_parquet
 
-    log = logging.getLogger("gmts_analysis.stats")
+    log = logging.getLogger("gmts_analysis.analysis.stats")
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    from gmts_analysis.validate import validate_tokens_file
+    from gmts_analysis.probing.validate import validate_tokens_file
 
     validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
     if args.out:
-        from gmts_analysis.io import check_output_file, check_output_location, read_json_object
+        from gmts_analysis.util.io import check_output_file, check_output_location, read_json_object
 
         if Path(args.out).is_dir():
             raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. stats.json)")

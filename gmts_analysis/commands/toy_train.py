@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from gmts_analysis.config import ExamplesHelpFormatter
+from gmts_analysis.options.config import ExamplesHelpFormatter
 
 EXAMPLES = """examples:
   gmts toy-train --size tiny --out /tmp/tiny --max-steps 50
@@ -35,10 +35,10 @@ def run(args: argparse.Namespace) -> int:
     import logging
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.io import staged_directory
-    from gmts_analysis.models import data_dir
+    from gmts_analysis.readers.models import data_dir
     from gmts_analysis.toy.card import CARD_PROMPTS, evaluate_pass_at_1, save_policy
     from gmts_analysis.toy.train import train_policy
+    from gmts_analysis.util.io import staged_directory
 
     if args.max_steps is not None and args.max_steps < 1:
         raise GmtsError("--max-steps must be >= 1")

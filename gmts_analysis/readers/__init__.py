@@ -8,5 +8,5 @@
 - :mod:`~gmts_analysis.readers.context`: text back to the token ids the policy saw (chat
   template, stop token), bounded before tokenization, with a report of what was restored.
 
-The public entry points stay in :mod:`gmts_analysis.rollouts`.
+The public entry points stay in :mod:`gmts_analysis.readers.rollouts`.
 """

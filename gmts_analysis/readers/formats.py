@@ -157,7 +157,7 @@ def _completion_text(v: Any, where: str) -> Any:
         if other:
             raise GmtsError(f"{where}: field 'completion' was split by the tokenizer's response schema ("
                             f"{', '.join(repr(k) for k in other)} beside 'content'), which cannot be re-tokenized "
-                            "exactly; write the rollouts at the source (gmts_analysis.rl.rollout_log)")
+                            "exactly; write the rollouts at the source (gmts_analysis.integrations.rollout_log)")
         return v[0].get("content")
     return v
 

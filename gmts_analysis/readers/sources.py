@@ -145,7 +145,7 @@ def input_sha256(path: str | Path) -> str:
     """sha256 of a rollouts file, or of a directory's rollout files (names and contents)."""
     path = trl_completions_dir(Path(path))
     if path.is_file():
-        from gmts_analysis.io import file_sha256
+        from gmts_analysis.util.io import file_sha256
 
         return file_sha256(path)
     h = hashlib.sha256()

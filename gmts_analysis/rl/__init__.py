@@ -4,10 +4,10 @@
   (toy domains, no TRL needed), with per-step diagnostics.
 - :mod:`gmts_analysis.rl.experiment`: runs arms x seeds, results JSON, summary.
 - :mod:`gmts_analysis.rl.plots`: learning curves with seed bands.
-- :mod:`gmts_analysis.rl.trl_trainer`: ``SelectiveGRPOTrainer``, a drop-in subclass of TRL's
+- :mod:`gmts_analysis.integrations.trl_trainer`: ``SelectiveGRPOTrainer``, a drop-in subclass of TRL's
   ``GRPOTrainer`` (optional extra ``[trl]``).
-- :mod:`gmts_analysis.rl.verl_recipe`: the selection mask for verl batches (verl not needed).
+- :mod:`gmts_analysis.integrations.verl_recipe`: the selection mask for verl batches (verl not needed).
 
-The selection itself (pure tensor functions) is in :mod:`gmts_analysis.selection`.
+The selection itself (pure tensor functions) is in :mod:`gmts_analysis.core.selection`.
 Nothing heavy is imported here.
 """

@@ -75,7 +75,7 @@ class RLConfig:
 
 
 def stable_seed(*key: object) -> int:
-    """A 31-bit seed from a key (:func:`gmts_analysis.seeding.derive_seed` with ``bits=31``)."""
-    from gmts_analysis.seeding import derive_seed
+    """A 31-bit seed from a key (:func:`gmts_analysis.core.seeding.derive_seed` with ``bits=31``)."""
+    from gmts_analysis.core.seeding import derive_seed
 
     return derive_seed(*key, bits=31)

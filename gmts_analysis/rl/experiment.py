@@ -38,7 +38,7 @@ def to_json(obj):
     """A JSON-ready copy (tuples as lists, NaN as None), so records compare equal after a round trip."""
     import json
 
-    from gmts_analysis.io import to_json as _text
+    from gmts_analysis.util.io import to_json as _text
 
     return json.loads(_text(obj))
 
@@ -94,15 +94,15 @@ def run_experiment(
 ) -> dict:
     """Run every (selection, seed) not already on disk, then write and return the experiment JSON.
 
-    load: returns a fresh ``(model, tokenizer)`` (default: :func:`gmts_analysis.models.load_model`
+    load: returns a fresh ``(model, tokenizer)`` (default: :func:`gmts_analysis.readers.models.load_model`
     of ``base.policy`` on ``base.device``, no hub download when ``offline``); every run starts from the
     same weights.
     """
-    from gmts_analysis.io import atomic_write_json, read_json
+    from gmts_analysis.util.io import atomic_write_json, read_json
 
     out = Path(out)
     if load is None:
-        from gmts_analysis.models import load_model
+        from gmts_analysis.readers.models import load_model
 
         def load():
             model, tok = load_model(base.policy, base.device, offline=offline)
@@ -169,7 +169,7 @@ def load_experiment(out: str | Path) -> dict:
     (``<out stem>.runs/*.json``), so a partial or interrupted experiment can be read: ``runs``
     holds every finished run, ``summary`` summarises them, ``complete`` says whether
     ``<out>.json`` (written only when every run ended) exists."""
-    from gmts_analysis.io import read_json
+    from gmts_analysis.util.io import read_json
 
     out = Path(out)
     rdir = out.with_suffix("").with_name(out.stem + ".runs")

@@ -39,7 +39,7 @@ def _curve(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray]:
 def plot_learning_curves(result: dict, path: str | Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
 
-    from gmts_analysis.io import atomic_write_bytes
+    from gmts_analysis.util.io import atomic_write_bytes
 
     domains = list(result["config"]["domains"])
     panels = domains + (["mean"] if len(domains) > 1 else [])
@@ -71,7 +71,7 @@ def plot_learning_curves(result: dict, path: str | Path) -> Path:
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
 
-    from gmts_analysis.io import atomic_write_bytes
+    from gmts_analysis.util.io import atomic_write_bytes
 
     keys = [
         ("reward_mean", "training reward (batch mean)"),
@@ -161,7 +161,7 @@ def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Pa
     |S_gmts ∩ S_gmts_lgn| / |S_gmts_lgn|."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.io import atomic_write_bytes
+    from gmts_analysis.util.io import atomic_write_bytes
 
     labels = list(results)
     fig = Figure(figsize=(4.2 * len(labels), 8.4))
@@ -220,7 +220,7 @@ def plot_final_pass1(results: dict[str, dict], path: str | Path) -> Path:
     paired differences), the mean of the seeds a black tick; the untrained policy dotted."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.io import atomic_write_bytes
+    from gmts_analysis.util.io import atomic_write_bytes
 
     labels = list(results)
     fig = Figure(figsize=(3.8 * len(labels) + 0.6, 3.8), layout="constrained")

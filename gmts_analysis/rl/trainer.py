@@ -5,11 +5,11 @@ One training step:
 1. sample ``prompts_per_domain`` train-split prompts of each domain with ``group_size``
    answers each (:func:`gmts_analysis.toy.sample.sample_rollouts`, temperature ``tau``),
    rewards from the domain verifier;
-2. group advantages (:func:`gmts_analysis.advantages.compute_advantages`, GRPO by default);
+2. group advantages (:func:`gmts_analysis.core.advantages.compute_advantages`, GRPO by default);
 3. one forward of the policy on the whole batch: log-probs ``(B, T)`` (differentiable)
    and entropies ``(B, T)`` of ``softmax(z / tau)``;
 4. a selection mask (``all`` | ``entropy`` | ``gmts`` | ``random``, top ``rho`` in
-   ``scope``; :func:`gmts_analysis.selection.selection_mask`), and the loss
+   ``scope``; :func:`gmts_analysis.core.selection.selection_mask`), and the loss
    ``aggregate_loss(-A * ratio, mask, selected, normalizer, loss_agg)`` with
    ``ratio = exp(logp - logp.detach())``;
 5. one AdamW step (gradient clipped to ``max_grad_norm``).
@@ -21,7 +21,7 @@ entropy * |A| * w. No KL penalty, no reference model.
 Per-step diagnostics (cheap, every step): the overlap ``|S_entropy ∩ S_gmts| / |S_gmts|`` of
 the two selections on the same batch, the share of selected tokens with A = 0, reward,
 entropy, length, loss, gradient norm. Every ``diag_every`` steps (costlier): exact per-token
-gradient norms on ``diag_answers`` answers (:func:`gmts_analysis.grads.grad_norms`) for the
+gradient norms on ``diag_answers`` answers (:func:`gmts_analysis.engine.grad_norms`) for the
 within-answer Spearman(entropy, grad_norm_logp) and cross-answer Spearman(entropy | gmts,
 grad_norm), and the update fidelity (cosine and norm ratio between the summed gradient of
 the selected tokens' terms and the full policy gradient) for entropy, gmts and random
@@ -60,8 +60,8 @@ def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -
     """Right-padded ``input_ids``/``attention_mask`` ``(B, S)`` of prompt+response, and over the
     response positions ``targets``, ``mask``, ``logit_index`` ``(B, T)`` (``T`` the longest
     response): response token ``t`` of row ``i`` is ``input_ids[i, P_i + t]``, predicted by
-    the logits at ``P_i + t - 1`` (the shift of :mod:`gmts_analysis.tokens`)."""
-    from gmts_analysis.tokens import response_positions
+    the logits at ``P_i + t - 1`` (the shift of :mod:`gmts_analysis.core.tokens`)."""
+    from gmts_analysis.core.tokens import response_positions
 
     B = len(rows)
     P = [len(r["prompt_ids"]) for r in rows]
@@ -91,9 +91,9 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
     entropy in nats (detached) of ``softmax(z / tau)`` at every response position.
 
     with_lgn: also return the detached ``logit_grad_norm`` ``(B, T)`` (closed form of
-    :func:`gmts_analysis.tokens.token_quantities`) as a third element.
+    :func:`gmts_analysis.core.tokens.token_quantities`) as a third element.
     """
-    from gmts_analysis.tokens import (
+    from gmts_analysis.core.tokens import (
         entropy_from_logprobs,
         gather_positions,
         scaled_log_softmax,
@@ -139,12 +139,12 @@ def batch_fidelity(
     logprobs: torch.Tensor, omega: torch.Tensor, selections: dict[str, torch.Tensor], params: list
 ) -> dict[str, dict[str, float]]:
     """``{name: {cosine, norm_ratio}}`` of ``g_S = grad sum_S omega * logp`` against ``g_all`` on a
-    training batch's tensors (the run-directory version is :func:`gmts_analysis.fidelity.update_fidelity`;
-    both compare with :func:`gmts_analysis.fidelity.compare`).
+    training batch's tensors (the run-directory version is :func:`gmts_analysis.engine.fidelity.update_fidelity`;
+    both compare with :func:`gmts_analysis.engine.fidelity.compare`).
 
     logprobs: ``(B, T)`` differentiable (graph retained); omega ``(B, T)`` (0 on padding).
     """
-    from gmts_analysis.fidelity import compare
+    from gmts_analysis.engine.fidelity import compare
 
     def flat_grad(weights: torch.Tensor) -> torch.Tensor:
         gs = torch.autograd.grad((weights * logprobs).sum(), params, retain_graph=True, allow_unused=True)
@@ -159,14 +159,14 @@ def mass_capture(model, rows: list[dict], omega: torch.Tensor, mask: torch.Tenso
                  selections: dict[str, torch.Tensor], cfg: RLConfig, group_ids) -> dict[str, float]:
     """``{name: capture}``: the gradient mass ``sum_{t in S} |omega_t| * ||grad log p_t||`` a selection
     holds over the mass of the true top-``rho`` tokens by that quantity (same ``rho``, scope and
-    tie rule, :func:`gmts_analysis.selection_tensor.select_tokens`), on the whole training batch.
+    tie rule, :func:`gmts_analysis.core.selection_tensor.select_tokens`), on the whole training batch.
 
-    The per-token norms are exact (:func:`gmts_analysis.grads.grad_norms`) on every answer with
+    The per-token norms are exact (:func:`gmts_analysis.engine.grad_norms`) on every answer with
     omega != 0; tokens of answers with omega = 0 carry no mass. 1.0 = the selection holds as much
     mass as the best selection of its size could.
     """
-    from gmts_analysis.grads import grad_norms
-    from gmts_analysis.selection_tensor import select_tokens
+    from gmts_analysis.core.selection_tensor import select_tokens
+    from gmts_analysis.engine import grad_norms
 
     mass = torch.zeros(mask.shape, dtype=torch.float64)
     device = next(model.parameters()).device
@@ -188,15 +188,15 @@ def mass_capture(model, rows: list[dict], omega: torch.Tensor, mask: torch.Tenso
 def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
                            cfg: RLConfig, gmts_lgn: list[np.ndarray] | None = None) -> dict[str, float]:
     """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with at least
-    :data:`gmts_analysis.rank.MIN_TOKENS` tokens) and cross-answer Spearman(entropy | gmts | gmts_lgn,
-    grad_norm) on a few answers (exact per-token norms), with :func:`gmts_analysis.rank.spearman`.
+    :data:`gmts_analysis.core.rank.MIN_TOKENS` tokens) and cross-answer Spearman(entropy | gmts | gmts_lgn,
+    grad_norm) on a few answers (exact per-token norms), with :func:`gmts_analysis.core.rank.spearman`.
     The caller passes informative answers only (A != 0), so the ``cross_answer_*`` values are the
     informative-token numbers (``cross_answer_informative`` of stats.json), not ``cross_answer``.
 
     entropy/gmts/omega_abs (and gmts_lgn when given): one array per row (``(L_i,)``), aligned with ``rows``.
     """
-    from gmts_analysis.grads import grad_norms
-    from gmts_analysis.rank import spearman, within_spearman
+    from gmts_analysis.core.rank import spearman, within_spearman
+    from gmts_analysis.engine import grad_norms
 
     within, ent_all, gm_all, gn_all = [], [], [], []
     device = next(model.parameters()).device
@@ -262,11 +262,11 @@ def train(
     """
     import warnings
 
-    from gmts_analysis.advantages import SingletonGroupWarning, compute_advantages
-    from gmts_analysis.models import trainable_parameters
-    from gmts_analysis.selection import aggregate_loss, selection_mask, selection_overlap, token_omega
+    from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
+    from gmts_analysis.core.selection import aggregate_loss, selection_mask, selection_overlap, token_omega
+    from gmts_analysis.engine.params import trainable_parameters
 
-    cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.seeding)
+    cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.core.seeding)
     named = trainable_parameters(model)
     params = [p for _, p in named]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)

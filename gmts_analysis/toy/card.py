@@ -76,7 +76,7 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
     """Write ``card.json`` and ``README.md`` into ``out_dir``; returns the card dict."""
     import transformers
 
-    from gmts_analysis.io import atomic_write_json, atomic_write_text
+    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
 
     out_dir = Path(out_dir)
     spec = train_info["spec"]

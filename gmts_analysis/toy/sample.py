@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 
 def answer_seed(seed: int, *key: object) -> int:
-    """A 63-bit seed for one answer's sampling noise (:func:`gmts_analysis.seeding.derive_seed`)."""
-    from gmts_analysis.seeding import derive_seed
+    """A 63-bit seed for one answer's sampling noise (:func:`gmts_analysis.core.seeding.derive_seed`)."""
+    from gmts_analysis.core.seeding import derive_seed
 
     return derive_seed(seed, *key)
 
@@ -185,7 +185,7 @@ def sample_rollouts(
 
 def write_rollouts(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rollout rows as JSONL (one object per line, keys in insertion order), atomically."""
-    from gmts_analysis.io import atomic_write_text
+    from gmts_analysis.util.io import atomic_write_text
 
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     atomic_write_text(path, text)

@@ -87,7 +87,7 @@ def build_policy(spec: PolicySpec, vocab_size: int, seed: int = 0):
         bos_token_id=SPECIALS.index("<bos>"),
         eos_token_id=SPECIALS.index("<eos>"),
     )
-    from gmts_analysis.seeding import seeded_global_rng
+    from gmts_analysis.core.seeding import seeded_global_rng
 
     with seeded_global_rng(seed):  # the constructor initialises from the global generator
         model = Qwen2ForCausalLM(config)

@@ -1,0 +1,144 @@
+"""A run's tables in memory, and the contract files of a run directory (docs/definitions.md section 8).
+
+:class:`RunTables` holds what a probe produces: ``tokens`` (one row per response token),
+``answers`` (one row per answer), ``stats`` (the stats.json dict), ``manifest`` and, with
+``--grad-groups``, ``grad_groups``. :func:`read_run` reads it back from a directory and
+:func:`write_tables` writes its contract files. Figures and the report are drawn from it
+by :mod:`gmts_analysis.views.plots` and :mod:`gmts_analysis.views.report`; the public
+:class:`gmts_analysis.api.Run` adds ``save``, ``figures`` and ``report`` on top.
+
+Values are kept exactly as a directory gives them back: ``stats`` and ``manifest`` are
+JSON-normalised (NaN -> ``None``), list cells (``prompt_ids``, ``response_ids``) are
+Python lists of ints, so that ``read_run(d)`` equals the run that wrote ``d``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+CONTRACT_FILES = ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json")
+LIST_COLUMNS = ("prompt_ids", "response_ids")
+
+
+def json_normalise(obj: Any) -> Any:
+    """``obj`` as stats.json / manifest.json give it back (NaN and inf -> None, numpy -> Python)."""
+    from gmts_analysis.util.io import to_json
+
+    return json.loads(to_json(obj))
+
+
+def _lists(df: "pd.DataFrame | None") -> "pd.DataFrame | None":
+    """List cells as Python lists of ints (parquet gives numpy arrays back)."""
+    if df is None:
+        return None
+    for c in LIST_COLUMNS:
+        if c in df.columns:
+            df[c] = [None if v is None else [int(x) for x in v] for v in df[c]]
+    return df
+
+
+@dataclass(eq=False)
+class RunTables:
+    """The tables and dicts of one run (docs/definitions.md sections 2, 6 and 8).
+
+    tokens: one row per response token; answers: one row per answer; stats: the stats.json
+    dict; manifest: the run's metadata; grad_groups: per-layer/module norms or ``None``;
+    path: the directory it was read from or saved to (``None`` for a run only in memory).
+    """
+
+    tokens: "pd.DataFrame"
+    answers: "pd.DataFrame | None" = None
+    stats: dict = field(default_factory=dict)
+    manifest: dict = field(default_factory=dict)
+    grad_groups: "pd.DataFrame | None" = None
+    path: Path | None = None
+
+    def equals(self, other: "RunTables") -> bool:
+        """Same tables (values and dtypes), same stats and manifest; ``path`` is ignored."""
+        def same(a: Any, b: Any) -> bool:
+            if a is None or b is None:
+                return a is None and b is None
+            return a.shape == b.shape and list(a.columns) == list(b.columns) and a.equals(b)
+
+        return (same(self.tokens, other.tokens) and same(self.answers, other.answers)
+                and same(self.grad_groups, other.grad_groups)
+                and self.stats == other.stats and self.manifest == other.manifest)
+
+    def __eq__(self, other: object) -> bool:
+        """``run == other``: :meth:`equals` (so ``gmts.load_run(run.save(d)) == run``)."""
+        if not isinstance(other, RunTables):
+            return NotImplemented
+        return self.equals(other)
+
+    __hash__ = None  # mutable tables: not hashable
+
+    def __repr__(self) -> str:
+        n_ans = 0 if self.answers is None else len(self.answers)
+        where = f", path={str(self.path)!r}" if self.path is not None else ""
+        return f"{type(self).__name__}({len(self.tokens)} tokens, {n_ans} answers{where})"
+
+
+def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> RunTables:
+    """Read tokens/answers parquet, stats.json, manifest.json (and grad_groups.parquet) of a run directory.
+
+    stats.json is computed (and not written) when absent or of an older version, and
+    ``compute_missing_stats`` (its update_fidelity blocks kept). Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
+    """
+    from gmts_analysis.analysis.stats import compute_stats, is_current, kept_fidelity, prepare_tokens
+    from gmts_analysis.util.io import read_json_object, read_parquet
+
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise GmtsError(f"{path}: no such run directory")
+    if not (path / "tokens.parquet").exists():
+        raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
+    answers = _lists(read_parquet(path / "answers.parquet")) if (path / "answers.parquet").exists() else None
+    tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
+    groups = read_parquet(path / "grad_groups.parquet") if (path / "grad_groups.parquet").exists() else None
+    stats = read_json_object(path / "stats.json") if (path / "stats.json").exists() else {}
+    manifest = read_json_object(path / "manifest.json") if (path / "manifest.json").exists() else {}
+    if compute_missing_stats and not is_current(stats):  # absent, or an older version: `gmts stats` rewrites it
+        stats = json_normalise(compute_stats(tokens, answers, rho=manifest_rho(manifest),
+                                                  uncertain_below=manifest_uncertain_below(manifest),
+                                                  **kept_fidelity(stats)))
+    return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)
+
+
+def manifest_uncertain_below(manifest: Any) -> float:
+    """The uncertain-token threshold a run was made with (manifest ``config.uncertain_below``; 0.9 when none)."""
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    r = cfg.get("uncertain_below") if isinstance(cfg, dict) else None
+    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.9
+
+
+def manifest_rho(manifest: Any) -> float:
+    """The keep fraction a run was made with (manifest ``config.rho``; 0.2 when it has none)."""
+    cfg = manifest.get("config") if isinstance(manifest, dict) else None
+    r = cfg.get("rho") if isinstance(cfg, dict) else None
+    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.2
+
+
+def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
+    """Write the contract files (and grad_groups.parquet) of ``run`` into ``run_dir``, each atomically."""
+    from gmts_analysis.util import io
+
+    d = Path(run_dir)
+    out = [io.atomic_write_parquet(d / "tokens.parquet", run.tokens)]
+    if run.answers is not None:
+        out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
+    if run.grad_groups is not None:
+        out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
+    from gmts_analysis.analysis.stats import write_stats
+
+    out += write_stats(d, run.stats)  # stats.json and the estimator ranking estimators.csv
+    out.append(io.atomic_write_json(d / "manifest.json", run.manifest))
+    return out

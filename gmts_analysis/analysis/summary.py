@@ -1,0 +1,405 @@
+"""Words that follow the numbers: the printed summary of a run, generated from its stats.json.
+
+Every sentence here is computed from a stats dict (version 3, :mod:`gmts_analysis.analysis.stats`):
+nothing is hand-written about a particular run, so the printed table of ``gmts run``, the
+report, the README's results paragraph and notebook 01 cannot contradict the run they show.
+
+- :func:`summary_table`: Spearman with the gradient norm for entropy and GMTS, over all tokens
+  and over informative tokens (omega != 0), with the zero-advantage share, overall and per slice.
+- :func:`findings`: a few sentences: the zero-advantage share, the cross-answer Spearman over
+  all vs informative tokens (with CIs), the uncertain tokens (prob < meta.uncertain_below) and
+  the share of the gradient they hold, the gradient mass a top-rho selection captures (with the
+  masked baseline entropy_inf), selection waste, top-k overlap, which scores rank best, and the
+  scope of the intervals. Comparisons are only as strong as their paired CI (:func:`compare`);
+  identities (``by_construction``) are never stated as findings.
+- :func:`summary_text`: both, as ``gmts run`` prints them.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _v(d: Any, *keys: str) -> float:
+    for k in keys:
+        if not isinstance(d, Mapping) or k not in d:
+            return float("nan")
+        d = d[k]
+    try:
+        return float("nan") if d is None else float(d)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+def _signed(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{x:+.3f}"
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
+
+
+def _ci(d: Mapping | None, key: str, digits: int = 2, pct: bool = False) -> str:
+    """``value [lo, hi]`` of a stats entry."""
+    f = _pct if pct else (lambda x: _num(x, digits))
+    v, lo, hi = _v(d, key), _v(d, "ci_low"), _v(d, "ci_high")
+    if math.isnan(lo) or math.isnan(hi):
+        return f(v)
+    return f"{f(v)} [{f(lo)}, {f(hi)}]"
+
+
+def summary_table(stats: Mapping[str, Any], slices: Sequence[str] | None = None, section: str = "by_domain") -> str:
+    """A fixed-width table: one row for the whole run and one per slice of ``section``
+    (``slices``: which, in order; default all). Columns: share of tokens with omega = 0, then for
+    entropy and gmts the within-answer median, and the cross-answer Spearman over all tokens
+    and over informative tokens."""
+    ests = [s for s in ("entropy", "gmts") if s in (stats.get("cross_answer") or {})]
+
+    def cells(b: Mapping) -> list[str]:
+        out = [_pct(_v(b, "zero_advantage", "token_share"))]
+        for s in ests:
+            out += [_signed(_v(b, "within_answer", s, "median")), _signed(_v(b, "cross_answer", s, "spearman")),
+                    _signed(_v(b, "cross_answer_informative", s, "spearman"))]
+        return out
+
+    header = ["scope", "omega=0"]
+    for s in ests:
+        header += [f"{s} within", f"{s} cross", f"{s} cross inf."]
+    rows = [["all", *cells(stats)]]
+    by = stats.get(section) or {}
+    few = []
+    for k in (slices if slices is not None else list(by)):
+        if k in by:
+            n_g = _slice_units(by[k])
+            flag = "*" if n_g is not None and n_g < MIN_GROUPS else ""
+            if flag:
+                few.append(f"{k} ({n_g})")
+            rows.append([str(k) + flag, *cells(by[k])])
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    n_within = _v(stats, "within_answer", "entropy", "n_answers")
+    lines = [
+        textwrap.fill(
+            "Spearman with the per-token gradient norm. within: median over the same "
+            f"{_num(n_within, 0)} informative answers, vs grad_norm_logp; cross: all tokens pooled, vs grad_norm; "
+            "cross inf.: only tokens with omega != 0; omega=0: share of tokens without gradient", width=100),
+        "  ".join(h.ljust(w) for h, w in zip(header, widths)),
+        "  ".join("-" * w for w in widths),
+    ]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    if few:
+        lines.append(f"* fewer than {MIN_GROUPS} groups: {', '.join(few)}; read its numbers as indicative only")
+    return "\n".join(lines)
+
+
+def _slice_units(block: Mapping[str, Any]) -> int | None:
+    """Groups of a slice (its within_group count over informative groups plus its groups without
+    signal), or None when unknown."""
+    ng = _v(block, "within_group", "entropy", "n_groups")
+    zg = _v(block, "zero_advantage", "groups")
+    if math.isnan(ng) and math.isnan(zg):
+        return None
+    return int((0 if math.isnan(ng) else ng) + (0 if math.isnan(zg) else zg))
+
+
+MIN_GROUPS = 10  # slices with fewer resampling units are flagged: their CIs rest on too few groups
+
+
+def _n_units(stats: Mapping[str, Any]) -> int | None:
+    m = stats.get("meta") or {}
+    n = m.get("n_ci_units")
+    return int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None
+
+
+def compare(block: Mapping[str, Any], stat: str, a: str, b: str, n_units: int | None, unit: str = "group",
+            digits: int = 3) -> str:
+    """Words for ``a`` vs ``b`` on one statistic, only as strong as their paired difference
+    (``paired_difference.<stat>.<a>.<b>``, or ``<b>.<a>`` negated): "a beats b by d [lo, hi]"
+    only when the paired CI excludes 0; "a and b are not distinguishable with N groups" otherwise;
+    "a equals b by construction" for a labelled identity. Empty when there is no paired entry."""
+    pdiff = (block.get("paired_difference") or {}).get(stat) or {}
+    sign = 1.0
+    d = (pdiff.get(a) or {}).get(b)
+    if d is None:
+        d, sign = (pdiff.get(b) or {}).get(a), -1.0
+    if d is None:
+        return ""
+    diff = sign * _v(d, "diff")
+    if math.isnan(diff):  # nothing measured (e.g. no gradient norms): no words at all
+        return ""
+    lo, hi = _v(d, "ci_low"), _v(d, "ci_high")
+    if sign < 0:
+        lo, hi = -hi, -lo
+    fixed = {e.get("key") for e in block.get("by_construction") or []}
+    if f"paired_difference.{stat}.{a}.{b}" in fixed or f"paired_difference.{stat}.{b}.{a}" in fixed:
+        return f"{a} equals {b} by construction"
+    f = f"{{:+.{digits}f}}"
+    num = f.format(diff) + (f" [{f.format(lo)}, {f.format(hi)}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
+    if math.isnan(lo) or math.isnan(hi) or lo <= 0.0 <= hi:
+        n = f" with {n_units} {unit}s" if n_units else ""
+        return f"{a} and {b} are not distinguishable{n} ({a} - {b} = {num})"
+    if lo > 0:
+        return f"{a} beats {b} by {num}"
+    return f"{b} beats {a} by " + f.format(-diff) + f" [{f.format(-hi)}, {f.format(-lo)}]"
+
+
+def _ranking_sentence(stats: Mapping[str, Any]) -> str | None:
+    """Who agrees best with the gradient, with the scores the paired CI cannot tell apart from it."""
+    from gmts_analysis.analysis.stats import estimator_table
+
+    t = estimator_table(stats)
+    t = t[t["estimator"] != "abs_omega"]  # a baseline, constant inside answers
+    if t.empty or t["within_mean"].isna().all():
+        return None
+    meta = stats.get("meta") or {}
+    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
+    n = int(_v(stats, "within_answer", "entropy", "n_answers")) if "entropy" in set(t["estimator"]) else None
+    leaders = (stats.get("paired_leader") or {})
+    parts = []
+    for stat, col, rank_col, what in (
+        ("within_answer", "within_mean", "rank_within", "Within answers (mean Spearman with grad_norm_logp"
+         + (f" over {n} answers)" if n else ")")),
+        ("cross_answer_informative", "cross_inf_spearman", "rank_cross_informative",
+         "Across answers on informative tokens (Spearman with grad_norm)"),
+    ):
+        lead = leaders.get(stat)
+        if lead is None or lead not in set(t["estimator"]):
+            continue
+        by = t.set_index("estimator")
+        tied = [e for e in t.sort_values([col, "estimator"], ascending=[False, True], kind="stable")["estimator"]
+                if by.loc[e, rank_col] == 1 and e != lead]
+        s_ = f"{what}, {lead} leads ({_num(by.loc[lead, col], 3)})"
+        fixed = {e.get("key") for e in stats.get("by_construction") or []}
+        same = [e for e in tied if f"paired_difference.{stat}.{e}.{lead}" in fixed
+                or f"paired_difference.{stat}.{lead}.{e}" in fixed]
+        tied = [e for e in tied if e not in same]
+        if same:
+            s_ += f"; identical to it by construction: {', '.join(same)}"
+        if tied:
+            s_ += (f"; not distinguishable from it with {n_units} {unit}s: {', '.join(tied)}" if n_units
+                   else f"; tied with it: {', '.join(tied)}")
+        if "entropy" in by.index and "entropy" != lead and "entropy" not in tied + same:
+            s_ += f"; {compare(stats, stat, lead, 'entropy', n_units, unit)}"
+        parts.append(s_)
+    s = ". ".join(parts) + "." if parts else ""
+    ranks = t.sort_values(["rank", "estimator"], kind="stable")
+    top = ranks[ranks["rank"] == 1]["estimator"].tolist()
+    s += f" Ranked by both (estimators.csv, ties by paired CI): rank 1 {', '.join(top)}."
+    return s.strip()
+
+
+def _scope_sentence(stats: Mapping[str, Any]) -> str:
+    meta = stats.get("meta") or {}
+    unit = meta.get("ci_unit", "group")
+    n = _n_units(stats)
+    s = (f"Intervals: 95% percentile bootstrap over the {n} {unit}s of one checkpoint and one sampling seed "
+         f"(they cover the choice of prompts, not of the model or of the sampling); a score is said to win only where "
+         "the paired CI of the difference excludes 0.")
+    if n is not None and n < MIN_GROUPS:
+        s += f" Only {n} {unit}s: every interval here is fragile."
+    return s
+
+
+def _uncertain_sentences(stats: Mapping[str, Any], keep: str) -> list[str]:
+    meta = stats.get("meta") or {}
+    u = stats.get("uncertain") or {}
+    if not u or not u.get("n_tokens"):
+        return []
+    below = _v(meta, "uncertain_below")
+    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
+    out = [f"{int(u['n_tokens']):,} tokens ({_pct(_v(u, 'token_share'))}) have prob < {below:g} under the policy; "
+           f"they carry {_pct(_v(u, 'mass_share'))} of the summed grad_norm."]
+    ci = u.get("cross_answer_informative") or {}
+    names = [s for s in ("entropy", "gmts", "one_minus_prob", "gmts_lgn") if s in ci]
+    if names:
+        words = ", ".join(f"{s} {_ci(ci[s], 'spearman')}" for s in names)
+        c = compare(u, "cross_answer_informative", "gmts", "entropy", n_units, unit)
+        out.append(f"On those tokens, across answers (informative, Spearman with grad_norm): {words}"
+                   + (f"; {c}" if c else "") + ".")
+    wa = u.get("within_answer") or {}
+    if "entropy" in wa and _v(wa, "entropy", "n_answers") > 0:
+        n_ans = int(_v(wa, "entropy", "n_answers"))
+        words = ", ".join(f"{s} {_ci(wa[s], 'mean')}" for s in ("entropy", "one_minus_prob", "logit_grad_norm")
+                          if s in wa)
+        c = compare(u, "within_answer", "one_minus_prob", "entropy", n_units, unit)
+        flag = f" (only {n_ans} answers)" if n_ans < MIN_GROUPS else ""
+        out.append(f"Within the {n_ans} answers with at least 5 such tokens{flag} (mean Spearman with "
+                   f"grad_norm_logp): {words}" + (f"; {c}" if c else "") + ".")
+    return out
+
+
+def _mass_sentences(stats: Mapping[str, Any], rk: str, keep: str) -> list[str]:
+    mc, mcc = stats.get("mass_capture") or {}, stats.get("mass_capture_ci") or {}
+    if "batch" not in mc:
+        return []
+    meta = stats.get("meta") or {}
+    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
+    names = [s for s in ("entropy", "entropy_inf", "gmts", "one_minus_prob_inf", "gmts_lgn") if s in mc["batch"]]
+    out = []
+    for r in dict.fromkeys(["0.05", rk]):
+        if not all(r in mc["batch"][s] for s in names):
+            continue
+        vals = ", ".join(
+            f"{s} {_ci(dict(value=_v(mc, 'batch', s, r), **(mcc.get('batch', {}).get(s, {}).get(r) or {})), 'value')}"
+            for s in names)
+        out.append(f"Gradient mass a top-{100 * float(r):g}% batch selection captures, over what the best possible "
+                   f"one captures: {vals}.")
+    comps = [c for c in (compare(stats, "mass_capture", "gmts", "entropy", n_units, unit),
+                         compare(stats, "mass_capture", "gmts", "entropy_inf", n_units, unit)) if c]
+    if comps:
+        out.append(f"At {keep} (paired): " + "; ".join(comps) + " (entropy_inf: entropy on tokens with omega != 0 "
+                   "only, which separates skipping tokens without signal from weighting by |omega|).")
+    return out
+
+
+def findings(stats: Mapping[str, Any]) -> list[str]:
+    """Plain-text sentences that state what the run's statistics show (see module docstring).
+    Statistics listed in ``by_construction`` are never stated as findings; comparisons follow the
+    paired differences (:func:`compare`)."""
+    from gmts_analysis.analysis.stats import run_rho_key
+
+    out: list[str] = []
+    rk = run_rho_key(stats)  # the run's keep fraction (--rho), a stats key such as "0.2"
+    keep = f"{100 * float(rk):g}%"
+    meta = stats.get("meta") or {}
+    za = stats.get("zero_advantage") or {}
+    unit = meta.get("ci_unit", "group")
+    n_units = _n_units(stats)
+    fixed = {e.get("key") for e in stats.get("by_construction") or []}
+    if za:
+        n_tok = _v(meta, "n_tokens")
+        groups = f" in {int(_v(za, 'groups'))} of {int(_v(meta, 'n_groups'))} groups" if za.get("groups") is not None \
+            and meta.get("n_groups") else ""
+        out.append(
+            f"{int(_v(za, 'tokens')):,} of {int(n_tok):,} tokens ({_pct(_v(za, 'token_share'))}) carry no gradient "
+            f"(omega = 0): {int(_v(za, 'answers'))} of {int(_v(meta, 'n_answers'))} answers{groups} have a zero "
+            "advantage (every reward of their group equal)."
+        )
+    ca, ci = stats.get("cross_answer") or {}, stats.get("cross_answer_informative") or {}
+    if "entropy" in ca and "gmts" in ca:
+        out.append(
+            f"Across answers, entropy's Spearman with grad_norm is {_ci(ca['entropy'], 'spearman')} over all tokens "
+            f"and {_ci(ci.get('entropy'), 'spearman')} over informative tokens; GMTS: "
+            f"{_ci(ca['gmts'], 'spearman')} and {_ci(ci.get('gmts'), 'spearman')}."
+        )
+    out += _uncertain_sentences(stats, keep)
+    out += _mass_sentences(stats, rk, keep)
+    sw, swc = stats.get("selection_waste") or {}, stats.get("selection_waste_ci") or {}
+    if "batch" in sw and "entropy" in sw["batch"]:
+        measured = [s for s in ("entropy", "one_minus_prob") if s in sw["batch"]
+                    and f"selection_waste.batch.{s}.{rk}" not in fixed]
+        zero = [s for s in sw["batch"] if f"selection_waste.batch.{s}.{rk}" in fixed]
+        vals = ", ".join(
+            f"{s} {_ci(dict(value=_v(sw, 'batch', s, rk), **(swc.get('batch', {}).get(s, {}).get(rk) or {})), 'value', pct=True)}"
+            for s in measured)
+        s_ = f"A top-{keep} batch selection spends on tokens with omega = 0: {vals}"
+        if zero:
+            s_ += f" ({', '.join(zero)}: none, by construction: their score is 0 there)"
+        out.append(s_ + ".")
+        g_fixed = [s for s in sw.get("group", {}) if f"selection_waste.group.{s}.{rk}" in fixed]
+        if g_fixed and len(g_fixed) == len(sw.get("group", {})):
+            out.append(f"At group scope every score spends the same {_pct(_v(sw, 'group', g_fixed[0], rk))} "
+                       "(by construction: a group without gradient still gets its quota of picks).")
+    tk, tkc = stats.get("topk_overlap") or {}, stats.get("topk_overlap_ci") or {}
+    if tk:
+        excl = stats.get("topk_scopes_excluded") or {}
+        parts = []
+        for s in ("entropy", "entropy_inf", "gmts"):
+            vals = " / ".join(
+                _ci(dict(value=_v(tk, scope, s, rk), **(tkc.get(scope, {}).get(s, {}).get(rk) or {})), "value")
+                for scope in ("batch", "group") if scope in tk and s in tk[scope]
+            )
+            if vals:
+                parts.append(f"{s} {vals}")
+        n_ex = int(_v(excl, "group")) if "group" in excl else 0
+        note = f"; {n_ex} groups without gradient left out" if n_ex else ""
+        c = compare(stats, "topk_overlap", "gmts", "entropy_inf", n_units, unit)
+        out.append(
+            f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note
+            + (f"; batch scope, {c}" if c else "") + "."
+        )
+    r = _ranking_sentence(stats)
+    if r:
+        out.append(r)
+    out.append(_scope_sentence(stats))
+    return out
+
+
+def summary_text(stats: Mapping[str, Any], slices: Sequence[str] | None = None, width: int = 100) -> str:
+    """The table of :func:`summary_table` followed by :func:`findings`, wrapped at ``width``."""
+    words = "\n".join(textwrap.fill(s, width=width, break_on_hyphens=False) for s in findings(stats))
+    return summary_table(stats, slices) + "\n\n" + words
+
+
+README_BEGIN = "<!-- gmts-results:begin (generated from data/example_run/stats.json by gmts_analysis.analysis.summary.update_readme) -->"
+README_END = "<!-- gmts-results:end -->"
+
+
+def readme_markers(name: str | None = None, source: str = "stats.json") -> tuple[str, str]:
+    """``(begin, end)`` markers of a generated results block: the README's original pair when
+    ``name`` is None, else ``<!-- gmts-results:NAME:begin (generated from SOURCE ...) -->`` and
+    ``<!-- gmts-results:NAME:end -->`` (one pair per run shown, e.g. a real model beside the toy)."""
+    if name is None:
+        return README_BEGIN, README_END
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9_]+(-[A-Za-z0-9_]+)*", name):
+        raise ValueError(f"block name {name!r}: use letters, digits, '-' or '_'")
+    return (f"<!-- gmts-results:{name}:begin (generated from {source} by gmts_analysis.analysis.summary.update_readme) -->",
+            f"<!-- gmts-results:{name}:end -->")
+
+
+def readme_block(stats: Mapping[str, Any], slices: Sequence[str] | None = None, name: str | None = None,
+                 source: str = "stats.json") -> str:
+    """A README results block: :func:`summary_text` in a code fence between the markers of ``name``."""
+    begin, end = readme_markers(name, source)
+    return f"{begin}\n```\n{summary_text(stats, slices)}\n```\n{end}"
+
+
+def update_readme(readme: str, stats: Mapping[str, Any], slices: Sequence[str] | None = None,
+                  name: str | None = None, source: str = "stats.json") -> str:
+    """``readme`` (the text) with the results block of ``name`` (default: the original one)
+    replaced by :func:`readme_block` of ``stats``. The begin marker is found by its prefix, so a
+    block generated from another source is replaced too."""
+    begin, end = readme_markers(name, source)
+    prefix = begin.split(" (generated", 1)[0]
+    a = readme.find(prefix)
+    b = readme.find(end, a if a >= 0 else 0)
+    if a < 0 or b < a:
+        raise ValueError(f"README has no generated results block {name or ''} (markers {prefix} ... {end} missing)")
+    return readme[:a] + readme_block(stats, slices, name, source) + readme[b + len(end):]
+
+
+def update_readme_from_run(readme_path: str, run_dir: str, name: str | None = None) -> None:
+    """Render the block of ``name`` in the file ``readme_path`` from the run directory ``run_dir``
+    (its stats.json, and the manifest's domains as the table's slices); written atomically."""
+    from pathlib import Path
+
+    from gmts_analysis.util.io import atomic_write_text, read_json
+
+    run = Path(run_dir)
+    stats = read_json(run / "stats.json")
+    manifest = read_json(run / "manifest.json") if (run / "manifest.json").exists() else {}
+    source = f"{run.as_posix().rstrip('/')}/stats.json"
+    if name is None:
+        source = "data/example_run/stats.json"
+    text = Path(readme_path).read_text(encoding="utf-8")
+    atomic_write_text(Path(readme_path), update_readme(text, stats, manifest.get("domains"), name, source))
+
+
+if __name__ == "__main__":  # python -m gmts_analysis.analysis.summary README.md RUN_DIR [--name NAME]
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m gmts_analysis.analysis.summary",
+                                 description="render a README results block from a run directory")
+    ap.add_argument("readme")
+    ap.add_argument("run_dir")
+    ap.add_argument("--name", default=None, help="marker name of the block (default: the original block)")
+    a = ap.parse_args()
+    update_readme_from_run(a.readme, a.run_dir, a.name)

@@ -1,0 +1,436 @@
+"""The one home of the loss weights ``w`` and of omega (docs/definitions.md sections 3 and 4).
+
+omega is defined by the gradient of the training objective ``J = -loss``::
+
+    grad_theta J = sum_{i,t} omega_{i,t} * grad_theta logprob_{i,t}
+
+so ``omega_{i,t} = -d loss / d logprob_{i,t}`` with every log-prob treated as an independent
+variable (old, reference and sampling log-probs are constants). This module computes it for
+the losses TRL 1.16 and verl train with, and refuses every setting it does not model
+(:class:`LossSettings`, :func:`trl_loss_settings`, :func:`verl_loss_settings`).
+
+Notation for answer ``i`` with response mask ``m`` (``L_i = sum_t m_t`` tokens), aggregation
+weight ``W_t = w_i m_t`` (:func:`answer_weights`), advantage ``A`` (per answer or per token),
+``r_t = exp(lp_t - old_t)``, the vLLM importance-sampling factor ``c_t`` (1 when off) and the
+trust indicator ``I`` (0 where the clipped surrogate is flat: ``A > 0`` and ratio ``> 1 +
+clip_high``; ``A < 0`` and ratio ``< 1 - clip_low``; with verl's dual clip also ``A < 0`` and
+ratio ``> clip_ratio_c``).
+
+Policy term, ``importance_sampling_level="token"`` (PPO/GRPO/DAPO)::
+
+    omega_t = W_t * c_t * r_t * A_t * I_t
+
+Policy term, ``importance_sampling_level="sequence"`` (GSPO): one ratio per answer
+``s = exp(sum_t m_t (lp_t - old_t) / L_i)``, broadcast to every token, so each token's loss
+``-min(s A_u, clip(s) A_u)`` depends on *every* log-prob of the answer through ``s``
+(``d s / d lp_t = s m_t / L_i``). Collecting the coefficient of ``grad lp_t`` in the total
+gradient::
+
+    omega_t = (s / L_i) * sum_u W_u c_u A_u I_u      (the same for every real token t)
+
+which is ``w_i * s * A_i * I_i * mean_u c_u`` for an answer-level advantage.
+
+KL term (k3 estimator ``k_t = exp(ref_t - lp_t) - (ref_t - lp_t) - 1``, ``g_t = d k_t / d lp_t
+= 1 - exp(ref_t - lp_t)``), weight ``beta``. It is never multiplied by ``c`` (TRL adds it
+after the vLLM correction)::
+
+    plain (verl, definitions):                 omega_t += -beta * W_t * g_t  = beta W_t (pi_ref/pi - 1)
+    TRL use_bias_correction_kl, token:   loss term k_t * r_t:  omega_t += -beta * W_t * r_t * (g_t + k_t)
+    TRL use_bias_correction_kl, sequence: loss term k_t * s:
+                                         omega_t += -beta * s * (W_t g_t + sum_u W_u k_u / L_i)
+
+verl's ``low_var_kl`` clamps ``ref - lp`` to [-20, 20] and ``k`` to [-10, 10]; a clamped value has
+zero gradient (``kl_clamp``); its policy ratio clamps ``lp - old`` to [-20, 20] (``log_ratio_clamp``).
+
+vLLM importance sampling (TRL ``vllm_importance_sampling_correction``, computed in
+``_generate_and_score_completions``): ``d_t = m_t * (old_t - sampling_t)`` (NaN -> 0); token modes
+use ``exp(d_t)``, sequence modes ``exp(sum_t d_t)`` for every token; ``*_truncate`` clamps to
+``[clip_min, clip_max]``, ``*_mask`` sets values outside to 0. It carries no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from gmts_analysis.errors import GmtsError
+
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
+#: TRL 1.16 ``loss_type`` -> aggregation (grpo: per-answer mean then mean over answers; bnpo: local
+#: micro-batch token mean; dapo: token mean over the generation batch, ``num_items_in_batch``;
+#: dr_grpo: sum / (answers * max_completion_length)).
+TRL_LOSS_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+                "dr_grpo": "seq-mean-token-sum-norm"}
+LOSS_TYPES = tuple(TRL_LOSS_AGG)
+#: loss types TRL 1.16 offers that omega does not model (their gradient is not the clipped surrogate)
+REFUSED_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
+IS_LEVELS = ("token", "sequence")
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """What omega depends on, besides the tensors (see the module docstring).
+
+    loss_agg: aggregation of docs/definitions.md section 3; max_len: ``L_max`` of
+    ``seq-mean-token-sum-norm`` (TRL's ``max_completion_length``); clip_low / clip_high: PPO
+    epsilons (TRL: ``epsilon``, ``epsilon_high`` defaulting to ``epsilon``; verl
+    ``clip_ratio_low/high``); clip_ratio_c: verl's dual clip (None: off); kl_beta: KL weight;
+    kl_bias_correction: TRL's ``use_bias_correction_kl``; importance_sampling_level: token | sequence
+    (GSPO); vllm_is_mode / vllm_is_min / vllm_is_max: TRL's vLLM importance-sampling correction
+    (None: off); log_ratio_clamp / kl_clamp: verl's clamps (None: off).
+    """
+
+    loss_agg: str = "token-mean"
+    max_len: int | None = None
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_ratio_c: float | None = None
+    kl_beta: float = 0.0
+    kl_bias_correction: bool = False
+    importance_sampling_level: str = "token"
+    vllm_is_mode: str | None = None
+    vllm_is_min: float | None = None
+    vllm_is_max: float | None = 3.0
+    log_ratio_clamp: float | None = None
+    kl_clamp: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_agg not in LOSS_AGGS:
+            raise GmtsError(f"--loss-agg: unknown aggregation '{self.loss_agg}' (choose from {', '.join(LOSS_AGGS)})")
+        if self.importance_sampling_level not in IS_LEVELS:
+            raise GmtsError(f"--importance-sampling-level: unknown '{self.importance_sampling_level}' "
+                            f"(choose from {', '.join(IS_LEVELS)})")
+        if self.vllm_is_mode is not None and self.vllm_is_mode not in VLLM_IS_MODES:
+            raise GmtsError(f"--vllm-is-mode: unknown '{self.vllm_is_mode}' (choose from {', '.join(VLLM_IS_MODES)})")
+        if not (self.clip_low >= 0 and self.clip_high >= 0):
+            raise GmtsError(f"--clip-low and --clip-high must be >= 0, got {self.clip_low}, {self.clip_high}")
+        if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
+            raise GmtsError(f"--clip-ratio-c must be > 1 (verl's dual clip), got {self.clip_ratio_c}")
+        if self.max_len is not None and self.max_len < 1:
+            raise GmtsError(f"--max-len must be >= 1, got {self.max_len}")
+
+
+def loss_settings(
+    loss_type: str | None = None,
+    loss_agg: str | None = None,
+    *,
+    kl_bias_correction: str | bool = "auto",
+    **fields: Any,
+) -> LossSettings:
+    """:class:`LossSettings` from CLI-style options, mapping TRL's ``loss_type`` onto ``loss_agg``.
+
+    ``loss_type`` (grpo | bnpo | dapo | dr_grpo) fixes the aggregation (a different explicit
+    ``loss_agg`` is refused) and, with ``kl_bias_correction="auto"``, turns on TRL 1.16's default
+    bias-corrected KL; ``dr_grpo`` needs ``max_len`` (TRL's ``max_completion_length``). Other
+    TRL loss types are refused by name.
+    """
+    agg = loss_agg
+    if loss_type is not None:
+        if loss_type in REFUSED_LOSS_TYPES:
+            raise GmtsError(f"--loss-type {loss_type}: TRL's '{loss_type}' loss is not modelled by omega "
+                            f"(modelled: {', '.join(LOSS_TYPES)})")
+        if loss_type not in TRL_LOSS_AGG:
+            raise GmtsError(f"--loss-type: unknown loss type '{loss_type}' (choose from {', '.join(LOSS_TYPES)})")
+        agg = TRL_LOSS_AGG[loss_type]
+        if loss_agg not in (None, agg):
+            raise GmtsError(f"--loss-type {loss_type} aggregates as '{agg}', but --loss-agg {loss_agg} was given")
+        if loss_type == "dr_grpo" and not fields.get("max_len"):
+            raise GmtsError("--loss-type dr_grpo divides by TRL's max_completion_length: "
+                            "pass --max-completion-length (or --max-len)")
+    if kl_bias_correction in ("auto", None):
+        bias = loss_type is not None
+    elif kl_bias_correction in ("on", True):
+        bias = True
+    elif kl_bias_correction in ("off", False):
+        bias = False
+    else:
+        raise GmtsError(f"--kl-bias-correction: expected auto, on or off, got '{kl_bias_correction}'")
+    return LossSettings(loss_agg=agg or "token-mean", kl_bias_correction=bias, **fields)
+
+
+def settings_of(opts: Any) -> LossSettings:
+    """:class:`LossSettings` of a :class:`gmts_analysis.options.config.ProbeOptions` (or any object with its fields)."""
+    g = lambda name, default=None: getattr(opts, name, default)  # noqa: E731
+    loss_type = g("loss_type")
+    agg = g("loss_agg")
+    if loss_type is not None and agg == "token-mean":  # the option's default: let loss_type decide
+        agg = None
+    return loss_settings(
+        loss_type, agg, kl_bias_correction=g("kl_bias_correction", "auto"),
+        max_len=g("max_len") or g("max_completion_length"),
+        clip_low=g("clip_low", 0.2), clip_high=g("clip_high", 0.2),
+        clip_ratio_c=g("clip_ratio_c"), kl_beta=float(g("kl_beta", 0.0) or 0.0),
+        importance_sampling_level=g("importance_sampling_level", "token") or "token",
+        vllm_is_mode=g("vllm_is_mode"), vllm_is_min=g("vllm_is_min"),
+        vllm_is_max=g("vllm_is_max", 3.0),
+    )
+
+
+# --- TRL and verl configurations ------------------------------------------------------------
+
+def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
+    """:class:`LossSettings` of a TRL 1.16 ``GRPOConfig``, or of a ``GRPOTrainer`` (its ``args``, and
+    whether it adds the MoE router's auxiliary loss: ``aux_loss_enabled``, on by default for a
+    mixture-of-experts model whose config declares a ``router_aux_loss_coef``).
+
+    Refuses (GmtsError naming the field) every setting whose gradient omega does not model:
+    ``loss_type`` cispo/sapo/vespo/luspo, two-sided clipping ``delta``, ``off_policy_mask_threshold``,
+    ``top_entropy_quantile < 1``, an entropy bonus (``entropy_coef`` / ``use_adaptive_entropy``),
+    ``mask_truncated_completions``, the MoE router's auxiliary loss (``router_aux_loss_coef``). The vLLM correction is modelled when ``use_vllm`` and
+    ``vllm_importance_sampling_correction`` are both on (it then needs sampling log-probs).
+    """
+    aux_loss_enabled = False
+    if hasattr(args, "args") and hasattr(args, "_compute_loss"):  # a trainer
+        aux_loss_enabled = bool(getattr(args, "aux_loss_enabled", False))
+        args = args.args
+    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
+    lt = g("loss_type", "dapo")
+    refuse = []
+    if lt in REFUSED_LOSS_TYPES or lt not in TRL_LOSS_AGG:
+        refuse.append(f"loss_type='{lt}'")
+    if g("delta") is not None:
+        refuse.append(f"delta={g('delta')} (two-sided clipping)")
+    if g("off_policy_mask_threshold") is not None:
+        refuse.append(f"off_policy_mask_threshold={g('off_policy_mask_threshold')}")
+    if g("top_entropy_quantile", 1.0) < 1.0:
+        refuse.append(f"top_entropy_quantile={g('top_entropy_quantile')}")
+    if g("entropy_coef", 0.0) or g("use_adaptive_entropy", False):
+        refuse.append("entropy_coef / use_adaptive_entropy (entropy bonus)")
+    if g("mask_truncated_completions", False):
+        refuse.append("mask_truncated_completions=True")
+    if aux_loss_enabled or (g("router_aux_loss_coef") or 0.0):
+        refuse.append("router_aux_loss_coef (the MoE load-balancing loss TRL adds; set router_aux_loss_coef=0.0)")
+    if refuse:
+        raise GmtsError(f"{what}: TRL setting(s) not modelled: {'; '.join(refuse)} "
+                        f"(modelled: loss_type {', '.join(LOSS_TYPES)}, PPO clipping, KL, GSPO, vLLM IS correction)")
+    eps = float(g("epsilon", 0.2))
+    eps_high = g("epsilon_high")
+    vllm = bool(g("use_vllm", False)) and bool(g("vllm_importance_sampling_correction", True))
+    clip_max = g("vllm_importance_sampling_clip_max", 3.0)
+    if g("vllm_importance_sampling_cap") is not None:
+        clip_max = g("vllm_importance_sampling_cap")
+    return LossSettings(
+        loss_agg=TRL_LOSS_AGG[lt],
+        max_len=g("max_completion_length") if lt == "dr_grpo" else None,
+        clip_low=eps, clip_high=float(eps_high) if eps_high is not None else eps,
+        kl_beta=float(g("beta", 0.0)), kl_bias_correction=bool(g("use_bias_correction_kl", True)),
+        importance_sampling_level=g("importance_sampling_level", "token"),
+        vllm_is_mode=g("vllm_importance_sampling_mode", "sequence_mask") if vllm else None,
+        vllm_is_min=g("vllm_importance_sampling_clip_min"), vllm_is_max=clip_max,
+    )
+
+
+#: verl's ``loss_agg_mode`` values (verl/workers/config/actor.py): the four of every release
+#: through v0.7.0, and ``token-sum`` (verl-project/verl#7197, merged 2026-07-30: the masked token
+#: sum, scaled by the data-parallel size so the reduced gradient is the global sum: w = 1)
+VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
+                 "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
+                 "seq-mean-token-sum": "seq-mean-token-sum", "token-sum": "token-sum"}
+
+
+def _get(obj: Any, name: str, default: Any = None) -> Any:
+    if obj is None:
+        return default
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    try:
+        return obj.get(name, default) if hasattr(obj, "get") else getattr(obj, name, default)
+    except Exception:
+        return getattr(obj, name, default)
+
+
+def verl_loss_settings(actor: Any, algorithm: Any = None) -> LossSettings:
+    """:class:`LossSettings` of a verl actor config (``actor_rollout_ref.actor``; dict-like or attributes).
+
+    Modelled: ``policy_loss.loss_mode`` vanilla (PPO clip with ``clip_ratio_low/high`` defaulting to
+    ``clip_ratio`` and the dual clip ``clip_ratio_c``, default 3.0, verl's ``core_algos.
+    compute_policy_loss_vanilla``), ``use_kl_loss`` with ``kl_loss_type`` low_var_kl / k3 (clamped as
+    verl clamps), ``loss_agg_mode`` token-mean, seq-mean-token-mean, seq-mean-token-sum and
+    seq-mean-token-sum-norm (verl's four; verl's ``agg_loss`` divides the last by
+    ``loss_scale_factor`` only, not by the number of answers, so our ``1 / (N L_max)`` is verl's weight
+    up to one constant per optimizer step: rankings and ratios exact, not the absolute scale).
+    Refused (GmtsError naming it): any other loss mode, loss_agg_mode or KL type (the straight-through
+    ``k3+``/``low_var_kl+`` included), an entropy bonus (``entropy_coeff != 0``), and rollout-correction
+    weights (``algorithm.rollout_correction.rollout_is``; pass ``algorithm=`` the algorithm config).
+    """
+    def g(name: str, default: Any = None) -> Any:
+        return _get(actor, name, default)
+
+    mode = _get(g("policy_loss"), "loss_mode") or "vanilla"
+    if mode != "vanilla":
+        raise GmtsError(f"verl policy_loss.loss_mode='{mode}' is not modelled by omega (modelled: vanilla)")
+    agg = g("loss_agg_mode", "token-mean")
+    if agg not in VERL_LOSS_AGG:
+        raise GmtsError(f"verl loss_agg_mode='{agg}' is not modelled (choose from {', '.join(VERL_LOSS_AGG)})")
+    if float(g("entropy_coeff", 0.0) or 0.0) != 0.0:
+        raise GmtsError(f"verl entropy_coeff={g('entropy_coeff')} (entropy bonus) is not modelled by omega "
+                        "(its gradient is not a multiple of grad logprob)")
+    rc = _get(algorithm, "rollout_correction") if algorithm is not None else None
+    rc_is = _get(rc, "rollout_is") if rc is not None else _get(algorithm, "rollout_is")
+    if rc_is:
+        raise GmtsError(f"verl rollout correction (algorithm.rollout_correction.rollout_is={rc_is!r}) is not "
+                        "modelled by omega (its per-token weights are not in the rollout dumps)")
+    clip = float(g("clip_ratio", 0.2))
+    lo, hi = g("clip_ratio_low"), g("clip_ratio_high")
+    beta = 0.0
+    if g("use_kl_loss", False):
+        kt = g("kl_loss_type", "low_var_kl")
+        if kt not in ("low_var_kl", "k3"):
+            raise GmtsError(f"verl kl_loss_type='{kt}' is not modelled by omega (modelled: low_var_kl, k3)")
+        beta = float(g("kl_loss_coef", 0.001))
+    return LossSettings(
+        loss_agg=VERL_LOSS_AGG[agg], clip_low=float(lo) if lo is not None else clip,
+        clip_high=float(hi) if hi is not None else clip, clip_ratio_c=float(g("clip_ratio_c", 3.0)),
+        kl_beta=beta, kl_bias_correction=False, log_ratio_clamp=20.0, kl_clamp=10.0 if beta else None,
+    )
+
+
+# --- weights and omega -----------------------------------------------------------------------
+
+def answer_weights(lengths: Tensor, loss_agg: str = "token-mean", max_len: int | None = None) -> Tensor:
+    """``(N,)`` float64 aggregation weight ``w_i`` of each token of answer ``i``, for one batch.
+
+    lengths: ``(N,)`` response-token counts of the batch. token-mean ``1 / sum_j L_j``;
+    seq-mean-token-mean ``1 / (N L_i)``; seq-mean-token-sum-norm ``1 / (N L_max)``, ``L_max`` =
+    ``max_len`` or the longest answer; verl's seq-mean-token-sum ``1 / N`` (sum over each answer,
+    mean over answers) and token-sum ``1`` (plain sum). Counts below 1 are taken as 1 (as TRL's
+    ``clamp(min=1)``).
+    """
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
+    L = torch.as_tensor(lengths).to(torch.float64)
+    n = L.numel()
+    if n == 0:
+        return L.clone()
+    if loss_agg == "token-mean":
+        return torch.full_like(L, 1.0) / L.sum().clamp(min=1.0)
+    if loss_agg == "seq-mean-token-mean":
+        return 1.0 / (n * L.clamp(min=1.0))
+    if loss_agg == "seq-mean-token-sum":
+        return torch.full_like(L, 1.0 / n)
+    if loss_agg == "token-sum":
+        return torch.ones_like(L)
+    lmax = float(max_len) if max_len else float(L.max().clamp(min=1.0))
+    return torch.full_like(L, 1.0 / (n * lmax))
+
+
+def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor, mode: str,
+                  clip_min: float | None = None, clip_max: float | None = 3.0) -> Tensor:
+    """TRL 1.16's vLLM importance-sampling factor, ``(B, T)`` (sequence modes broadcast), float64, no grad."""
+    m = mask.to(torch.float64)
+    d = (old_logprobs.detach().to(torch.float64) - sampling_logprobs.detach().to(torch.float64)) * m
+    d = torch.nan_to_num(d, nan=0.0)
+    if mode.startswith("sequence"):
+        d = d.sum(-1, keepdim=True)
+    ratio = torch.exp(d)
+    if mode.endswith("truncate"):
+        ratio = torch.clamp(ratio, min=clip_min, max=clip_max)
+    else:
+        lo = clip_min if clip_min is not None else -math.inf
+        hi = clip_max if clip_max is not None else math.inf
+        ratio = ratio.masked_fill((ratio < lo) | (ratio > hi), 0.0)
+    return ratio.expand_as(m)
+
+
+def clipped_mask(ratio: Tensor, advantages: Tensor, settings: LossSettings = LossSettings()) -> Tensor:
+    """Boolean, same shape: where the clipped surrogate is flat, so the policy term has no gradient
+    (``A > 0`` and ratio ``> 1 + clip_high``, or ``A < 0`` and ratio ``< 1 - clip_low``; with verl's
+    dual clip also ``A < 0`` and ratio ``> clip_ratio_c``). ``ratio`` and ``advantages`` broadcast."""
+    s = settings
+    A = advantages
+    flat = ((A > 0) & (ratio > 1.0 + s.clip_high)) | ((A < 0) & (ratio < 1.0 - s.clip_low))
+    if s.clip_ratio_c is not None:
+        flat = flat | ((A < 0) & (ratio > s.clip_ratio_c))
+    return flat
+
+
+def omega_tensor(
+    logprobs: Tensor | None,
+    mask: Tensor,
+    advantages: Tensor,
+    weights: Tensor,
+    settings: LossSettings = LossSettings(),
+    *,
+    old_logprobs: Tensor | None = None,
+    ref_logprobs: Tensor | None = None,
+    sampling_logprobs: Tensor | None = None,
+) -> Tensor:
+    """``(B, T)`` float64 omega (module docstring), detached; 0 on padding.
+
+    logprobs: ``(B, T)`` current log-probs (needed off-policy and for the KL term); mask ``(B, T)``;
+    advantages ``(B,)`` or ``(B, T)``; weights ``(B,)`` (one ``w_i`` per answer) or ``(B, T)``.
+    Without ``old_logprobs`` the ratio is 1 (on-policy: TRL's ``old = logprobs.detach()``); the KL term
+    needs ``ref_logprobs`` when ``kl_beta > 0``; the vLLM correction needs ``old_logprobs`` and
+    ``sampling_logprobs`` (refused otherwise).
+    """
+    s = settings
+    m = mask.to(torch.float64)
+    dev = m.device
+    f64 = lambda x: x.detach().to(device=dev, dtype=torch.float64)  # noqa: E731
+    A = f64(advantages)
+    A = A.unsqueeze(1).expand_as(m) if A.dim() == 1 else A.expand_as(m)
+    W = f64(weights)
+    W = (W.unsqueeze(1) if W.dim() == 1 else W) * m
+    W = W.expand_as(m)
+    if logprobs is None and (old_logprobs is not None or (s.kl_beta and ref_logprobs is not None)):
+        raise ValueError("omega off-policy or with a KL term needs the current logprobs")
+    lp = f64(logprobs) if logprobs is not None else torch.zeros_like(m)
+    if old_logprobs is not None:
+        log_ratio = (lp - f64(old_logprobs)) * m
+    else:
+        log_ratio = torch.zeros_like(m)
+    live = torch.ones_like(m)  # where the ratio's clamp (verl) passes the gradient
+    if s.log_ratio_clamp is not None:
+        live = (log_ratio.abs() <= s.log_ratio_clamp).to(torch.float64)
+        log_ratio = log_ratio.clamp(-s.log_ratio_clamp, s.log_ratio_clamp)
+    L = m.sum(-1, keepdim=True).clamp(min=1.0)
+    if s.importance_sampling_level == "sequence":
+        ratio = torch.exp(log_ratio.sum(-1, keepdim=True) / L).expand_as(m)
+    else:
+        ratio = torch.exp(log_ratio)
+    trust = (~clipped_mask(ratio, A, s)).to(torch.float64)
+    if s.vllm_is_mode is not None:
+        if old_logprobs is None or sampling_logprobs is None:
+            raise GmtsError(f"the vLLM importance-sampling correction ({s.vllm_is_mode}) needs old_logprobs and "
+                            "sampling_logprobs (the rollout engine's log-probs) for every answer")
+        c = vllm_is_ratio(f64(old_logprobs), f64(sampling_logprobs), m, s.vllm_is_mode, s.vllm_is_min, s.vllm_is_max)
+    else:
+        c = torch.ones_like(m)
+    if s.importance_sampling_level == "sequence":
+        pol = ratio * (W * c * A * trust).sum(-1, keepdim=True) / L
+    else:
+        pol = W * c * ratio * A * trust
+    pol = pol * live
+    om = pol
+    if s.kl_beta:
+        if ref_logprobs is None:
+            raise GmtsError(f"--kl-beta {s.kl_beta}: the KL term of omega needs ref_logprobs for every answer")
+        x = f64(ref_logprobs) - lp
+        kl_live = torch.ones_like(m)
+        if s.log_ratio_clamp is not None:
+            kl_live = (x.abs() <= s.log_ratio_clamp).to(torch.float64)
+            x = x.clamp(-s.log_ratio_clamp, s.log_ratio_clamp)
+        k = torch.exp(x) - x - 1.0
+        gk = (1.0 - torch.exp(x)) * kl_live  # d k / d lp
+        if s.kl_clamp is not None:
+            gk = gk * (k.abs() <= s.kl_clamp).to(torch.float64)
+            k = k.clamp(-s.kl_clamp, s.kl_clamp)
+        if not s.kl_bias_correction:
+            kl = -W * gk
+        elif s.importance_sampling_level == "sequence":
+            kl = -ratio * (W * gk + (W * k).sum(-1, keepdim=True) / L)
+        else:
+            kl = -W * ratio * (gk + k)
+        om = om + s.kl_beta * kl
+    return torch.where(m > 0, om, torch.zeros_like(om))
+
+
+def with_fields(settings: LossSettings, **changes: Any) -> LossSettings:
+    """A copy of ``settings`` with some fields changed (validated again)."""
+    return dataclasses.replace(settings, **changes)

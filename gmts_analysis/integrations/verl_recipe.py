@@ -1,0 +1,152 @@
+"""verl recipe: token selection (entropy | gmts | gmts_lgn | random) from the old-policy entropies.
+
+verl's policy-loss functions (``@register_policy_loss``) receive ``old_log_prob``,
+``log_prob``, ``advantages``, ``response_mask``, ``loss_agg_mode`` and the actor config,
+but no entropies, so a GMTS or entropy selection cannot be made inside one. What verl
+does have is the old-policy entropy of every response token: ``compute_log_prob`` returns
+``entropys``, which ``RayPPOTrainer.fit`` logs as ``actor/entropy`` and then drops
+(``old_log_prob.batch.pop("entropys")``). The recipe keeps them and selects after the
+advantages are computed, before ``update_actor``::
+
+    # in RayPPOTrainer.fit (verl/trainer/ppo/ray_trainer.py), where the old log-probs are computed
+    old_log_prob = self.actor_rollout_wg.compute_log_prob(batch)
+    entropys = old_log_prob.batch["entropys"]
+    ...
+    batch.batch["old_entropys"] = entropys          # gmts recipe: keep them
+    old_log_prob.batch.pop("entropys")
+    batch = batch.union(old_log_prob)
+    ...
+    batch = compute_advantage(batch, ...)            # unchanged
+    from gmts_analysis.integrations.verl_recipe import apply_token_selection
+    metrics.update(apply_token_selection(batch, selection="gmts", rho=0.2, scope="batch",
+                                         normalizer="all",
+                                         loss_agg_mode=self.config.actor_rollout_ref.actor.loss_agg_mode))
+    ...
+    actor_output = self.actor_rollout_wg.update_actor(batch)   # any policy loss, e.g. "vanilla"
+
+How the selection reaches the loss: :func:`apply_token_selection` multiplies the token-level
+``advantages`` (verl broadcasts the answer's advantage to ``(bs, response_length)``) by the
+selection mask (times ``n_all / n_selected`` for ``normalizer="selected"``). verl's clipped
+surrogate ``max(-A r, -A clip(r))`` (and its dual clip ``-A c`` for A < 0) is positively
+homogeneous in A and zero at A = 0, so a token with A set to 0 drops out of the policy-gradient
+term exactly, and a token with A scaled by ``c > 0`` has its term scaled by ``c``. The
+``token-mean`` normalizer still counts every response token (``normalizer="all"``, TRL's and
+the GMTS authors' convention); ``normalizer="selected"`` rescales so the policy term is the
+mean over the selected tokens (the 80/20 code), exactly when verl normalizes over the same
+batch (one mini-batch per step); with several mini-batches the factor is the batch's, not each
+mini-batch's. The KL loss and entropy bonus are left on every token (as TRL does).
+
+Differences from selecting inside the update, stated plainly: the scores are the *old*
+policy's (the same for every PPO epoch and mini-batch), which is what on-policy GMTS
+means (ratio 1, omega = w * A, plus the k3 KL term when ``kl_beta`` and ``ref_log_prob`` are
+given); the 80/20 code ranks by the current policy's entropies in each micro-batch.
+
+``gmts_lgn`` (logit_grad_norm * |omega|) needs the old policy's per-token logit-gradient norm
+``sqrt(1 - 2 p + sum_v p_v^2) / tau``, which verl does not compute: add it where the actor
+computes ``entropys`` from the logits (the same softmax) and store it as
+``batch["old_logit_grad_norm"]`` (``lgn_key``); without it ``gmts_lgn`` is refused.
+Live diagnostics from the same batch: :func:`gmts_analysis.integrations.diagnostics.verl_diagnostics`.
+
+Shapes (verl's): ``old_entropys``, ``advantages``, ``response_mask``, ``old_log_probs``,
+``ref_log_prob``: ``(bs, response_length)``; ``uid``: ``(bs,)`` labels of the prompt groups
+(``batch.non_tensor_batch["uid"]``). verl itself is not imported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from gmts_analysis.core.objective import VERL_LOSS_AGG  # noqa: F401  (verl loss_agg_mode -> our aggregation)
+from gmts_analysis.core.selection import select_tokens, selection_overlap, token_scores
+
+
+def verl_selection_mask(
+    old_entropys: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    selection: str = "gmts",
+    rho: float = 0.2,
+    scope: str = "batch",
+    uid: Sequence | None = None,
+    loss_agg_mode: str = "token-mean",
+    old_log_probs: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+    kl_beta: float = 0.0,
+    seed: int = 0,
+    logit_grad_norm: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean ``(bs, response_length)`` selection on verl-shaped tensors (see module docstring).
+
+    GMTS uses the token-level advantages as A (so it also works with GAE) and the token weight
+    of ``loss_agg_mode``; ``selection="all"`` keeps every response token.
+    """
+    if loss_agg_mode not in VERL_LOSS_AGG:
+        raise ValueError(f"loss_agg_mode {loss_agg_mode!r}; choose from {tuple(VERL_LOSS_AGG)}")
+    g = torch.Generator().manual_seed(int(seed))
+    s = token_scores(
+        selection, old_entropys, advantages, response_mask, g, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
+        logprobs=old_log_probs if ref_log_prob is not None else None, ref_logprobs=ref_log_prob,
+        kl_beta=kl_beta if ref_log_prob is not None else 0.0, logit_grad_norm=logit_grad_norm,
+    )
+    if s is None:
+        return response_mask.bool().clone()
+    return select_tokens(s, response_mask, rho, scope, uid)
+
+
+def apply_token_selection(
+    data: Any,
+    *,
+    selection: str = "gmts",
+    rho: float = 0.2,
+    scope: str = "batch",
+    normalizer: str = "all",
+    loss_agg_mode: str = "token-mean",
+    entropy_key: str = "old_entropys",
+    kl_beta: float = 0.0,
+    seed: int = 0,
+    lgn_key: str = "old_logit_grad_norm",
+) -> dict[str, float]:
+    """Select tokens of a verl ``DataProto`` in place; returns metrics for verl's logger.
+
+    Reads ``data.batch[entropy_key]``, ``["advantages"]``, ``["response_mask"]`` (and
+    ``["old_log_probs"]``, ``["ref_log_prob"]`` when present and ``kl_beta > 0``) and
+    ``data.non_tensor_batch["uid"]`` for ``scope="group"``. Writes ``advantages * mask * factor``
+    back to ``data.batch["advantages"]`` and the mask to ``data.batch["token_selection_mask"]``.
+    """
+    if normalizer not in ("all", "selected"):
+        raise ValueError(f"normalizer must be all or selected, got {normalizer!r}")
+    b = data.batch
+    ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
+    uid = data.non_tensor_batch.get("uid") if scope == "group" else None
+    keys = set(b.keys())
+    ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
+    old = b["old_log_probs"] if "old_log_probs" in keys else None
+    if selection == "gmts_lgn" and lgn_key not in keys:
+        raise ValueError(f"selection 'gmts_lgn' needs batch[{lgn_key!r}] (the old policy's logit-gradient norms)")
+    lgn = b[lgn_key] if selection == "gmts_lgn" else None
+    sel = verl_selection_mask(ent, adv, mask, selection=selection, rho=rho, scope=scope, uid=uid,
+                              loss_agg_mode=loss_agg_mode, old_log_probs=old, ref_log_prob=ref, kl_beta=kl_beta,
+                              seed=seed, logit_grad_norm=lgn)
+    factor = selected_normalizer_factor(mask, sel, loss_agg_mode) if normalizer == "selected" else 1.0
+    b["advantages"] = adv * sel.to(adv.dtype) * factor
+    b["token_selection_mask"] = sel
+    ent_sel = select_tokens(ent, mask, rho, scope, uid)
+    return {
+        "gmts/selection/frac_selected": float(sel.sum()) / max(int(mask.sum()), 1),
+        "gmts/selection/overlap_entropy": selection_overlap(sel, ent_sel),
+    }
+
+
+def selected_normalizer_factor(mask: torch.Tensor, selected: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
+    """``n_all / n_selected``: a scalar (token-mean) or ``(bs, 1)`` per row (seq-mean-token-mean)."""
+    m = mask.to(torch.float32)
+    s = selected.to(torch.float32) * m
+    if loss_agg_mode == "token-mean":
+        return m.sum() / s.sum().clamp(min=1.0)
+    if loss_agg_mode == "seq-mean-token-mean":
+        return m.sum(-1, keepdim=True) / s.sum(-1, keepdim=True).clamp(min=1.0)
+    raise ValueError(f"normalizer 'selected' is not defined for loss_agg_mode {loss_agg_mode!r}")

@@ -1,0 +1,1 @@
+"""One answer's quantities (kernel), the probe's tables, option validation and the pre-flight checks."""

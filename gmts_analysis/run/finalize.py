@@ -1,0 +1,196 @@
+"""Finish a probe: statistics, update fidelity and manifest (:func:`analyse`), then a run
+directory with figures and report (:func:`write_run_dir`, docs/definitions.md section 8),
+written atomically: the directory appears complete or not at all.
+
+The job (:func:`write_run`) and the Python API (:func:`gmts_analysis.api.probe`,
+``Run.save``) both go through these functions.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from gmts_analysis.analysis.runs import RunTables, json_normalise, write_tables
+from gmts_analysis.options.config import ProbeConfig, ProbeOptions
+from gmts_analysis.probing.kernel import ProbeResult
+from gmts_analysis.readers.rollouts import Answer
+
+
+def package_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for name in ("gmts_analysis", "torch", "transformers", "numpy", "pandas", "scipy"):
+        try:
+            out[name] = md.version(name)
+        except md.PackageNotFoundError:
+            if name == "gmts_analysis":
+                from gmts_analysis import __version__
+
+                out[name] = __version__
+    return out
+
+
+def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, result: ProbeResult,
+                   extra: dict | None = None) -> dict:
+    """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``cfg``
+    (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`)."""
+    from gmts_analysis.engine.params import trainable_parameters
+
+    dev = next(model.parameters()).device
+    method, counts = run_grad_norm_method(cfg, result)
+    m = {
+        "config": asdict(cfg),
+        "model_path": model_path,
+        "model_class": type(model).__name__,
+        "model_type": getattr(model.config, "model_type", None),
+        "n_parameters": int(sum(p.numel() for _, p in trainable_parameters(model))),
+        "tied_embeddings": bool(getattr(model.config, "tie_word_embeddings", False)),
+        "versions": package_versions(),
+        "device": str(dev),
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "torch_threads": torch.get_num_threads(),
+        "dtype": cfg.dtype,
+        "grad_norm_method": method,  # "mixed" when some answers went to the per-token loop
+        "grad_norm_methods": counts,  # answers per method
+        "n_loop_answers": int(counts.get("loop", 0)),
+        "seed": cfg.seed,
+        "n_answers": int(len(result.answers)),
+        "n_tokens": int(len(result.tokens)),
+        "n_groups": int(result.answers["group_id"].nunique()) if len(result.answers) else 0,
+        "timings": result.timings,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if method == "sketch":
+        m["probes"] = cfg.probes
+    # the objective omega was computed under, after TRL's loss_type and the aliases are resolved
+    # (loss_type dr_grpo is recorded as loss_agg seq-mean-token-sum-norm with its L_max)
+    from gmts_analysis.core.objective import settings_of
+
+    m["objective"] = asdict(settings_of(cfg))
+    # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
+    m["aliases"] = dict(getattr(cfg, "aliases", None) or {})
+    if getattr(cfg, "config_file", None):
+        m["config_file"] = cfg.config_file
+    if extra:
+        m.update(extra)
+    return m
+
+
+def answer_methods(cfg: ProbeOptions, result: ProbeResult) -> list[str]:
+    """The gradient-norm method of each answer of ``result`` (its tokens' ``grad_norm_method``;
+    the option for an answer without tokens or a table without the column)."""
+    tok = result.tokens
+    per = {}
+    if "grad_norm_method" in tok.columns and len(tok):
+        per = dict(zip(tok["answer_id"], tok["grad_norm_method"]))
+    def method(a) -> str:  # a chunk record written before the column existed has NaN there
+        v = per.get(a)
+        return v if isinstance(v, str) else cfg.grad_norm
+
+    return [method(a) for a in result.answers["answer_id"]] if len(result.answers) else []
+
+
+def run_grad_norm_method(cfg: ProbeOptions, result: ProbeResult) -> tuple[str, dict[str, int]]:
+    """``(method, answers per method)``: the method when every answer used it, else ``mixed``
+    (some answers refused by the exact engine went to the per-token loop)."""
+    counts: dict[str, int] = {}
+    for m in answer_methods(cfg, result):
+        counts[m] = counts.get(m, 0) + 1
+    method = next(iter(counts)) if len(counts) == 1 else ("mixed" if counts else cfg.grad_norm)
+    return method, counts
+
+
+def add_answer_methods(cfg: ProbeOptions, result: ProbeResult) -> None:
+    """The ``grad_norm_method`` column of ``result.answers`` (from the tokens table)."""
+    if len(result.answers):
+        result.answers["grad_norm_method"] = answer_methods(cfg, result)
+
+
+def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | None = None) -> bool:
+    """Whether update fidelity runs: :func:`gmts_analysis.probing.preflight.fidelity_decision` (auto: on under
+    100k tokens when its accumulators fit the budget; the model gives their size)."""
+    if model is not None:
+        from gmts_analysis.probing.preflight import fidelity_decision
+
+        return fidelity_decision(cfg, model, n_tokens)[0]
+    if cfg.fidelity == "on":
+        return True
+    if cfg.fidelity == "off" or cfg.grad_norm == "none":
+        return False
+    return n_tokens < 100_000
+
+
+def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult) -> dict:
+    """The stats.json dict of a probe result: statistics, and update fidelity when enabled
+    (:func:`fidelity_enabled`; needs the model). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
+    from gmts_analysis.analysis.stats import compute_stats
+
+    t0 = time.perf_counter()
+    rho = float(getattr(cfg, "rho", 0.2))
+    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
+                          uncertain_below=float(getattr(cfg, "uncertain_below", 0.9)))
+    result.timings["stats_s"] = time.perf_counter() - t0
+    if fidelity_enabled(cfg, len(result.tokens), model):
+        from gmts_analysis.engine.fidelity import fidelity_for_run
+
+        t0 = time.perf_counter()
+        stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats, rho=rho))
+        result.timings["fidelity_s"] = time.perf_counter() - t0
+    return stats
+
+
+def finish_result(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+                  result: ProbeResult, extra: dict | None = None) -> RunTables:
+    """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written)."""
+    add_answer_methods(cfg, result)
+    stats = analyse(cfg, model, answers, result)
+    manifest = build_manifest(cfg, model, model_path, result, extra)
+    return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),
+                     manifest=json_normalise(manifest), grad_groups=result.grad_groups)
+
+
+def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwrite: bool = False,
+                  extra_files: dict[str, str | Path] | None = None) -> Path:
+    """Write ``run`` as a complete run directory ``out``: contract files, ``extra_files``
+    (name -> text), and with ``figures`` the figures/ and report.html. The directory appears
+    complete or not at all; an existing non-empty ``out`` is refused unless ``overwrite``.
+    ``run.manifest["timings"]["figures_s"]`` is set when figures are drawn."""
+    from gmts_analysis.util import io
+
+    with io.staged_directory(out, overwrite=overwrite) as tmp:
+        write_tables(tmp, run)
+        from gmts_analysis.analysis.stats import run_rho_key
+        from gmts_analysis.analysis.token_strings import write_token_strings
+
+        write_token_strings(tmp, run.tokens, rho=float(run_rho_key(run.stats)))  # token_strings.csv
+        for name, text in (extra_files or {}).items():  # a text, or a file to copy
+            io.atomic_write_text(tmp / name, text.read_text(encoding="utf-8") if isinstance(text, Path) else text)
+        if figures:
+            from gmts_analysis.views.plots import render_all
+            from gmts_analysis.views.report import write_report
+
+            t0 = time.perf_counter()
+            render_all(tmp)
+            write_report(tmp)
+            run.manifest.setdefault("timings", {})["figures_s"] = time.perf_counter() - t0
+            io.atomic_write_json(tmp / "manifest.json", run.manifest)
+    return Path(out)
+
+
+def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+              result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+    """Statistics, fidelity, manifest, figures and report into ``cfg.out``; the directory
+    appears complete or not at all.
+
+    ``extra_files`` maps file names to text written into the run directory too (e.g. the
+    sampled ``rollouts.jsonl`` of ``gmts run``).
+    """
+    run = finish_result(cfg, model, model_path, answers, result, extra)
+    return write_run_dir(run, cfg.out, figures=cfg.figures, overwrite=cfg.overwrite, extra_files=extra_files)

@@ -1,0 +1,199 @@
+"""Gather chunk records into parts and parts into the final run directory.
+
+Rows come out in the order a single process writes them, whatever the sharding: answers
+in input order (the ``_answer_index`` each row carries), tokens by position.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing import kernel, tables
+from gmts_analysis.run import finalize as finalize_mod
+from gmts_analysis.run.sharding import state
+from gmts_analysis.util import io
+
+log = logging.getLogger("gmts_analysis.run.sharding")
+
+ERRORS_FILE = "errors.jsonl"
+
+
+def _concat(frames: list[pd.DataFrame], order: Sequence[str] = ()) -> pd.DataFrame | None:
+    """Concatenate tables, sort rows stably by answer index, fix id types, put ``order`` first."""
+    frames = [f for f in frames if f is not None and len(f)]
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True, sort=False)
+    perm = np.argsort(df[state.INDEX_COLUMN].to_numpy(), kind="stable")
+    df = df.iloc[perm].reset_index(drop=True)
+    for k in ("answer_id", "group_id"):
+        if k in df.columns:
+            df[k] = tables.id_column(list(df[k]))
+    first = [c for c in order if c in df.columns]
+    return df[first + [c for c in df.columns if c not in first]]
+
+
+def gather_chunks(out: Path, records: Sequence[state.ChunkRecord], wanted: set[int]
+                  ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, list[dict]]:
+    """Rows (tokens, groups) and errors of the answers ``wanted``, each from its one owning record."""
+    own = state.owners(records)
+    tok_frames, grp_frames, errors = [], [], []
+    for rec in records:
+        mine = {i for i in rec.answers if i in wanted and own[i] is rec}
+        if not mine:
+            continue
+        errors += [e for e in rec.errors if e["index"] in mine]
+        for fname, frames in ((rec.tokens, tok_frames), (rec.groups, grp_frames)):
+            if fname:
+                df = io.read_parquet(out / state.CHUNKS / fname)
+                frames.append(df[df[state.INDEX_COLUMN].isin(mine)])
+    return (_concat(tok_frames, tables.TOKEN_COLUMNS), _concat(grp_frames),
+            sorted(errors, key=lambda e: e["index"]))
+
+
+def write_part(out: Path, rank: int, world_size: int, run_hash: str, attempt: int, share: Sequence[int],
+               info: dict) -> Path:
+    """Gather this rank's share from the chunk records into ``parts/part-RRRRR-of-WWWWW.*``.
+
+    The ``.json`` (written last) lists the share's answers and errors; it marks the part complete.
+    """
+    records = state.read_chunks(out, run_hash)
+    wanted = set(share)
+    missing = wanted - set(state.owners(records))
+    if missing:
+        raise GmtsError(f"{out}: rank {rank}: {len(missing)} answer(s) of its share have no record in chunks/")
+    tokens, groups, errors = gather_chunks(out, records, wanted)
+    stem = state.part_stem(rank, world_size)
+    d = out / state.PARTS
+    meta = {"run_hash": run_hash, "attempt": attempt, "rank": rank, "world_size": world_size,
+            "answers": sorted(int(i) for i in share), "errors": errors, "tokens": None, "groups": None, **info}
+    if tokens is not None:
+        meta["tokens"] = f"{stem}.parquet"
+        io.atomic_write_parquet(d / meta["tokens"], tokens)
+    if groups is not None:
+        meta["groups"] = f"{stem}.groups.parquet"
+        io.atomic_write_parquet(d / meta["groups"], groups)
+    return io.atomic_write_json(d / f"{stem}.json", meta)
+
+
+def parts_complete(out: Path, world_size: int, run_hash: str, attempt: int) -> list[dict] | None:
+    """The parts' records when all ``world_size`` of this attempt exist, else None."""
+    metas = []
+    for r in range(world_size):
+        m = state.read_part_meta(out, r, world_size)
+        if not m or m.get("run_hash") != run_hash or m.get("attempt") != attempt:
+            return None
+        metas.append(m)
+    return metas
+
+
+def wait_for_parts(out: Path, world_size: int, run_hash: str, attempt: int, poll_s: float = 0.5) -> list[dict]:
+    """Block (rank 0) until every rank's part exists. A rank that dies ends the job (torchrun)."""
+    t0 = last = time.monotonic()
+    while True:
+        metas = parts_complete(out, world_size, run_hash, attempt)
+        if metas is not None:
+            return metas
+        if time.monotonic() - last > 300:
+            last = time.monotonic()
+            n = sum(state.read_part_meta(out, r, world_size) is not None for r in range(world_size))
+            log.info("waiting for the other ranks: %d of %d parts after %.0f s", n, world_size, last - t0)
+        time.sleep(poll_s)
+
+
+def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
+             ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, list[dict]]:
+    """All rows, in single-process order: from ``parts`` when they cover every answer once, else
+    straight from the chunk records. Raises when some answer has not been probed yet."""
+    everything = set(range(n_answers))
+    if parts is not None:
+        covered = [i for m in parts for i in m["answers"]]
+        if len(covered) == len(set(covered)) and set(covered) == everything:
+            tok, grp = [], []
+            for m in parts:
+                if m.get("tokens"):
+                    tok.append(io.read_parquet(out / state.PARTS / m["tokens"]))
+                if m.get("groups"):
+                    grp.append(io.read_parquet(out / state.PARTS / m["groups"]))
+            errors = sorted((e for m in parts for e in m["errors"]), key=lambda e: e["index"])
+            return _concat(tok, tables.TOKEN_COLUMNS), _concat(grp), errors
+        log.warning("%s: the parts do not cover every answer once; merging from the records in chunks/", out)
+    records = state.read_chunks(out, run_hash)
+    missing = sorted(everything - set(state.owners(records)))
+    if missing:
+        raise GmtsError(f"{out}: {len(missing)} of {n_answers} answers are not probed yet (first: answer number "
+                        f"{missing[0]}); run the same probe command again to finish the run")
+    return gather_chunks(out, records, everything)
+
+
+def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: Sequence[Any], coefs: Sequence[Any],
+             fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict,
+             extra_files: dict[str, Any] | None = None, work: Path | None = None) -> Path:
+    """Merge the rows and write the final run directory (statistics, manifest, figures, report).
+
+    ``work`` is the work area (run.json, chunks/, parts/): ``out`` itself (default), or its
+    sibling :func:`state.work_area_sibling` for a run started with ``--overwrite``, where the
+    previous run stays complete at ``out`` until the finished directory replaces it in one
+    rename (:func:`gmts_analysis.run.finalize.write_run`); any failure leaves it as it was. When
+    every answer failed, ``errors.jsonl`` is written into the work area and a :class:`GmtsError` raised.
+    """
+    from gmts_analysis.core.estimators import add_estimator_columns
+
+    t0 = time.perf_counter()
+    work = out if work is None else work
+    tokens, groups, errors = assemble(work, fp.run_hash, len(answers), parts)
+    failed = {e["index"] for e in errors}
+    keep = [i for i in range(len(answers)) if i not in failed]
+    if tokens is None:
+        tokens = tables.concat_columns([])
+    tokens = tokens.drop(columns=[state.INDEX_COLUMN], errors="ignore")
+    add_estimator_columns(tokens)
+    if groups is not None:
+        groups = groups.drop(columns=[state.INDEX_COLUMN])
+    errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
+    if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
+        io.atomic_write_text(work / ERRORS_FILE, errors_text)
+        first = errors[0]["reason"] if errors else "no answer"
+        raise GmtsError(f"every answer failed ({len(errors)} of {len(answers)}; first: {first}); "
+                        f"the reasons are in {work / ERRORS_FILE}")
+    ok_answers = [answers[i] for i in keep]
+    ok_coefs = [coefs[i] for i in keep]
+    timings = {**timings, "merge_s": time.perf_counter() - t0}
+    result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
+                                   grad_groups=groups, timings=timings)
+    extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
+             "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
+    if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)
+        finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
+                               extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        # write_run builds the finished directory in a temporary sibling and renames it to ``out``:
+        # the work area steps aside first (and comes back if anything fails; see recover_work_area)
+        if not io.is_ours(out, "work", out):
+            io.mark_ours(out, "work", out)
+        aside = io.fresh_sibling_name(out, state.WORK_STEM)
+        os.replace(out, aside)
+        try:
+            finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
+                                   extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+        except BaseException:
+            if not os.path.lexists(out):
+                os.replace(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)
+    if errors:
+        log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
+    return out

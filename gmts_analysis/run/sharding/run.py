@@ -1,0 +1,267 @@
+"""A probe run on one process or many (torchrun), resumable, merged by rank 0.
+
+Steps, on every rank unless said:
+
+1. rank 0 fingerprints the run and inspects ``out`` (fresh, resume, complete, or refuse);
+   every rank gets its decision;
+2. load the model on this rank's device, read the rollouts, compute advantages and
+   aggregation weights from the whole file (batch-wide values on every rank);
+3. rank 0 creates or reopens the work area;
+4. take the length-balanced share of whole groups (:func:`shard_answers`), skip the
+   answers some chunk record already holds, probe the rest chunk by chunk, and write
+   this rank's part;
+5. rank 0 waits for every part, merges, computes the statistics and writes the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing import kernel
+from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.run.sharding import merge, state
+from gmts_analysis.run.sharding.context import (
+    DistContext,
+    broadcast_from_main,
+    context_from_env,
+    process_group,
+    rank_device,
+)
+from gmts_analysis.run.sharding.shard import shard_answers
+from gmts_analysis.run.sharding.worker import probe_share
+from gmts_analysis.util import io
+
+log = logging.getLogger("gmts_analysis.run.sharding")
+
+
+def check_inputs(cfg: ProbeConfig) -> None:
+    """Errors any rank can tell before touching the disk: options in their domains, the
+    rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.probing.validate`)."""
+    from gmts_analysis.probing.validate import validate_options
+    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.util import io
+
+    if cfg.out is None:
+        raise GmtsError("--out: an output directory is required")
+    if not Path(cfg.rollouts).exists():
+        raise GmtsError(f"{cfg.rollouts}: rollouts file not found")
+    from gmts_analysis.readers.sources import rollout_files
+
+    rollout_files(cfg.rollouts, getattr(cfg, "steps", None))  # a file, or a directory of per-step files
+    validate_options(cfg)
+    io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
+
+
+def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int, float]:
+    """``(model, tokenizer, model_path, answers, n_cut_by_truncate, load_seconds)``: n_cut_by_truncate
+    counts the answers ``--truncate`` cut to the model's context."""
+    from gmts_analysis.probing.validate import check_answers
+    from gmts_analysis.readers.models import context_length, load_model, resolve_model_path
+    from gmts_analysis.readers.rollouts import read_rollouts, validate_against_model
+
+    t0 = time.perf_counter()
+    model_path = resolve_model_path(cfg.model)
+    model, tokenizer = load_model(cfg.model, device, cfg.dtype, offline=bool(getattr(cfg, "offline", False)))
+    t_load = time.perf_counter() - t0
+    from gmts_analysis.readers.rollouts import ReaderOptions
+
+    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, resolve_verifier(cfg.verifier),
+                            options=ReaderOptions.from_config(cfg, max_tokens=context_length(model)))
+    check_answers(answers, cfg.model)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
+    if n_cut:
+        log.warning("%d answer(s) truncated to the model's context", n_cut)
+    if getattr(cfg, "mask_truncated_completions", False):
+        from gmts_analysis.probing.kernel import mark_unterminated
+
+        n_open = mark_unterminated(answers, tokenizer, model)
+        log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
+                 n_open, len(answers))
+    return model, tokenizer, model_path, answers, n_cut, t_load
+
+
+@contextlib.contextmanager
+def _log_level(name: str, level: int) -> Any:
+    """Set logger ``name``'s level for the block, then restore it."""
+    lg = logging.getLogger(name)
+    old = lg.level
+    lg.setLevel(level)
+    try:
+        yield lg
+    finally:
+        lg.setLevel(old)
+
+
+def _on_main(ctx: DistContext, fn: Any) -> Any:
+    """Run ``fn`` on rank 0 and give every rank its result; a GmtsError is raised on every rank."""
+    msg = None
+    if ctx.is_main:
+        try:
+            msg = ("ok", fn())
+        except GmtsError as e:
+            msg = ("error", str(e))
+        except Exception as e:  # tell the others before failing, so they do not wait forever
+            broadcast_from_main(ctx, ("error", f"rank 0 failed: {type(e).__name__}: {e}"))
+            raise
+    msg = broadcast_from_main(ctx, msg)
+    if msg[0] == "error":
+        raise GmtsError(msg[1])
+    return msg[1]
+
+
+def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | None = None,
+                extra_files: dict[str, Path] | None = None) -> Path:
+    """Probe ``cfg.rollouts`` with ``cfg.model`` into ``cfg.out`` on this rank; rank 0 merges.
+
+    With no torchrun environment this is one process doing everything. Returns ``cfg.out``.
+    ``extra`` (manifest entries) and ``extra_files`` (name -> path of a file copied in) go into
+    the finished directory (``gmts run`` records its sampling and the sampled rollouts so); both
+    are kept in ``run.json`` so that ``gmts merge`` finishes the same directory.
+    """
+    ctx = ctx or context_from_env()
+    check_inputs(cfg)
+    out = Path(cfg.out)
+    with process_group(ctx), contextlib.ExitStack() as held:
+        if not ctx.is_main:  # progress and info lines on rank 0 only (levels restored on exit)
+            held.enter_context(_log_level("gmts_analysis.probing.kernel", logging.ERROR))
+            held.enter_context(_log_level("gmts_analysis.run.sharding", logging.WARNING))
+        t_start = time.perf_counter()
+        # rank 0 holds the run directory's lock for the whole job: a second job on it stops here
+        _on_main(ctx, lambda: str(held.enter_context(io.exclusive_lock(out))))
+
+        def inspect() -> tuple[str, state.Fingerprint]:
+            fp = state.run_fingerprint(cfg)
+            io.clean_stale_siblings(out)
+            finishing = {k: getattr(cfg, k) for k in state.FINISH_FIELDS}
+            return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
+
+        status, fp = _on_main(ctx, inspect)
+        if status == "complete":
+            log.warning("%s: this run is already complete (same model, rollouts and configuration); nothing to do",
+                        out)
+            return out
+        device = rank_device(ctx, cfg.device)
+        model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
+        coefs = kernel.answer_coefficients(answers, cfg)
+        from gmts_analysis.probing.preflight import check_before_probe
+
+        # every need knowable before the model runs (memory, disk): checked once, refused on every rank
+        _on_main(ctx, lambda: check_before_probe(cfg, model, answers, out))
+        finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
+        # the work area: out itself, or beside it under --overwrite (the previous run kept until the end)
+        attempt, work = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size,
+                                                                     finishing))
+        work = Path(work)
+
+        share = shard_answers(answers, ctx.world_size)[ctx.rank]
+        done = state.owners(state.read_chunks(work, fp.run_hash))
+        todo = [i for i in share if i not in done]
+        if ctx.is_main:
+            n_done = len(done)
+            log.info("probing %d answers (%d tokens) with %s on %s%s%s", len(answers),
+                     sum(a.length for a in answers), type(model).__name__, device,
+                     f", {ctx.world_size} ranks" if ctx.distributed else "",
+                     f"; resuming: {n_done} answers already done" if n_done else "")
+        summary = probe_share(model, tokenizer, answers, coefs, todo, cfg, work, fp.run_hash, ctx, attempt,
+                              progress=ctx.is_main and not cfg.quiet)
+        merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
+                         {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
+                          "n_tokens_probed": summary.n_tokens, "device": device})
+        if not ctx.is_main:
+            return out
+        parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
+        return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
+                      time.perf_counter() - t_start, ctx.world_size, extra, extra_files, work=work)
+
+
+def truncation_counts(cfg: Any, answers: list, n_cut: int) -> dict[str, int | None]:
+    """The manifest's two truncation counts, which are different things:
+
+    ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
+    ``n_unterminated``: answers whose response does not end with a stop token (EOS or pad), TRL's
+    "truncated completions" (they hit the trainer's length limit); counted with
+    ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
+    """
+    n_open = None
+    if getattr(cfg, "mask_truncated_completions", False):
+        n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
+    return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
+
+
+def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
+           fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
+           world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None,
+           work: Path | None = None) -> Path:
+    """Merge and write the final directory, with the manifest's timings and distribution record
+    (``work``: the work area, ``out`` unless the run replaces a previous one: :func:`state.work_area`)."""
+    work = out if work is None else work
+    records = state.read_chunks(work, fp.run_hash)
+    n_tok = sum(r.n_tokens for r in records)
+    probe_s = sum(r.seconds for r in records)
+    st = state.read_state(work)
+    timings = {"load_s": t_load, "probe_s": probe_s, "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"),
+               "wall_s": wall_s}
+    extra = {
+        **truncation_counts(cfg, answers, n_cut),
+        "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format,
+                     "read": getattr(answers, "report", None)},
+        "distributed": {
+            "world_size": world_size,
+            "attempts": st.get("attempts", []),
+            "ranks": [{k: m.get(k) for k in ("rank", "device", "probe_wall_s", "n_probed", "n_tokens_probed")}
+                      for m in parts or []],
+            "answers_per_chunk": cfg.answers_per_chunk,
+            "n_chunks": len(records),
+        },
+    }
+    extra.update(more or {})
+    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra, extra_files,
+                          work=work)
+
+
+def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
+              fidelity: str | None = None, quiet: bool = False) -> Path:
+    """``gmts merge RUN_DIR``: finish an unfinished run whose answers are all probed.
+
+    Uses the parts when every rank of the last attempt wrote one, else the chunk records.
+    The model and rollouts must still match the run's fingerprint.
+    """
+    import dataclasses
+
+    out = Path(run_dir)
+    if not out.is_dir() and not state.work_area_sibling(out).is_dir():  # (an existing one is ours)
+        raise GmtsError(f"{out}: no such run directory")
+    with io.exclusive_lock(out):  # no probe or merge may work on it meanwhile
+        io.clean_stale_siblings(out)
+        st = state.read_state(out)
+        fields = {f.name for f in dataclasses.fields(ProbeConfig)}
+        cfg = ProbeConfig(**{k: v for k, v in st["config"].items() if k in fields})
+        cfg = dataclasses.replace(cfg, out=str(out), device=device, quiet=quiet,
+                                  figures=cfg.figures if figures is None else figures,
+                                  fidelity=cfg.fidelity if fidelity is None else fidelity)
+        check_inputs(cfg)
+        return _merge_locked(cfg, out, st, device)
+
+
+def _merge_locked(cfg: ProbeConfig, out: Path, st: dict, device: str) -> Path:
+    fp = state.run_fingerprint(cfg)
+    if fp.run_hash != st.get("run_hash"):
+        why = "; ".join(fp.differences(st.get("fingerprint") or {}))
+        raise GmtsError(f"{out}: the model or rollouts changed since the run started ({why})")
+    t0 = time.perf_counter()
+    model, _, model_path, answers, n_cut, t_load = load_inputs(cfg, rank_device(DistContext(), device))
+    coefs = kernel.answer_coefficients(answers, cfg)
+    attempts = st.get("attempts") or [{}]
+    world = int(attempts[-1].get("world_size", 1))
+    parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))
+    done = st.get("finish") or {}
+    return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
+                  time.perf_counter() - t0, world, done.get("extra"),
+                  {k: Path(v) for k, v in (done.get("extra_files") or {}).items()})

@@ -1,0 +1,181 @@
+"""One rank's work: probe its answers chunk by chunk, record each chunk, survive bad answers.
+
+An answer that raises (non-finite logits, say) is recorded with its id and reason and
+skipped, unless ``strict``. Out of memory lowers the VJP chunk size (halving, down to
+one token) and retries the same answer before giving up on it.
+
+Testing hooks (environment variables, for the kill-and-resume tests; never set them
+in real runs):
+
+- ``GMTS_TEST_FAIL_AFTER_CHUNKS=k``: raise after this process has recorded k chunks.
+- ``GMTS_TEST_SLOW_S=x``: sleep x seconds after each answer (lets a test kill a run mid-chunk).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import logging
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing import kernel, tables
+from gmts_analysis.readers.rollouts import Answer
+from gmts_analysis.run.sharding import state
+from gmts_analysis.run.sharding.context import DistContext
+
+log = logging.getLogger("gmts_analysis.run.sharding")
+
+FAIL_AFTER_ENV = "GMTS_TEST_FAIL_AFTER_CHUNKS"
+SLOW_ENV = "GMTS_TEST_SLOW_S"
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by the ``GMTS_TEST_FAIL_AFTER_CHUNKS`` hook."""
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """CUDA (or any backend's) allocation failure."""
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+
+
+def _free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
+                     token_text: Any) -> tuple[dict, pd.DataFrame | None]:
+    """:func:`gmts_analysis.probing.kernel.probe_answer`, retried with half the chunk size on out of memory.
+
+    ``auto`` becomes half the answer's length at the first failure. Raises the last
+    out-of-memory error when one token per chunk still does not fit.
+    """
+    cur = cfg
+    while True:
+        oom = None
+        try:
+            return kernel.probe_answer(model, answer, coef, cur, token_text)
+        except Exception as e:
+            if not is_out_of_memory(e):
+                raise
+            oom = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+        # outside the except block: the exception's frames (and their tensors) are released
+        _free_memory()
+        cs = str(cur.chunk_size)
+        size = int(cs) if cs.isdigit() else None
+        new = max(1, answer.length // 2) if size is None else size // 2
+        if (size is not None and size <= 1) or new < 1 or (size is None and answer.length <= 1):
+            raise MemoryError(f"out of memory even at chunk size 1 ({oom})")
+        log.warning("answer '%s' (%d tokens): out of memory at chunk size %s; retrying at %d",
+                    answer.answer_id, answer.length, cs, new)
+        cur = dataclasses.replace(cur, chunk_size=str(new))
+
+
+def _reason(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    if isinstance(e, GmtsError):
+        return msg
+    return f"{type(e).__name__}: {msg}" if msg else type(e).__name__
+
+
+def _tables(parts: list[dict], gparts: list[pd.DataFrame]) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    tokens = tables.concat_columns(parts) if parts else None
+    groups = None
+    if gparts:
+        groups = pd.concat(gparts, ignore_index=True)
+        groups["answer_id"] = tables.id_column(list(groups["answer_id"]))
+    return tokens, groups
+
+
+@dataclasses.dataclass
+class ShareSummary:
+    """What one rank did in this attempt."""
+
+    n_answers: int = 0
+    n_chunks: int = 0
+    n_tokens: int = 0
+    n_errors: int = 0
+    seconds: float = 0.0
+
+
+def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer], coefs: Sequence[Any],
+                todo: Sequence[int], cfg: ProbeConfig, out: Path, run_hash: str, ctx: DistContext,
+                attempt: int, progress: bool) -> ShareSummary:
+    """Probe the answers ``todo`` (indices into ``answers``) in chunks, recording each chunk."""
+    from gmts_analysis.util.progress import tqdm
+
+    per_chunk = int(cfg.answers_per_chunk)
+    fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)
+    slow = float(os.environ.get(SLOW_ENV) or 0)
+    token_text = kernel.TokenText(tokenizer)
+    summary = ShareSummary()
+    meta = {"rank": ctx.rank, "world_size": ctx.world_size, "attempt": attempt}
+    t_start = time.perf_counter()
+    bar = tqdm(total=len(todo), desc=f"probe (rank 0 of {ctx.world_size})" if ctx.distributed else "probe",
+               unit="answer", disable=not progress, dynamic_ncols=True)
+    try:
+        for start in range(0, len(todo), per_chunk):
+            chunk = list(todo[start:start + per_chunk])
+            parts: list[dict] = []
+            gparts: list[pd.DataFrame] = []
+            errors: list[dict] = []
+            done: list[int] = []
+            n_tok = 0
+            t0 = time.perf_counter()
+            for i in chunk:
+                a = answers[i]
+                try:
+                    cols, g = probe_with_retry(model, a, coefs[i], cfg, token_text)
+                except Exception as e:
+                    reason = _reason(e)
+                    if cfg.strict:
+                        if done:  # keep what this chunk finished
+                            tokens, groups = _tables(parts, gparts)
+                            state.write_chunk(out, run_hash, done, tokens, groups, errors,
+                                              time.perf_counter() - t0, n_tok, meta)
+                        raise GmtsError(f"{a.where}: answer '{a.answer_id}' failed: {reason} "
+                                        "(--strict; without it the answer is skipped)") from e
+                    log.warning("answer '%s' failed and is skipped: %s", a.answer_id, reason)
+                    errors.append({"index": int(i), "answer_id": a.answer_id, "group_id": a.group_id,
+                                   "where": a.where, "reason": reason, "rank": ctx.rank})
+                    _free_memory()
+                else:
+                    n = len(cols["position"])
+                    cols[state.INDEX_COLUMN] = np.full(n, i, dtype=np.int64)
+                    if g is not None:
+                        g[state.INDEX_COLUMN] = np.int64(i)
+                        gparts.append(g)
+                    parts.append(cols)
+                    n_tok += a.length
+                done.append(i)
+                bar.update(1)
+                if slow:
+                    time.sleep(slow)
+            tokens, groups = _tables(parts, gparts)
+            dt = time.perf_counter() - t0
+            state.write_chunk(out, run_hash, chunk, tokens, groups, errors, dt, n_tok, meta)
+            summary.n_answers += len(chunk)
+            summary.n_chunks += 1
+            summary.n_tokens += n_tok
+            summary.n_errors += len(errors)
+            elapsed = time.perf_counter() - t_start
+            bar.set_postfix(tok_s=f"{summary.n_tokens / max(elapsed, 1e-9):.1f}")
+            if fail_after and summary.n_chunks >= fail_after:
+                raise InjectedFailure(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {summary.n_chunks} chunk(s)")
+    finally:
+        bar.close()
+    summary.seconds = time.perf_counter() - t_start
+    return summary

@@ -1,0 +1,128 @@
+"""Sampling answer groups on the named worlds: the toy domains and the word problems (``gmts sample``,
+``gmts run`` and :func:`gmts_analysis.api.sample` share it)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:
+    from gmts_analysis.options.config import SamplingOptions
+
+#: the toy domains sampled by default
+DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+#: the real-model world: grade-school word problems (:mod:`gmts_analysis.sampling.wordproblems`)
+WORD_DOMAIN = "word"
+ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
+
+
+def card_max_new_tokens(model_path: str, default: int = 96) -> int:
+    """The generation budget recorded in a shipped policy's ``card.json`` (else ``default``)."""
+    import json
+
+    card = Path(model_path) / "card.json"
+    if card.exists():
+        try:
+            v = json.loads(card.read_text()).get("max_new_tokens")
+            if isinstance(v, int) and v > 0:
+                return v
+        except (ValueError, OSError):
+            pass
+    return default
+
+
+def sampling_options(model: Any, domains: Any, options: dict[str, Any], where: str = "gmts.sample") -> SamplingOptions:
+    """:class:`SamplingOptions` from keywords (aliases resolved; unknown names refused, named as ``where``)."""
+    import difflib
+
+    from gmts_analysis.options import resolve_aliases
+    from gmts_analysis.options.config import SamplingOptions, check_values
+
+    names = tuple(f.name for f in dataclasses.fields(SamplingOptions))
+    kw = resolve_aliases(options, names)
+    for k in kw:
+        if k not in names or k in ("model", "domains", "prompts", "verifier", "chat_template"):
+            close = difflib.get_close_matches(k, names, n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise GmtsError(f"{where}: unknown option '{k}'{hint}")
+    if isinstance(model, (str, os.PathLike)):
+        kw["model"] = os.fspath(model)
+    kw["domains"] = domains if domains is not None else ",".join(DEFAULT_DOMAINS)
+    opts = SamplingOptions(**kw)
+    check_values(opts, skip=("model", "domains"))
+    return opts
+
+
+def domain_list(domains: str | Any) -> list[str]:
+    """Domain names from a comma-separated string or a sequence of them; unknown names refused."""
+    doms = [d.strip() for x in ([domains] if isinstance(domains, str) else domains) for d in str(x).split(",")
+            if d.strip()]
+    unknown = [d for d in doms if d not in ALL_DOMAINS]
+    if not doms or unknown:
+        raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
+                        f"(choose from {', '.join(ALL_DOMAINS)})")
+    return doms
+
+
+def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, progress: bool = True,
+                offline: bool = False) -> list[dict]:
+    """Rollout rows of ``opts`` (docs/definitions.md section 7) from ``model``: a name or path (loaded on
+    ``opts.device``; no hub download when ``offline``) or a loaded model with ``tokenizer``."""
+    from gmts_analysis.readers.models import load_model, resolve_model_path
+
+    doms = domain_list(opts.domains)
+    n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
+    if n_prompts < 1 or opts.num_generations < 2:
+        raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")
+    if opts.max_completion_length is not None and opts.max_completion_length < 1:
+        raise GmtsError(f"sample: max_completion_length must be >= 1, got {opts.max_completion_length}")
+    if isinstance(model, (str, os.PathLike)):
+        path = resolve_model_path(os.fspath(model))
+        model, tok = load_model(os.fspath(model), opts.device, opts.dtype, offline=offline)
+        tokenizer = tokenizer if tokenizer is not None else tok
+    else:
+        path = str(getattr(model, "name_or_path", "") or "")
+    if tokenizer is None:
+        raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
+    budget = opts.max_completion_length or card_max_new_tokens(path)
+    return sample_domains(model, tokenizer, doms, n_prompts, opts.num_generations, opts.temperature, budget,
+                          opts.seed, difficulty=opts.difficulty, batch_size=opts.batch_size, progress=progress)
+
+
+def sample_domains(model: Any, tokenizer: Any, domains: list[str], num_prompts: int, num_generations: int,
+                   temperature: float, max_new_tokens: int, seed: int, *, difficulty: Any = None,
+                   batch_size: int = 64, progress: bool = False) -> list[dict]:
+    """``num_generations`` answers to ``num_prompts`` prompts of each domain, domain-major then prompt-major."""
+    from gmts_analysis.toy.sample import sample_rollouts
+
+    rows: list[dict] = []
+    for d in domains:
+        if d == WORD_DOMAIN:
+            rows += sample_word_problems(model, tokenizer, num_prompts, num_generations, temperature,
+                                         max_new_tokens, seed, progress)
+        else:
+            rows += sample_rollouts(model, tokenizer, d, num_prompts, num_generations, temperature=temperature,
+                                    max_new_tokens=max_new_tokens, seed=seed, difficulty=difficulty,
+                                    batch_size=batch_size, progress=progress)
+    return rows
+
+
+def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
+                         max_new_tokens: int, seed: int, progress: bool = False) -> list[dict]:
+    """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.sampling.wordproblems`):
+    the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
+    from gmts_analysis.readers.verifiers import math_reward
+    from gmts_analysis.sampling import sample_prompts
+    from gmts_analysis.sampling.wordproblems import word_problems
+
+    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,
+                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                          chat_template="auto", progress=progress, where="word problems")
+    for r in rows:
+        i, j = (int(x) for x in r["answer_id"][1:].split("-"))
+        r["group_id"], r["answer_id"], r["domain"] = f"{WORD_DOMAIN}-{i:04d}", f"{WORD_DOMAIN}-{i:04d}-{j}", WORD_DOMAIN
+    return rows

@@ -1,0 +1,158 @@
+"""Grade-school arithmetic word problems with known answers: the real-model world of ``gmts run``.
+
+A real instruct LLM cannot answer the toy domains' ``#answer`` format, so ``gmts run --model smollm2``
+(and ``--domains word``) samples these instead: short stories of one to three arithmetic steps
+(shopping, ages, rates, sharing, change, seating), drawn from a seeded ``random.Random``, with small
+numbers (a 135M model gets some of them right, so that groups have mixed rewards). Each problem is
+asked as one user message through the model's chat template with a ``\\boxed{}`` instruction, and
+scored by the ``math`` verifier (:func:`gmts_analysis.readers.verifiers.math_reward`) against its ``solution``
+column, the answer as an integer.
+
+``difficulty`` 1 has one or two steps, 2 one more; every number is below 10 except sums of them. :func:`word_problems` returns prompt rows in the shape of
+a ``gmts sample --prompts`` file (``prompt`` as messages, ``solution``, ``difficulty``, ``template``).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gmts_analysis.errors import GmtsError
+
+DOMAIN = "word"
+DIFFICULTIES = (1, 2)
+INSTRUCTION = "Show the steps briefly, then the final answer within \\boxed{}."
+NAMES = ("Sam", "Mia", "Tom", "Ana", "Leo", "Zoe", "Ben", "Ivy")
+
+
+@dataclass(frozen=True)
+class WordProblem:
+    """One problem: its text, the answer (an integer) and where it came from."""
+
+    text: str
+    answer: int
+    template: str
+    difficulty: int
+
+
+def _shopping(r: random.Random, d: int) -> WordProblem:
+    n, a, b = r.choice(NAMES), r.randint(2, 6), r.randint(1, 4)
+    text = f"{n} has {a} apples and buys {b} more apples."
+    ans = a + b
+    if d == 2:
+        c = r.randint(1, ans - 1)
+        text += f" Then {n} eats {c} apples."
+        ans -= c
+    return WordProblem(text + f" How many apples does {n} have now?", ans, "shopping", d)
+
+
+def _ages(r: random.Random, d: int) -> WordProblem:
+    n, a, o = r.choice(NAMES), r.randint(3, 9), r.randint(1, 5)
+    text = f"{n} is {a} years old. {n}'s brother is {o} years older than {n}."
+    if d == 1:
+        return WordProblem(text + " How old is the brother?", a + o, "ages", d)
+    k = r.randint(1, 5)
+    return WordProblem(text + f" How old will the brother be in {k} years?", a + o + k, "ages", d)
+
+
+def _rates(r: random.Random, d: int) -> WordProblem:
+    p, t = r.randint(2, 5), r.randint(2, 3)
+    text = f"A printer prints {p} pages every minute. It runs for {t} minutes."
+    ans = p * t
+    if d == 2:
+        x = r.randint(1, 5)
+        text += f" Then it prints {x} more pages."
+        ans += x
+    return WordProblem(text + " How many pages did it print?", ans, "rates", d)
+
+
+def _sharing(r: random.Random, d: int) -> WordProblem:
+    f, k = r.randint(2, 3), r.randint(2, 4)
+    text = f"{f} friends each have {k} cookies."
+    ans = f * k
+    if d == 2:
+        e = r.randint(1, ans - 1)
+        text += f" They eat {e} cookies."
+        ans -= e
+    return WordProblem(text + " How many cookies are there in total now?", ans, "sharing", d)
+
+
+def _change(r: random.Random, d: int) -> WordProblem:
+    n, m = r.choice(NAMES), r.randint(5, 9)
+    s = r.randint(1, m - 1)
+    text = f"{n} has {m} dollars and spends {s} dollars on a pencil."
+    ans = m - s
+    if d == 2:
+        g = r.randint(1, 5)
+        text += f" Then {n}'s aunt gives {n} {g} dollars."
+        ans += g
+    return WordProblem(text + f" How many dollars does {n} have now?", ans, "change", d)
+
+
+def _seating(r: random.Random, d: int) -> WordProblem:
+    rows, c = r.randint(2, 3), r.randint(2, 4)
+    text = f"A classroom has {rows} rows of {c} desks."
+    ans = rows * c
+    if d == 2:
+        e = r.randint(1, ans - 1)
+        text += f" {e} desks are empty."
+        ans -= e
+        return WordProblem(text + " How many desks are taken?", ans, "seating", d)
+    return WordProblem(text + " How many desks are there?", ans, "seating", d)
+
+
+TEMPLATES: dict[str, Callable[[random.Random, int], WordProblem]] = {
+    "shopping": _shopping, "ages": _ages, "rates": _rates, "sharing": _sharing, "change": _change,
+    "seating": _seating,
+}
+
+
+def generate(n: int, seed: int = 0, difficulty: int | None = None) -> list[WordProblem]:
+    """``n`` distinct problems, reproducible from ``seed``; templates in turn, the level uniform over
+    :data:`DIFFICULTIES` unless ``difficulty`` is given."""
+    if n < 1:
+        raise GmtsError(f"word problems: need n >= 1, got {n}")
+    if difficulty is not None and difficulty not in DIFFICULTIES:
+        raise GmtsError(f"--difficulty: word problems have levels {DIFFICULTIES}, got {difficulty}")
+    rng = random.Random(f"gmts-word/{seed}")
+    names = list(TEMPLATES)
+    out: list[WordProblem] = []
+    seen: set[str] = set()
+    tries = 0
+    while len(out) < n:
+        tries += 1
+        if tries > 100 * n + 1000:
+            raise GmtsError(f"word problems: cannot draw {n} distinct problems")
+        level = difficulty if difficulty is not None else rng.choice(DIFFICULTIES)
+        p = TEMPLATES[names[len(out) % len(names)]](rng, level)
+        if p.text in seen:
+            continue
+        seen.add(p.text)
+        out.append(p)
+    return out
+
+
+#: worked examples shown before the problem (a 135M model follows the format only after seeing it)
+EXAMPLES = (
+    ("Kim has 4 books and buys 3 more books. Then Kim gives away 2 books. How many books does Kim have now?",
+     "4 + 3 = 7. 7 - 2 = 5. \\boxed{5}"),
+    ("A box holds 3 rows of 2 eggs, and 1 more egg is put on top. How many eggs are there?",
+     "3 * 2 = 6. 6 + 1 = 7. \\boxed{7}"),
+)
+
+
+def prompt_messages(problem: WordProblem) -> list[dict]:
+    """The chat prompt: the :data:`EXAMPLES` as earlier turns, then the problem with the ``\\boxed{}``
+    instruction as the last user message."""
+    msgs: list[dict] = []
+    for q, a in EXAMPLES:
+        msgs += [{"role": "user", "content": f"{q}\n{INSTRUCTION}"}, {"role": "assistant", "content": a}]
+    return msgs + [{"role": "user", "content": f"{problem.text}\n{INSTRUCTION}"}]
+
+
+def word_problems(n: int, seed: int = 0, difficulty: int | None = None) -> list[dict]:
+    """Prompt rows (``prompt`` messages, ``solution``, ``difficulty``, ``template``) for
+    :func:`gmts_analysis.sampling.sample_prompts` with the ``math`` verifier."""
+    return [{"prompt": prompt_messages(p), "solution": str(p.answer), "difficulty": p.difficulty,
+             "template": p.template} for p in generate(n, seed, difficulty)]

@@ -1,0 +1,470 @@
+"""Compare runs across training: every statistic of stats.json against step or checkpoint.
+
+``compare_runs(paths)`` reads each run directory's ``stats.json`` and ``manifest.json``
+(docs/definitions.md sections 6 and 8) and returns a :class:`Comparison`:
+
+- ``table``: one row per (run, statistic) with ``run``, ``x`` (the step), ``statistic``
+  (the dotted path into stats.json, e.g. ``cross_answer_informative.gmts.spearman``),
+  ``block`` (its first component), ``estimator`` (the component naming an estimator, or
+  empty), ``series`` (the path with the estimator replaced by ``*``: one figure per series,
+  one line per estimator), ``value``, ``ci_low``, ``ci_high``, ``settings`` (the run's
+  settings group). stats.json is read generically, whatever blocks and estimators it has:
+  every numeric leaf is a statistic; a ``ci_low``/``ci_high`` pair belongs to the primary
+  value of its dictionary (``spearman``, else ``mean``, else ``value``), and a block named
+  ``<name>_ci`` holds the CIs of the same path under ``<name>``.
+- ``runs``: per run its directory, ``x``, where ``x`` came from (``x_source``), the model and its
+  ``inputs`` (the rollouts by content, :func:`inputs_of`).
+- ``mismatches``: settings that differ between runs: ``{key, values: {run: value}}``.
+
+The step of a run, in this order: ``manifest["step"]`` (written by ``gmts probe`` over
+checkpoints); a number in the checkpoint path (``checkpoint-100``, ``ckpt_200``,
+``step300``, ``global_step400``); else the run's position in the given order (and the
+axis is labelled ``run``). Runs are sorted by step.
+
+Settings: every key of ``manifest["config"]`` except bookkeeping that cannot change a
+statistic (:data:`IGNORED_SETTINGS`: the model and step being compared, output paths,
+progress and resource knobs, and the rollouts file: an input, told apart by its content
+in ``runs[i]["inputs"]`` and logged, not a setting). Runs whose settings differ (temperature,
+advantage, loss_agg, clips, grad_norm method, ...) are *flagged*: listed in
+``mismatches``, in ``compare.json``, on the first page of ``compare.html`` and as a
+warning on stderr, and each run carries a ``settings`` group label (``A``, ``B``, ...)
+that the figures show as marker shapes. Nothing is averaged across runs.
+
+``write_comparison`` writes ``compare.parquet``, ``compare.json``, ``figures/*.png`` and a
+self-contained ``compare.html`` (figures inlined as data URIs, every text escaped, no
+external fetch).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import math
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+def _job_fields() -> frozenset:
+    import dataclasses
+
+    from gmts_analysis.options.config import JobSettings
+
+    return frozenset(f.name for f in dataclasses.fields(JobSettings))
+
+
+# job settings never change a number (gmts_analysis.options.config.JobSettings); the rollouts probed are an
+# input, not a setting: told apart by content (inputs_of), never by the path they were read from
+IGNORED_SETTINGS = _job_fields() | frozenset({
+    "model_path", "step", "checkpoint", "chunk_size", "max_memory", "device", "format", "debug", "threads",
+    "func", "command",
+})
+PRIMARY_KEYS = ("spearman", "mean", "value")
+CI_KEYS = ("ci_low", "ci_high")
+STEP_PATTERN = re.compile(r"(?:checkpoint|ckpt|global_step|step|iter)[-_]?(\d+)", re.IGNORECASE)
+FIGURE_LEAVES = ("spearman", "mean", "cosine", "norm_ratio", "token_share")
+FIGURE_RHOS = ("0.05", "0.2")
+SKIP_BLOCKS = ("meta", "by_domain", "by_step")
+COLUMNS = ["run", "x", "statistic", "block", "estimator", "series", "value", "ci_low", "ci_high", "settings"]
+
+
+@dataclass
+class Comparison:
+    """The result of :func:`compare_runs` (see the module docstring)."""
+
+    table: pd.DataFrame
+    runs: list[dict]
+    mismatches: list[dict]
+    x_label: str
+    estimators: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {
+            "x_label": self.x_label,
+            "runs": self.runs,
+            "settings_mismatch": self.mismatches,
+            "estimators": self.estimators,
+            "rows": self.table.to_dict(orient="records"),
+        }
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def find_runs(paths: Sequence[str | os.PathLike]) -> list[Path]:
+    """Run directories from the arguments: each path is a run (has stats.json) or a directory
+    whose immediate subdirectories with a stats.json are runs (taken in name order)."""
+    out: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise GmtsError(f"{p}: no such run directory")
+        if (p / "stats.json").is_file():
+            out.append(p)
+            continue
+        if not p.is_dir():
+            raise GmtsError(f"{p}: not a run directory (no stats.json)")
+        # hidden directories (a job's staging or work area, .git) are never runs of the comparison
+        subs = sorted((d for d in p.iterdir() if not d.name.startswith(".") and d.is_dir() and not d.is_symlink()
+                       and (d / "stats.json").is_file()), key=_natural)
+        if not subs:
+            raise GmtsError(f"{p}: neither a run (no stats.json) nor a directory of runs")
+        out.extend(subs)
+    if not out:
+        raise GmtsError("compare: no runs given")
+    seen: set = set()
+    dup = [str(d) for d in out if d.resolve() in seen or seen.add(d.resolve())]
+    if dup:
+        raise GmtsError(f"compare: run given twice: {dup[0]}")
+    return out
+
+
+def _natural(p: Path) -> list:
+    return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p.name)]
+
+
+def _read(path: Path, name: str) -> dict:
+    from gmts_analysis.util.io import read_json
+
+    f = path / name
+    if not f.is_file():
+        raise GmtsError(f"{f}: missing (a run directory has stats.json and manifest.json)")
+    try:
+        obj = read_json(f)
+    except GmtsError:
+        raise
+    except Exception as e:  # noqa: BLE001 - one line naming the file
+        raise GmtsError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(obj, dict):
+        raise GmtsError(f"{f}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def run_step(manifest: Mapping) -> tuple[int | None, str]:
+    """``(step, source)``: ``manifest["step"]``, else a number in the checkpoint path, else ``(None, "order")``."""
+    step = manifest.get("step")
+    if step is None and isinstance(manifest.get("config"), Mapping):
+        step = manifest["config"].get("step")
+    if step is not None:
+        try:
+            return int(step), "manifest"
+        except (TypeError, ValueError):
+            raise GmtsError(f"manifest step {step!r} is not an integer") from None
+    cfg = manifest.get("config") if isinstance(manifest.get("config"), Mapping) else {}
+    for key in ("model_path", "model"):
+        v = manifest.get(key) if key == "model_path" else cfg.get(key)
+        step = last_step(v) if isinstance(v, str) else None
+        if step is not None:
+            return step, "checkpoint path"
+    return None, "order"
+
+
+def last_step(text: str) -> int | None:
+    """The number of the last ``checkpoint-N`` / ``ckpt_N`` / ``stepN`` / ``global_stepN`` in ``text``."""
+    found = list(STEP_PATTERN.finditer(text))
+    return int(found[-1].group(1)) if found else None
+
+
+def flatten_stats(stats: Mapping, prefix: tuple = ()) -> dict[tuple, float]:
+    """``{key path (tuple of keys): float}`` of every numeric leaf (bools and strings skipped;
+    None -> NaN). Paths are tuples because keys such as rho ``"0.2"`` contain dots."""
+    out: dict[tuple, float] = {}
+    for k, v in stats.items():
+        path = prefix + (str(k),)
+        if isinstance(v, Mapping):
+            out.update(flatten_stats(v, path))
+        elif isinstance(v, bool) or isinstance(v, str):
+            continue
+        elif v is None:
+            out[path] = math.nan
+        elif isinstance(v, (int, float)):
+            out[path] = float(v)
+    return out
+
+
+def stat_rows(stats: Mapping, estimators: Sequence[str]) -> list[dict]:
+    """Rows ``{statistic, block, estimator, series, value, ci_low, ci_high}`` of one stats.json."""
+    flat = flatten_stats(stats)
+    ci: dict[tuple, dict[str, float]] = {}
+    values: dict[tuple, float] = {}
+    for path, v in flat.items():
+        leaf = path[-1]
+        if leaf in CI_KEYS:
+            parent = path[:-1]
+            if path[0].endswith("_ci"):
+                target = (path[0][: -len("_ci")],) + path[1:-1]
+            else:
+                target = next((parent + (p,) for p in PRIMARY_KEYS if parent + (p,) in flat), parent)
+            ci.setdefault(target, {})[leaf] = v
+            continue
+        if path[0].endswith("_ci"):
+            continue
+        values[path] = v
+    est = set(estimators)
+    rows = []
+    for path, v in values.items():
+        e = next((p for p in path[1:] if p in est), "")
+        series = ".".join("*" if p == e and e else p for p in path)
+        c = ci.get(path, {})
+        rows.append({"statistic": ".".join(path), "block": path[0], "estimator": e, "series": series, "value": v,
+                     "ci_low": c.get("ci_low", math.nan), "ci_high": c.get("ci_high", math.nan)})
+    return rows
+
+
+def estimators_of(stats: Mapping) -> list[str]:
+    """Estimator names: the keys of the per-estimator blocks (``cross_answer``, ``within_answer``, ...)."""
+    names: list[str] = []
+    for block in ("cross_answer", "cross_answer_informative", "within_answer", "within_group", "update_fidelity"):
+        b = stats.get(block)
+        if isinstance(b, Mapping):
+            names += [k for k, v in b.items() if isinstance(v, Mapping) and k not in names]
+    return names
+
+
+def settings_of(manifest: Mapping) -> dict[str, Any]:
+    """The run's settings: ``manifest["config"]`` without :data:`IGNORED_SETTINGS`."""
+    cfg = manifest.get("config")
+    if not isinstance(cfg, Mapping):
+        return {}
+    return {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS}
+
+
+def inputs_of(manifest: Mapping) -> dict[str, Any]:
+    """What the run probed, by content: ``{"rollouts_sha256": ...}`` from its fingerprint (or the
+    API's rollouts record), else the path as given; ``{}`` when the manifest says nothing."""
+    fp = manifest.get("run_fingerprint")
+    if isinstance(fp, Mapping) and fp.get("rollouts_sha256"):
+        return {"rollouts_sha256": fp["rollouts_sha256"]}
+    src = manifest.get("rollouts")
+    if isinstance(src, Mapping) and src.get("sha256"):
+        return {"rollouts_sha256": src["sha256"]}
+    cfg = manifest.get("config")
+    path = cfg.get("rollouts") if isinstance(cfg, Mapping) else None
+    return {"rollouts": path} if path else {}
+
+
+def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
+    """Read the runs (see :func:`find_runs`) and build the comparison (module docstring)."""
+    dirs = find_runs(paths)
+    recs = []
+    for i, d in enumerate(dirs):
+        stats, manifest = _read(d, "stats.json"), _read(d, "manifest.json")
+        step, src = run_step(manifest)
+        recs.append({"dir": d, "stats": stats, "manifest": manifest, "step": step, "source": src, "order": i})
+    by_step = all(r["step"] is not None for r in recs)
+    if not by_step and any(r["step"] is not None for r in recs):
+        log.warning("compare: some runs have no step (manifest or checkpoint path); using the given order for all")
+    for r in recs:
+        r["x"] = r["step"] if by_step else r["order"]
+        r["x_source"] = r["source"] if by_step else "order"
+    recs.sort(key=lambda r: (r["x"], r["order"]))
+    xs = [r["x"] for r in recs]
+    if len(set(xs)) < len(xs):
+        log.warning("compare: several runs share a step (%s); they are kept apart by run name",
+                    sorted({x for x in xs if xs.count(x) > 1}))
+    names = _run_names([r["dir"] for r in recs])
+    # settings groups and mismatches
+    sets = [settings_of(r["manifest"]) for r in recs]
+    keys = sorted(set().union(*sets)) if sets else []
+    mismatches = []
+    for k in keys:
+        vals = {n: s.get(k) for n, s in zip(names, sets)}
+        if len({_canon(v) for v in vals.values()}) > 1:
+            mismatches.append({"key": k, "values": vals})
+    groups: dict[str, str] = {}
+    labels = []
+    for s in sets:
+        c = _canon(s)
+        if c not in groups:
+            groups[c] = _group_label(len(groups))
+        labels.append(groups[c])
+    if mismatches:
+        log.warning("compare: runs made with different settings (not mixed; groups %s): %s",
+                    ", ".join(f"{n}={g}" for n, g in zip(names, labels)),
+                    "; ".join(f"{m['key']}: " + ", ".join(f"{n}={v!r}" for n, v in m["values"].items())
+                              for m in mismatches))
+    inputs = [inputs_of(r["manifest"]) for r in recs]
+    if len({_canon(i) for i in inputs}) > 1:  # an input, not a setting: expected across a training run
+        log.info("compare: the runs probed different rollouts (by content): %s",
+                 ", ".join(f"{n}={str(next(iter(i.values()), '?'))[:12]}" for n, i in zip(names, inputs)))
+    estimators: list[str] = []
+    for r in recs:
+        estimators += [e for e in estimators_of(r["stats"]) if e not in estimators]
+    rows = []
+    runs = []
+    for r, name, g in zip(recs, names, labels):
+        cfg = r["manifest"].get("config") if isinstance(r["manifest"].get("config"), Mapping) else {}
+        runs.append({"run": name, "dir": str(r["dir"]), "x": r["x"], "x_source": r["x_source"], "settings": g,
+                     "model": r["manifest"].get("model_path") or cfg.get("model"),
+                     "inputs": inputs_of(r["manifest"])})
+        for row in stat_rows(r["stats"], estimators):
+            rows.append({"run": name, "x": r["x"], **row, "settings": g})
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["x"] = table["x"].astype("int64")
+    for c in ("value", "ci_low", "ci_high"):
+        table[c] = table[c].astype("float64")
+    return Comparison(table=table, runs=runs, mismatches=mismatches, x_label="step" if by_step else "run",
+                      estimators=estimators)
+
+
+def _canon(v: Any) -> str:
+    import json
+
+    return json.dumps(v, sort_keys=True, default=str)
+
+
+def _group_label(i: int) -> str:
+    s = ""
+    i += 1
+    while i:
+        i, r = divmod(i - 1, 26)
+        s = chr(65 + r) + s
+    return s
+
+
+def _run_names(dirs: Sequence[Path]) -> list[str]:
+    """Directory names, made unique with their parents when two runs share a name."""
+    names = [d.name for d in dirs]
+    if len(set(names)) == len(names):
+        return names
+    return [str(Path(d.parent.name) / d.name) if names.count(d.name) > 1 else d.name for d in dirs]
+
+
+# ----------------------------------------------------------------------------- figures and files
+
+
+def figure_series(table: pd.DataFrame) -> list[str]:
+    """Series drawn as figures: main leaves (Spearman, mean, cosine, norm ratio, zero-advantage
+    share) and top-k / waste at rho 0.05 and 0.2; never meta, by_domain, by_step or counts."""
+    out = []
+    for s, block in table[["series", "block"]].drop_duplicates("series").itertuples(index=False):
+        if block in SKIP_BLOCKS:
+            continue
+        if block in ("topk_overlap", "selection_waste"):
+            if s.endswith(tuple("." + r for r in FIGURE_RHOS)):
+                out.append(s)
+        elif s.rsplit(".", 1)[-1] in FIGURE_LEAVES:
+            out.append(s)
+    return out
+
+
+def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> Path:
+    """statistic vs step for one series, one line per estimator, 95% CI band where known."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from gmts_analysis.util.io import atomic_write_bytes
+
+    sub = table[table["series"] == series]
+    fig = Figure(figsize=(6.0, 3.6))  # no pyplot, no global backend switch
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    markers = "osD^vP*X"
+    groups = sorted(pd.unique(sub["settings"]))
+    alpha = 0.15 if sub["estimator"].nunique() <= 4 else 0.06  # many overlapping bands stay readable
+    for e, d in sub.groupby("estimator", sort=False):
+        d = d.sort_values("x")
+        label = e or series
+        line = ax.plot(d["x"], d["value"], "-", lw=1.4, label=label)[0]
+        for gi, g in enumerate(groups):
+            dg = d[d["settings"] == g]
+            ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=line.get_color(), ms=4)
+        if d["ci_low"].notna().any():
+            ax.fill_between(d["x"], d["ci_low"], d["ci_high"], color=line.get_color(), alpha=alpha, lw=0)
+    title = series + ("   [MIXED SETTINGS: markers = groups " + ", ".join(groups) + "]" if len(groups) > 1 else "")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(x_label)
+    ax.set_ylabel("value (95% CI band)")
+    ax.grid(alpha=0.3)
+    if sub["estimator"].astype(bool).any():
+        ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    import io
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+def figure_name(series: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", series.replace("*", "all")).strip("_") + ".png"
+
+
+def write_comparison(cmp: Comparison, out: str | os.PathLike, figures: bool = True) -> list[Path]:
+    """``compare.parquet``, ``compare.json``, ``figures/*.png`` and ``compare.html`` under ``out``."""
+    from gmts_analysis.util.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [atomic_write_parquet(out / "compare.parquet", cmp.table), atomic_write_json(out / "compare.json", cmp.to_json())]
+    figs: list[tuple[str, Path]] = []
+    if figures:
+        for s in figure_series(cmp.table):
+            figs.append((s, plot_series(cmp.table, s, out / "figures" / figure_name(s), cmp.x_label)))
+        written += [p for _, p in figs]
+    written.append(atomic_write_text(out / "compare.html", render_html(cmp, figs)))
+    return written
+
+
+def _fmt(v: float) -> str:
+    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+
+def render_html(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
+    """A self-contained page: runs, settings mismatches, the main statistics per run, figures."""
+    e = html.escape
+    t = cmp.table
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>gmts compare</title>",
+             "<style>body{font-family:sans-serif;margin:1.5em;max-width:1200px}"
+             "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
+             "th:first-child,td:first-child{text-align:left}.warn{background:#fff3cd;padding:0.6em;"
+             "border:1px solid #e0c060}img{max-width:100%}</style></head><body>",
+             f"<h1>Comparison of {len(cmp.runs)} runs</h1>"]
+    if cmp.mismatches:
+        parts.append("<div class='warn'><b>Runs made with different settings</b> (flagged, not mixed; "
+                     "groups in the runs table):<ul>")
+        for m in cmp.mismatches:
+            vals = ", ".join(f"{e(str(n))}: {e(repr(v))}" for n, v in m["values"].items())
+            parts.append(f"<li><code>{e(str(m['key']))}</code>: {vals}</li>")
+        parts.append("</ul></div>")
+    parts.append(f"<h2>Runs</h2><table><tr><th>run</th><th>{e(cmp.x_label)}</th><th>from</th><th>settings</th>"
+                 "<th>model</th></tr>")
+    for r in cmp.runs:
+        parts.append(f"<tr><td>{e(str(r['run']))}</td><td>{r['x']}</td><td>{e(str(r['x_source']))}</td>"
+                     f"<td>{e(str(r['settings']))}</td><td>{e(str(r['model']))}</td></tr>")
+    parts.append("</table>")
+    main = [s for s in figure_series(t)]
+    if main:
+        runs = [r["run"] for r in cmp.runs]
+        parts.append("<h2>Main statistics (value [95% CI])</h2><table><tr><th>statistic</th>"
+                     + "".join(f"<th>{e(str(r))}</th>" for r in runs) + "</tr>")
+        sub = t[t["series"].isin(main)]
+        for stat, d in sub.groupby("statistic", sort=False):
+            cells = []
+            for r in runs:
+                row = d[d["run"] == r]
+                if row.empty:
+                    cells.append("<td></td>")
+                    continue
+                v, lo, hi = (float(row[c].iloc[0]) for c in ("value", "ci_low", "ci_high"))
+                ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if not math.isnan(lo) else ""
+                cells.append(f"<td>{_fmt(v)}{ci}</td>")
+            parts.append(f"<tr><td>{e(str(stat))}</td>{''.join(cells)}</tr>")
+        parts.append("</table>")
+    if figs:
+        parts.append("<h2>Figures</h2>")
+        for s, p in figs:
+            data = base64.b64encode(Path(p).read_bytes()).decode("ascii")
+            parts.append(f"<h3>{e(s)}</h3><img alt='{e(s)}' src='data:image/png;base64,{data}'>")
+    parts.append("<p>All statistics: compare.parquet / compare.json (one row per run and statistic).</p>"
+                 "</body></html>")
+    return "\n".join(parts)

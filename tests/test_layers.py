@@ -1,0 +1,86 @@
+"""The package is a house in layers (docs/architecture.md): a module imports only from its own layer or
+the layers below it, counting imports inside functions, and only a few modules sit directly in the package."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import gmts_analysis
+
+PKG = Path(gmts_analysis.__file__).parent
+
+#: bottom to top; a module may import its own layer and the layers below (never one above)
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("util",),
+    ("core",),
+    ("engine", "toy"),
+    ("readers",),
+    ("sampling", "options"),
+    ("probing",),
+    ("analysis",),
+    ("views",),
+    ("integrations", "rl"),
+    ("run",),
+    ("api",),
+    ("commands", "cli", "__main__", "__init__"),
+]
+LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
+
+
+def _top(dotted: str) -> str:
+    """The layer name of ``gmts_analysis.<top>...`` (``__init__`` for the package itself)."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _module_top(path: Path) -> str:
+    rel = path.relative_to(PKG).with_suffix("")
+    return rel.parts[0]
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gmts_analysis":
+            if node.module == "gmts_analysis":
+                out += [(node.lineno, f"gmts_analysis.{a.name}") for a in node.names if a.name != "__version__"]
+            else:
+                out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "gmts_analysis"]
+    return out
+
+
+def _sources() -> list[Path]:
+    return [p for p in sorted(PKG.rglob("*.py")) if "data" not in p.relative_to(PKG).parts[:1]]
+
+
+def test_every_module_has_a_layer():
+    tops = {_module_top(p) for p in _sources()}
+    assert tops <= set(LEVEL), f"modules with no layer in LAYERS: {sorted(tops - set(LEVEL))}"
+
+
+def test_no_import_points_up():
+    upward = []
+    for p in _sources():
+        own = LEVEL[_module_top(p)]
+        for line, mod in _imports(p):
+            target = _top(mod)
+            if target in LEVEL and LEVEL[target] > own:
+                upward.append(f"{p.relative_to(PKG.parent)}:{line} imports {mod} (layer {target} is above {_module_top(p)})")
+    assert not upward, "\n".join(upward)
+
+
+def test_few_modules_sit_directly_in_the_package():
+    flat = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(flat) <= 8, flat
+
+
+def test_the_layer_check_can_fail(tmp_path):
+    """The scan sees an upward import inside a function (the kind a lazy import hides)."""
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from gmts_analysis.run.job import run_job\n")
+    assert [(2, "gmts_analysis.run.job")] == _imports(f)
+    assert LEVEL[_top("gmts_analysis.run.job")] > LEVEL["core"]
