@@ -116,7 +116,7 @@ def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_siz
     """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.sampling.wordproblems`):
     the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
     from gmts_analysis.readers.verifiers import math_reward
-    from gmts_analysis.sampling import sample_prompts
+    from gmts_analysis.sampling.generate import sample_prompts
     from gmts_analysis.sampling.wordproblems import word_problems
 
     rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,

@@ -153,6 +153,6 @@ def prompt_messages(problem: WordProblem) -> list[dict]:
 
 def word_problems(n: int, seed: int = 0, difficulty: int | None = None) -> list[dict]:
     """Prompt rows (``prompt`` messages, ``solution``, ``difficulty``, ``template``) for
-    :func:`gmts_analysis.sampling.sample_prompts` with the ``math`` verifier."""
+    :func:`gmts_analysis.sampling.generate.sample_prompts` with the ``math`` verifier."""
     return [{"prompt": prompt_messages(p), "solution": str(p.answer), "difficulty": p.difficulty,
              "template": p.template} for p in generate(n, seed, difficulty)]
