@@ -5,7 +5,7 @@
 
 Both arms sample the same word-problem answers (same per-answer Gumbel seeds, so the same tokens) in
 the same process with the same thread count: ``batched`` is
-:func:`gmts_analysis.sampling.generate_from_ids` with every answer of every prompt in one left-padded
+:func:`gmts_analysis.sampling.generate.generate_from_ids` with every answer of every prompt in one left-padded
 batch (one ``generate`` call, the KV cache of each row); ``one_at_a_time`` calls it once per answer
 (batch size 1, still with the KV cache, as a plain ``model.generate`` loop would). Prints generated
 tokens/s of each and the ratio; writes JSON to benchmarks/results/sampling_speed.json.
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from gmts_analysis.readers.models import load_model
-from gmts_analysis.sampling import generate_from_ids, prompt_ids, row_seed, stop_ids
+from gmts_analysis.sampling.generate import generate_from_ids, prompt_ids, row_seed, stop_ids
 from gmts_analysis.sampling.wordproblems import word_problems
 
 

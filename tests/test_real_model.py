@@ -178,7 +178,7 @@ def test_gguf_converted_once_checked_and_cached(cache, smollm2, monkeypatch):
 def test_exact_engine_on_a_real_answer_matches_autograd_loop(smollm2):
     import gmts_analysis as gmts
     from gmts_analysis.engine.reference import loop_grad_norms
-    from gmts_analysis.sampling import prompt_ids
+    from gmts_analysis.sampling.generate import prompt_ids
 
     model, tok = smollm2
     p = prompt_ids(tok, [{"role": "user", "content": "What is 2 + 3?"}])

@@ -107,7 +107,7 @@ def test_shared_prompt_cache_samples_what_separate_prompts_sample(chat_policy):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gmts_analysis.sampling import generate_from_ids, shared_prompt_cache
+    from gmts_analysis.sampling.generate import generate_from_ids, shared_prompt_cache
 
     mdir, tok = chat_policy
     model = AutoModelForCausalLM.from_pretrained(mdir).eval()
@@ -127,7 +127,7 @@ def test_shared_prompt_cache_samples_what_separate_prompts_sample(chat_policy):
 
 
 def test_sample_prompts_errors(tmp_path, chat_policy):
-    from gmts_analysis.sampling import prompt_ids, read_prompts
+    from gmts_analysis.sampling.generate import prompt_ids, read_prompts
 
     mdir, tok = chat_policy
     rows, p, v = _prompts(tmp_path)

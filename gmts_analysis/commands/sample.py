@@ -131,7 +131,7 @@ def _run_prompts(args: argparse.Namespace) -> int:
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.readers.models import load_model
     from gmts_analysis.readers.verifiers import resolve_verifier
-    from gmts_analysis.sampling import read_prompts, sample_prompts
+    from gmts_analysis.sampling.generate import read_prompts, sample_prompts
     from gmts_analysis.toy.sample import write_rollouts
 
     if args.num_prompts is not None and args.num_prompts < 1:
