@@ -27,12 +27,8 @@ import torch
 
 from gmts_analysis.core.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
 from gmts_analysis.core.selection_tensor import keep_first, scope_order
-from gmts_analysis.core.vocabulary import DEFAULT_RHO, SCOPES
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, RHOS, SCOPES  # noqa: F401 - RHOS re-exported
 from gmts_analysis.errors import GmtsError
-
-RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
-
-
 
 
 def _codes(values: pd.Series) -> np.ndarray:

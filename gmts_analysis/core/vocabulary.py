@@ -1,11 +1,11 @@
 """The names every layer shares, each listed once (no imports: the command line's --help reads them).
 
 - selection: :data:`DEFAULT_RHO` (keep fraction of every top-k selection unless a caller says
-  otherwise), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
+  otherwise), :data:`RHOS` (the statistics' grid), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
   normalizer after selection: ``all`` counts the dropped tokens as zeros, ``selected`` divides by
   the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`);
 - the loss (docs/definitions.md sections 3 and 4, :mod:`gmts_analysis.core.objective`):
-  :data:`LOSS_AGGS`, :data:`TRL_AGGREGATION` (each TRL 1.16 ``loss_type``'s aggregation),
+  :data:`ADVANTAGE_MODES`, :data:`LOSS_AGGS`, :data:`TRL_AGGREGATION` (each TRL 1.16 ``loss_type``'s aggregation),
   :data:`REFUSED_LOSS_TYPES`, :data:`LOSS_TYPES`, :data:`IS_LEVELS`, :data:`VLLM_IS_MODES`.
 
 The per-token scores (estimators and selection arms) are a registry, not a list:
@@ -16,11 +16,15 @@ from __future__ import annotations
 
 #: keep fraction of a top-``rho`` selection when none is given (TRL's ``top_entropy_quantile``)
 DEFAULT_RHO = 0.2
+#: the keep fractions the statistics report (their grid)
+RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: selection scopes: every response token of the batch pooled, or each group (answers to one prompt)
 SCOPES = ("batch", "group")
 #: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``
 NORMALIZERS = ("all", "selected")
 
+#: advantage estimators (docs/definitions.md section 3)
+ADVANTAGE_MODES = ("group", "batch", "none", "logged")
 #: aggregations of the per-token loss (token weight ``w``, docs/definitions.md section 3)
 LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
 #: TRL 1.16 ``loss_type`` -> how TRL aggregates its per-token terms (grpo, sapo: per-answer mean then
