@@ -75,6 +75,7 @@ import pandas as pd
 from gmts_analysis.core.estimators import add_estimator_columns, available, times_abs_omega
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, n_keep, per_cluster_spearman, spearman
 from gmts_analysis.core.selection import RHOS, SCOPES, selection_order
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 
 __all__ = [
     "MIN_TOKENS", "STATS_VERSION", "TARGET", "TARGET_WITHIN", "compute_stats", "cross_answer",
@@ -89,7 +90,7 @@ TARGET = "grad_norm"  # cross-answer, within-group and top-k target
 TARGET_WITHIN = "grad_norm_logp"  # within-answer target
 CI_LEVEL = 0.95
 DEFAULT_N_BOOT = 1000
-WASTE_RHO = 0.2  # the selection fraction quoted in summaries
+WASTE_RHO = DEFAULT_RHO  # the selection fraction quoted in summaries
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -796,7 +797,7 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
     construction (checked on the table and the values, never assumed). Such a statistic is no
     finding: the words never state it, and a fixed value carries no CI (set to null by the caller).
     """
-    from gmts_analysis.core.estimators import SAME_WITHIN_ANSWER, ZERO_WHERE_OMEGA_ZERO
+    from gmts_analysis.core.estimators import MASKED, SAME_WITHIN_ANSWER, ZERO_WHERE_OMEGA_ZERO
 
     out: list[dict] = []
     inf = informative_mask(df)
@@ -834,7 +835,7 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
     # a masked score equals its score on every informative token
     cai = block.get("cross_answer_informative") or {}
     pdc = (block.get("paired_difference") or {}).get("cross_answer_informative", {})
-    for s_, ref in (("entropy_inf", "entropy"), ("one_minus_prob_inf", "one_minus_prob")):
+    for s_, ref in MASKED.items():
         if s_ in cai and ref in cai and cai[s_].get("spearman") == cai[ref].get("spearman"):
             out.append({"key": f"{prefix}cross_answer_informative.{s_}", "equals": f"{prefix}cross_answer_informative.{ref}",
                         "why": f"{s_} is {ref} times 1[omega != 0]: the same score on every informative token"})
@@ -924,7 +925,7 @@ def compute_stats(
     fidelity: Mapping[str, Any] | None = None,
     fidelity_by_domain: Mapping[str, Mapping] | None = None,
     fidelity_by_step: Mapping[str, Mapping] | None = None,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     uncertain_below: float = 0.9,
 ) -> dict:
     """Every statistic of stats.json (version 3) that needs no model, as a nested dict.

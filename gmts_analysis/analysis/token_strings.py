@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 
 ALL = "all"
@@ -39,7 +40,7 @@ COLUMNS = (
 FILENAME = "token_strings.csv"
 
 
-def token_strings_table(tokens: pd.DataFrame, rho: float = 0.2, by: str = "domain") -> pd.DataFrame:
+def token_strings_table(tokens: pd.DataFrame, rho: float = DEFAULT_RHO, by: str = "domain") -> pd.DataFrame:
     """One row per (slice, token string); see the module docstring for the columns.
 
     tokens: the tokens table (needs ``token``, ``grad_norm``, ``entropy``, ``gmts``,
@@ -91,7 +92,7 @@ def token_strings_table(tokens: pd.DataFrame, rho: float = 0.2, by: str = "domai
     return out[list(COLUMNS)]
 
 
-def write_token_strings(run_dir: str | os.PathLike, tokens: pd.DataFrame, rho: float = 0.2) -> Path | None:
+def write_token_strings(run_dir: str | os.PathLike, tokens: pd.DataFrame, rho: float = DEFAULT_RHO) -> Path | None:
     """Write ``token_strings.csv`` into ``run_dir`` (atomic); ``None`` when the run has no
     grad_norm or no token strings (nothing to count)."""
     from gmts_analysis.util.io import atomic_write_text
@@ -103,7 +104,7 @@ def write_token_strings(run_dir: str | os.PathLike, tokens: pd.DataFrame, rho: f
     return atomic_write_text(Path(run_dir) / FILENAME, t.to_csv(index=False, float_format="%.6g"))
 
 
-def fig_token_strings(tokens: pd.DataFrame, rho: float = 0.2, top: int = 12, by: str = "domain"):
+def fig_token_strings(tokens: pd.DataFrame, rho: float = DEFAULT_RHO, top: int = 12, by: str = "domain"):
     """Bar charts: the ``top`` strings by gradient-mass share beside the strings entropy and
     GMTS select most (share of each selection), one row per slice (overall, then each domain).
 

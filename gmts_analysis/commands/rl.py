@@ -1,4 +1,4 @@
-"""``gmts rl``: RLVR on the toy domains with token selection (all | entropy | gmts | gmts_lgn | random)."""
+"""``gmts rl``: RLVR on the toy domains with token selection (the arms of :mod:`gmts_analysis.core.scores`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ EXAMPLES = """examples:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from gmts_analysis.core.scores import MASKED_ARMS
+    from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES
     from gmts_analysis.options.config import add_offline_flag
     from gmts_analysis.rl.config import ALL_DOMAINS, DEFAULT_ARMS, SELECTION_ARMS, RLConfig
 
@@ -21,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "rl",
         help="train a toy policy with GRPO, updating only selected tokens; compare selections over seeds",
         description="On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
-        "loss (all | entropy | gmts | gmts_lgn | random; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x --seed, evaluates pass@1 at "
+        f"loss ({' | '.join(SELECTION_ARMS)}; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x "
+        "--seed, evaluates pass@1 at "
         "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
         "writes the results JSON (--out) and learning-curve figures (--figures).",
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
@@ -30,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"hub id (default: {d.policy})")
     add_offline_flag(p)
     p.add_argument("--selection", nargs="+", default=list(DEFAULT_ARMS), choices=SELECTION_ARMS,
-                   help="one or more arms; entropy_inf and one_minus_prob_inf are the masked baselines (score "
+                   help=f"one or more arms; {' and '.join(MASKED_ARMS)} are the masked baselines (score "
                    f"x 1[omega != 0]) (default: {' '.join(DEFAULT_ARMS)})")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
     p.add_argument("--max-steps", type=int, default=d.steps,
@@ -38,8 +41,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"(default: {d.steps})")
     p.add_argument("--domains", nargs="+", default=list(ALL_DOMAINS), help="toy domains, space- or comma-separated (default: all three)")
     p.add_argument("--rho", type=float, default=d.rho, help=f"fraction of tokens kept (default: {d.rho})")
-    p.add_argument("--scope", choices=("batch", "group"), default=d.scope, help="selection scope (default: batch)")
-    p.add_argument("--normalizer", choices=("all", "selected"), default=d.normalizer,
+    p.add_argument("--scope", choices=SCOPES, default=d.scope, help="selection scope (default: batch)")
+    p.add_argument("--normalizer", choices=NORMALIZERS, default=d.normalizer,
                    help="loss divided by all response tokens (TRL, GMTS code) or by the selected ones (80/20 "
                    "code) (default: all)")
     p.add_argument("--lr", type=float, default=d.lr, help=f"AdamW learning rate (default: {d.lr:g})")

@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from gmts_analysis.core.objective import LossSettings, answer_weights, omega_tensor
+from gmts_analysis.core.vocabulary import ADVANTAGE_MODES, LOSS_AGGS
 from gmts_analysis.errors import GmtsError
 
-ADVANTAGE_MODES = ("group", "batch", "none", "logged")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
+LOSS_AGG_MODES = LOSS_AGGS  # the aggregations of docs/definitions.md section 3 (core.vocabulary)
 STD_EPS = 1e-4
 
 

@@ -55,22 +55,25 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.core.vocabulary import (  # noqa: F401 - the loss names, re-exported
+    IS_LEVELS,
+    LOSS_AGGS,
+    LOSS_TYPES,
+    REFUSED_LOSS_TYPES,
+    TRL_AGGREGATION,
+    VLLM_IS_MODES,
+)
 from gmts_analysis.errors import GmtsError
 
-LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
-#: TRL 1.16 ``loss_type`` -> aggregation (grpo: per-answer mean then mean over answers; bnpo: local
-#: micro-batch token mean; dapo: token mean over the generation batch, ``num_items_in_batch``;
-#: dr_grpo: sum / (answers * max_completion_length)).
-TRL_LOSS_AGG = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
-                "dr_grpo": "seq-mean-token-sum-norm"}
-LOSS_TYPES = tuple(TRL_LOSS_AGG)
-#: loss types TRL 1.16 offers that omega does not model (their gradient is not the clipped surrogate)
-REFUSED_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
-IS_LEVELS = ("token", "sequence")
-VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: TRL 1.16 ``loss_type`` -> aggregation, for the loss types omega models (grpo: per-answer mean then
+#: mean over answers; bnpo: local micro-batch token mean; dapo: token mean over the generation batch,
+#: ``num_items_in_batch``; dr_grpo: sum / (answers * max_completion_length)); the names are listed in
+#: :mod:`gmts_analysis.core.vocabulary`
+TRL_LOSS_AGG = {k: TRL_AGGREGATION[k] for k in LOSS_TYPES}
 
 
 @dataclass(frozen=True)
@@ -229,9 +232,7 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
 #: verl's ``loss_agg_mode`` values (verl/workers/config/actor.py): the four of every release
 #: through v0.7.0, and ``token-sum`` (verl-project/verl#7197, merged 2026-07-30: the masked token
 #: sum, scaled by the data-parallel size so the reduced gradient is the global sum: w = 1)
-VERL_LOSS_AGG = {"token-mean": "token-mean", "seq-mean-token-mean": "seq-mean-token-mean",
-                 "seq-mean-token-sum-norm": "seq-mean-token-sum-norm",
-                 "seq-mean-token-sum": "seq-mean-token-sum", "token-sum": "token-sum"}
+VERL_LOSS_AGG = {a: a for a in LOSS_AGGS}
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -338,6 +339,38 @@ def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor,
     return ratio.expand_as(m)
 
 
+def _exp(x: Any) -> Any:
+    return torch.exp(x) if isinstance(x, Tensor) else np.exp(x)
+
+
+def policy_ratio(log_ratio: Any, level: str = "token", lengths: Any = None) -> Any:
+    """The importance ratio of each token (module docstring), a tensor or array shaped like ``log_ratio``.
+
+    log_ratio: ``(..., T)`` ``lp - old`` (0 on padding). ``level="token"``: ``r_t = exp(log_ratio_t)``;
+    ``"sequence"`` (GSPO): one ratio per answer, ``s = exp(sum_t log_ratio_t / L)`` over the last axis,
+    broadcast to every token; ``lengths``: ``L``, ``(..., 1)`` real-token counts (default: ``T``).
+    """
+    if level == "token":
+        return _exp(log_ratio)
+    if isinstance(log_ratio, Tensor):
+        total = log_ratio.sum(-1, keepdim=True)
+        return torch.exp(total / (log_ratio.shape[-1] if lengths is None else lengths)).expand_as(log_ratio)
+    total = np.sum(log_ratio, axis=-1, keepdims=True)
+    r = np.exp(total / (log_ratio.shape[-1] if lengths is None else lengths))
+    return np.broadcast_to(r, np.shape(log_ratio)).copy()
+
+
+def k3_kl(x: Any) -> Any:
+    """The k3 estimate of the per-token KL to the reference, ``exp(x) - x - 1`` in nats, with
+    ``x = ref_logprob - logprob`` (tensors or arrays)."""
+    return _exp(x) - x - 1.0
+
+
+def k3_kl_grad(x: Any) -> Any:
+    """``d k3 / d logprob = 1 - exp(x)``, ``x = ref_logprob - logprob`` (tensors or arrays)."""
+    return 1.0 - _exp(x)
+
+
 def clipped_mask(ratio: Tensor, advantages: Tensor, settings: LossSettings = LossSettings()) -> Tensor:
     """Boolean, same shape: where the clipped surrogate is flat, so the policy term has no gradient
     (``A > 0`` and ratio ``> 1 + clip_high``, or ``A < 0`` and ratio ``< 1 - clip_low``; with verl's
@@ -390,10 +423,7 @@ def omega_tensor(
         live = (log_ratio.abs() <= s.log_ratio_clamp).to(torch.float64)
         log_ratio = log_ratio.clamp(-s.log_ratio_clamp, s.log_ratio_clamp)
     L = m.sum(-1, keepdim=True).clamp(min=1.0)
-    if s.importance_sampling_level == "sequence":
-        ratio = torch.exp(log_ratio.sum(-1, keepdim=True) / L).expand_as(m)
-    else:
-        ratio = torch.exp(log_ratio)
+    ratio = policy_ratio(log_ratio, s.importance_sampling_level, L)
     trust = (~clipped_mask(ratio, A, s)).to(torch.float64)
     if s.vllm_is_mode is not None:
         if old_logprobs is None or sampling_logprobs is None:
@@ -416,8 +446,8 @@ def omega_tensor(
         if s.log_ratio_clamp is not None:
             kl_live = (x.abs() <= s.log_ratio_clamp).to(torch.float64)
             x = x.clamp(-s.log_ratio_clamp, s.log_ratio_clamp)
-        k = torch.exp(x) - x - 1.0
-        gk = (1.0 - torch.exp(x)) * kl_live  # d k / d lp
+        k = k3_kl(x)
+        gk = k3_kl_grad(x) * kl_live  # d k / d lp
         if s.kl_clamp is not None:
             gk = gk * (k.abs() <= s.kl_clamp).to(torch.float64)
             k = k.clamp(-s.kl_clamp, s.kl_clamp)

@@ -27,12 +27,8 @@ import torch
 
 from gmts_analysis.core.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
 from gmts_analysis.core.selection_tensor import keep_first, scope_order
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, RHOS, SCOPES  # noqa: F401 - RHOS re-exported
 from gmts_analysis.errors import GmtsError
-
-SCOPES = ("batch", "group")
-RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
-
-
 
 
 def _codes(values: pd.Series) -> np.ndarray:
@@ -140,7 +136,7 @@ def answer_disagreement(
     df: pd.DataFrame,
     a: str = "entropy",
     b: str = "gmts",
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
 ) -> pd.DataFrame:
     """Per answer, how differently two scores select its tokens (top-``rho`` in ``scope``).
@@ -186,7 +182,7 @@ def token_disagreement(df: pd.DataFrame, a: str = "entropy", b: str = "gmts", sc
 
 
 def selections(
-    df: pd.DataFrame, scores: Sequence[str], rho: float = 0.2, scope: str = "batch"
+    df: pd.DataFrame, scores: Sequence[str], rho: float = DEFAULT_RHO, scope: str = "batch"
 ) -> dict[str, np.ndarray]:
     """``{score: mask}`` for several score columns (convenience for plots and reports)."""
     return {s: select_top(df, s, rho, scope) for s in scores}

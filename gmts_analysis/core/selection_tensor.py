@@ -19,7 +19,9 @@ standing for answers (order the rows by answer id to reproduce a table's selecti
 exactly). NaN scores rank below every real score. ``k`` is :func:`gmts_analysis.core.rank.n_keep`,
 the one top-k count of the toolkit.
 
-Scores (:func:`token_scores`): ``entropy``; ``gmts`` = entropy * |omega| with the full
+Scores (:func:`token_scores`): every selection arm of the registry
+:mod:`gmts_analysis.core.scores` (:data:`SELECTIONS`), computed by the arm's one function on the
+quantities it needs (:class:`ScoreInputs`): ``entropy``; ``gmts`` = entropy * |omega| with the full
 omega of docs/definitions.md section 4 (:func:`token_omega`); ``gmts_lgn`` = logit_grad_norm * |omega|
 (``logit_grad_norm`` = ||d logprob / d z||_2, the closed form of
 :func:`gmts_analysis.core.tokens.token_quantities`, passed in by the caller); ``random``
@@ -39,19 +41,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import Tensor
 
-from gmts_analysis.core.estimators import gmts_score, informative_only, times_abs_omega
 from gmts_analysis.core.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
+from gmts_analysis.core.scores import MASKED_ARMS, SELECTION_ARMS, get_score
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
 
-SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
+#: the selection arms (live view of the registry :mod:`gmts_analysis.core.scores`)
+SELECTIONS = SELECTION_ARMS
 #: the masked baselines: a per-token score times 1[omega != 0] (no |omega| magnitude)
-MASKED_SELECTIONS = ("entropy_inf", "one_minus_prob_inf")
-TENSOR_SCOPES = ("batch", "group")
-NORMALIZERS = ("all", "selected")
+MASKED_SELECTIONS = MASKED_ARMS
+TENSOR_SCOPES = SCOPES
 
 
 def scope_order(scores: Tensor, scope: Tensor) -> Tensor:
@@ -194,14 +197,64 @@ def token_omega(
                         ref_logprobs=ref_logprobs, sampling_logprobs=sampling_logprobs)
 
 
+#: what a tensor-side score is missing when a quantity was not passed (the error names it)
+_MISSING = {"entropy": "the per-token entropy (B, T)", "logprob": "the sampled tokens' log-probs (B, T)",
+            "prob": "the sampled tokens' log-probs (B, T)", "omega": "the advantages (omega)",
+            "logit_grad_norm": "the per-token logit_grad_norm (B, T)",
+            "head_grad_norm": "the per-token head_grad_norm (B, T)", "uniform": "a random generator"}
+
+
+class ScoreInputs(Mapping):
+    """The per-token quantities of :data:`gmts_analysis.core.scores.QUANTITIES` as ``(B, T)`` float64
+    tensors on ``device``, each made on first use from what the caller passed (``omega`` from
+    ``omega``, a tensor or a function returning one; ``prob`` = exp(``logprob``); ``uniform`` from
+    ``generator``, :func:`random_scores`). A missing one raises ValueError naming ``what``."""
+
+    def __init__(self, what: str, mask: Tensor, device: torch.device, *, entropy: Tensor | None = None,
+                 omega: Tensor | Callable[[], Tensor] | None = None, logprob: Tensor | None = None,
+                 logit_grad_norm: Tensor | None = None, head_grad_norm: Tensor | None = None,
+                 generator: torch.Generator | None = None, uniform: bool = True):
+        f64 = lambda x: (lambda: x.detach().to(device=device, dtype=torch.float64)) if x is not None else None  # noqa: E731
+        self._what = what
+        self._make: dict[str, Callable[[], Tensor] | None] = {
+            "entropy": f64(entropy), "omega": omega if omega is None or callable(omega) else (lambda: omega),
+            "logprob": f64(logprob), "prob": (lambda: torch.exp(self["logprob"])) if logprob is not None else None,
+            "logit_grad_norm": f64(logit_grad_norm), "head_grad_norm": f64(head_grad_norm),
+            "uniform": (lambda: random_scores(mask, generator)) if uniform else None,
+        }
+        self._done: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name not in self._done:
+            make = self._make.get(name)
+            if make is None:
+                raise ValueError(f"selection '{self._what}' needs {_MISSING.get(name, name)}")
+            self._done[name] = make()
+        return self._done[name]
+
+    def __contains__(self, name: object) -> bool:
+        return self._make.get(name) is not None  # type: ignore[call-overload]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, v in self._make.items() if v is not None)
+
+    def __len__(self) -> int:
+        return sum(v is not None for v in self._make.values())
+
+
+def score_tensor(name: str, inputs: Mapping[str, Tensor], mask: Tensor) -> Tensor:
+    """``(B, T)`` float64 score ``name`` of the registry on ``inputs`` (:class:`ScoreInputs`), 0 on padding."""
+    s = get_score(name).fn(inputs)
+    return torch.where(mask.bool().to(s.device), s, torch.zeros_like(s))
+
+
 def gmts_scores(entropy: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
     """``(B, T)`` GMTS score ``entropy * |omega|`` (float64; 0 on padding).
 
     ``omega_kwargs`` go to :func:`token_omega` (loss_agg, logprobs, old_logprobs, ref_logprobs,
     clip_low, clip_high, kl_beta). On-policy under token-mean this is ``entropy * |A| / n``.
     """
-    om = token_omega(advantages, mask, **omega_kwargs)
-    return torch.where(mask.bool(), gmts_score(entropy.detach().to(torch.float64), om), torch.zeros_like(om))
+    return token_scores("gmts", entropy, advantages, mask, **omega_kwargs)
 
 
 def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, **omega_kwargs) -> Tensor:
@@ -210,9 +263,7 @@ def gmts_lgn_scores(logit_grad_norm: Tensor, advantages: Tensor, mask: Tensor, *
     logit_grad_norm: ``(B, T)``, ``||d logprob / d z||_2 = sqrt(1 - 2 p + sum_v p_v^2) / tau``
     (:func:`gmts_analysis.core.tokens.token_quantities`). ``omega_kwargs`` as in :func:`gmts_scores`.
     """
-    om = token_omega(advantages, mask, **omega_kwargs)
-    lgn = logit_grad_norm.detach().to(device=om.device, dtype=torch.float64)
-    return torch.where(mask.bool(), times_abs_omega(lgn, om), torch.zeros_like(om))
+    return token_scores("gmts_lgn", None, advantages, mask, logit_grad_norm=logit_grad_norm, **omega_kwargs)
 
 
 def masked_scores(selection: str, entropy: Tensor, advantages: Tensor, mask: Tensor,
@@ -220,17 +271,9 @@ def masked_scores(selection: str, entropy: Tensor, advantages: Tensor, mask: Ten
     """``(B, T)`` masked baseline (float64; 0 on padding): ``entropy_inf`` = entropy * 1[omega != 0],
     ``one_minus_prob_inf`` = (1 - exp(token_logprobs)) * 1[omega != 0]. ``token_logprobs`` ``(B, T)``:
     log p of each sampled token (default: ``omega_kwargs["logprobs"]``)."""
-    om = token_omega(advantages, mask, **omega_kwargs)
-    if selection == "entropy_inf":
-        x = entropy.detach().to(device=om.device, dtype=torch.float64)
-    elif selection == "one_minus_prob_inf":
-        lp = token_logprobs if token_logprobs is not None else omega_kwargs.get("logprobs")
-        if lp is None:
-            raise ValueError("selection 'one_minus_prob_inf' needs the sampled tokens' log-probs (B, T)")
-        x = 1.0 - torch.exp(lp.detach().to(device=om.device, dtype=torch.float64))
-    else:
-        raise ValueError(f"not a masked selection: {selection!r}; choose from {MASKED_SELECTIONS}")
-    return torch.where(mask.bool(), informative_only(x, om), torch.zeros_like(om))
+    if selection not in MASKED_SELECTIONS:
+        raise ValueError(f"not a masked selection: {selection!r}; choose from {tuple(MASKED_SELECTIONS)}")
+    return token_scores(selection, entropy, advantages, mask, token_logprobs=token_logprobs, **omega_kwargs)
 
 
 def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -240,7 +283,7 @@ def random_scores(mask: Tensor, generator: torch.Generator | None = None) -> Ten
 
 def token_scores(
     selection: str,
-    entropy: Tensor,
+    entropy: Tensor | None,
     advantages: Tensor,
     mask: Tensor,
     generator: torch.Generator | None = None,
@@ -248,24 +291,22 @@ def token_scores(
     token_logprobs: Tensor | None = None,
     **omega_kwargs,
 ) -> Tensor | None:
-    """The score a selection ranks by: ``entropy``, ``gmts``, ``gmts_lgn``, ``random``, ``entropy_inf``,
-    ``one_minus_prob_inf``; ``None`` for ``all``/``none``. ``gmts_lgn`` needs ``logit_grad_norm``
-    ``(B, T)``; ``one_minus_prob_inf`` the sampled tokens' log-probs ``token_logprobs`` ``(B, T)``."""
-    if selection in ("all", "none"):
+    """``(B, T)`` float64 score a selection ranks by (0 on padding), for any arm of :data:`SELECTIONS`;
+    ``None`` for ``all``/``none``. Each quantity is made only when the arm needs it (omega from
+    ``advantages`` and ``omega_kwargs``, :func:`token_omega`): ``gmts_lgn`` needs ``logit_grad_norm``
+    ``(B, T)``; ``one_minus_prob_inf`` the sampled tokens' log-probs ``token_logprobs`` ``(B, T)``
+    (default: ``omega_kwargs["logprobs"]``); ``random`` draws from ``generator``."""
+    if selection == "none":  # the old name of the keep-all arm
+        selection = "all"
+    if selection not in SELECTIONS:
+        raise ValueError(f"unknown token selection {selection!r}; choose from {tuple(SELECTIONS)}")
+    if get_score(selection).fn is None:
         return None
-    if selection in MASKED_SELECTIONS:
-        return masked_scores(selection, entropy, advantages, mask, token_logprobs, **omega_kwargs)
-    if selection == "entropy":
-        return entropy.detach()
-    if selection == "gmts":
-        return gmts_scores(entropy, advantages, mask, **omega_kwargs)
-    if selection == "gmts_lgn":
-        if logit_grad_norm is None:
-            raise ValueError("selection 'gmts_lgn' needs the per-token logit_grad_norm (B, T)")
-        return gmts_lgn_scores(logit_grad_norm, advantages, mask, **omega_kwargs)
-    if selection == "random":
-        return random_scores(mask, generator)
-    raise ValueError(f"unknown token selection {selection!r}; choose from {SELECTIONS}")
+    lp = token_logprobs if token_logprobs is not None else omega_kwargs.get("logprobs")
+    inputs = ScoreInputs(selection, mask, mask.device, entropy=entropy,
+                         omega=lambda: token_omega(advantages, mask, **omega_kwargs), logprob=lp,
+                         logit_grad_norm=logit_grad_norm, generator=generator)
+    return score_tensor(selection, inputs, mask)
 
 
 def selection_mask(
@@ -273,7 +314,7 @@ def selection_mask(
     entropy: Tensor,
     advantages: Tensor,
     mask: Tensor,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     generator: torch.Generator | None = None,

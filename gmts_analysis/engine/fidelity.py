@@ -31,6 +31,7 @@ import torch
 from gmts_analysis.core.estimators import add_estimator_columns
 from gmts_analysis.core.selection import select_top
 from gmts_analysis.core.tokens import sequence_logprobs
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.errors import GmtsError
 
@@ -42,7 +43,7 @@ DEFAULT_BUDGET = 2 * 1024**3  # bytes for the per-selection gradient accumulator
 def fidelity_selections(
     tokens: pd.DataFrame,
     estimators: Iterable[str],
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     n_random: int = 5,
     seed: int = 0,
@@ -227,7 +228,7 @@ def update_fidelity(
     batches: Iterable[tuple[object, torch.Tensor, int]],
     tokens: pd.DataFrame,
     estimators: Iterable[str],
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     temperature: float = 1.0,
     n_random: int = 5,
@@ -281,7 +282,7 @@ def fidelity_for_run(
     cfg,
     stats: dict | None = None,
     estimators: Iterable[str] | None = None,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     n_random: int = 5,
     memory_budget_bytes: int = DEFAULT_BUDGET,
 ) -> dict:

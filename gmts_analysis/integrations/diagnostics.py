@@ -10,8 +10,9 @@ Cheap part (:func:`selection_diagnostics`, tensors only, no model call):
   (``zero_advantage.token_share`` of ``stats.json``, docs/definitions.md section 6);
   ``gmts/zero_advantage/answer_share`` and, with group labels, ``gmts/zero_advantage/group_share``
   (answers / groups without a token with omega != 0);
-- ``gmts/selection_waste/<s>`` for ``s`` in entropy, gmts (and gmts_lgn when the logit-gradient
-  norms are known): the share of the top-``rho`` selection by ``s`` (exact ``k = ceil(rho n)``
+- ``gmts/selection_waste/<s>`` for ``s`` in the diagnostic scores of the registry
+  (:data:`gmts_analysis.core.scores.DIAGNOSTIC_SCORES`: entropy, gmts, and gmts_lgn when the
+  logit-gradient norms are known; a score is logged when its quantities are): the share of the top-``rho`` selection by ``s`` (exact ``k = ceil(rho n)``
   per scope, :func:`gmts_analysis.core.selection.select_tokens`) made of omega = 0 tokens
   (``selection_waste.<scope>.<s>.<rho>`` of ``stats.json``);
 - ``gmts/overlap/entropy_gmts`` = |S_entropy ∩ S_gmts| / |S_gmts| (and ``entropy_gmts_lgn``,
@@ -52,11 +53,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gmts_analysis.core.estimators import gmts_score, times_abs_omega
+from gmts_analysis.core.scores import DIAGNOSTIC_SCORES, get_score, times_abs_omega
 from gmts_analysis.core.seeding import derive_seed
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, SCOPES
 
 PREFIX = "gmts/"
-SCORES = ("entropy", "gmts", "gmts_lgn")
+SCORES = DIAGNOSTIC_SCORES  # live view of the registry
 DEFAULT_MAX_TOKENS = 64
 
 
@@ -67,16 +69,17 @@ def _share(num: Tensor, den: Tensor) -> float:
 
 def diagnostic_scores(entropy: Tensor, omega: Tensor, mask: Tensor,
                       logit_grad_norm: Tensor | None = None) -> dict[str, Tensor]:
-    """``{name: (B, T) float64 score}``: ``entropy``, ``gmts`` = entropy * |omega| and, when
-    ``logit_grad_norm`` is given, ``gmts_lgn`` = logit_grad_norm * |omega| (0 on padding)."""
+    """``{name: (B, T) float64 score}`` (0 on padding) for every score of :data:`SCORES` whose quantities
+    are given: ``entropy``, ``gmts`` = entropy * |omega| and, when ``logit_grad_norm`` is given,
+    ``gmts_lgn`` = logit_grad_norm * |omega|."""
+    from gmts_analysis.core.selection_tensor import ScoreInputs
+
     m = mask.bool()
     zero = torch.zeros_like(omega, dtype=torch.float64)
-    ent = entropy.detach().to(device=omega.device, dtype=torch.float64)
-    out = {"entropy": torch.where(m, ent, zero), "gmts": torch.where(m, gmts_score(ent, omega), zero)}
-    if logit_grad_norm is not None:
-        lgn = logit_grad_norm.detach().to(device=omega.device, dtype=torch.float64)
-        out["gmts_lgn"] = torch.where(m, times_abs_omega(lgn, omega), zero)
-    return out
+    inputs = ScoreInputs("diagnostics", mask, omega.device, entropy=entropy, omega=omega,
+                         logit_grad_norm=logit_grad_norm, uniform=False)
+    return {k: torch.where(m, get_score(k).fn(inputs), zero) for k in SCORES
+            if all(q in inputs for q in get_score(k).needs)}
 
 
 def selection_diagnostics(
@@ -84,7 +87,7 @@ def selection_diagnostics(
     omega: Tensor,
     mask: Tensor,
     *,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     logit_grad_norm: Tensor | None = None,
@@ -208,7 +211,7 @@ def diagnose_batch(
     omega: Tensor,
     mask: Tensor,
     *,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     logit_grad_norm: Tensor | None = None,
@@ -322,14 +325,14 @@ class GmtsDiagnosticsCallback(TrainerCallback):
     ``history`` keeps ``(global_step, metrics)`` for inspection.
     """
 
-    def __init__(self, every: int = 10, rho: float = 0.2, scope: str = "batch",
+    def __init__(self, every: int = 10, rho: float = DEFAULT_RHO, scope: str = "batch",
                  max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         if not 0.0 < rho <= 1.0:
             raise ValueError(f"rho must be in (0, 1], got {rho}")
-        if scope not in ("batch", "group"):
-            raise ValueError(f"scope must be batch or group, got {scope!r}")
+        if scope not in SCOPES:
+            raise ValueError(f"scope must be {' or '.join(SCOPES)}, got {scope!r}")
         self.every, self.rho, self.scope, self.max_tokens, self.seed = every, rho, scope, max_tokens, seed
         self._due = False
         self.history: list[tuple[int, dict[str, float]]] = []
@@ -387,7 +390,7 @@ class GmtsDiagnosticsCallback(TrainerCallback):
 def verl_diagnostics(
     data: Any,
     *,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     loss_agg_mode: str = "token-mean",
     entropy_key: str = "old_entropys",

@@ -11,7 +11,9 @@ Fields (on top of ``GRPOConfig``):
 
 - ``token_selection``: ``all`` (stock TRL, bit for bit; ``none`` is accepted as its old name) | ``entropy`` | ``gmts`` | ``gmts_lgn``
   (logit_grad_norm * |omega|; TRL's fused head returns no logits, so this costs one extra
-  no-grad forward of each micro-batch) | ``random``;
+  no-grad forward of each micro-batch) | ``random`` | the masked baselines ``entropy_inf``,
+  ``one_minus_prob_inf``: any arm of the registry :mod:`gmts_analysis.core.scores`, scored by its one
+  function on TRL's entropies, log-probs, omega and (when it needs them) logit-gradient norms;
 - ``selection_rho``: fraction kept, exact ``k = ceil(rho * n)`` per scope (TRL's own
   ``top_entropy_quantile`` keeps the tokens at or above a quantile, so ties and
   interpolation can change the count; this trainer keeps exactly ``k``);
@@ -57,12 +59,15 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError("gmts_analysis.integrations.trl_trainer needs TRL: pip install 'gmts_analysis[trl]'") from e
 
-from gmts_analysis.core.selection import gmts_lgn_scores, gmts_scores, random_scores, select_tokens, selection_overlap
-from gmts_analysis.core.selection_tensor import MASKED_SELECTIONS, masked_scores
+from gmts_analysis.core.objective import TRL_AGGREGATION
+from gmts_analysis.core.scores import SELECTION_ARMS, get_score
+from gmts_analysis.core.selection import select_tokens, selection_overlap, token_scores
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
 
-TOKEN_SELECTIONS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")  # "none": old name of "all"
-_TOKEN_MEAN = ("dapo", "bnpo", "cispo", "vespo")
-_SEQ_MEAN = ("grpo", "sapo")
+TOKEN_SELECTIONS = SELECTION_ARMS  # the arms of the registry (live); "none": old name of "all"
+#: TRL loss types by how TRL normalizes them (the ``selected`` normalizer's factor differs)
+_TOKEN_MEAN = tuple(k for k, v in TRL_AGGREGATION.items() if v == "token-mean")
+_SEQ_MEAN = tuple(k for k, v in TRL_AGGREGATION.items() if v == "seq-mean-token-mean")
 
 
 @dataclass
@@ -70,12 +75,12 @@ class SelectiveGRPOConfig(GRPOConfig):
     """``GRPOConfig`` plus the token-selection fields (see the module docstring)."""
 
     token_selection: str = field(
-        default="all", metadata={"help": "Tokens kept in the policy loss: all | entropy | gmts | gmts_lgn | random."}
+        default="all", metadata={"help": f"Tokens kept in the policy loss: {' | '.join(SELECTION_ARMS)}."}
     )
-    selection_rho: float = field(default=0.2, metadata={"help": "Fraction of tokens kept per scope, in (0, 1]."})
-    selection_scope: str = field(default="batch", metadata={"help": "Selection scope: batch | group."})
+    selection_rho: float = field(default=DEFAULT_RHO, metadata={"help": "Fraction of tokens kept per scope, in (0, 1]."})
+    selection_scope: str = field(default="batch", metadata={"help": f"Selection scope: {' | '.join(SCOPES)}."})
     selection_normalizer: str = field(
-        default="all", metadata={"help": "Loss normalizer after selection: all | selected."}
+        default="all", metadata={"help": f"Loss normalizer after selection: {' | '.join(NORMALIZERS)}."}
     )
     rollouts_dir: str | None = field(
         default=None,
@@ -92,11 +97,7 @@ class SelectiveGRPOConfig(GRPOConfig):
 
 def loss_agg_of(loss_type: str) -> str:
     """The aggregation (docs/definitions.md section 3) whose token weights ``w`` match TRL's ``loss_type``."""
-    if loss_type in _SEQ_MEAN:
-        return "seq-mean-token-mean"
-    if loss_type == "dr_grpo":
-        return "seq-mean-token-sum-norm"
-    return "token-mean"
+    return TRL_AGGREGATION.get(loss_type, "token-mean")
 
 
 class SelectiveGRPOTrainer(GRPOTrainer):
@@ -107,16 +108,16 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         a = self.args
         sel = getattr(a, "token_selection", "all")
         self.token_selection = "all" if sel == "none" else sel  # "none": the old name of the keep-all arm
-        self.selection_rho = float(getattr(a, "selection_rho", 0.2))
+        self.selection_rho = float(getattr(a, "selection_rho", DEFAULT_RHO))
         self.selection_scope = getattr(a, "selection_scope", "batch")
         self.selection_normalizer = getattr(a, "selection_normalizer", "all")
         if self.token_selection not in TOKEN_SELECTIONS:
-            raise ValueError(f"token_selection must be one of {TOKEN_SELECTIONS}, got {self.token_selection!r}")
+            raise ValueError(f"token_selection must be one of {tuple(TOKEN_SELECTIONS)}, got {self.token_selection!r}")
         if not 0.0 < self.selection_rho <= 1.0:
             raise ValueError(f"selection_rho must be in (0, 1], got {self.selection_rho}")
-        if self.selection_scope not in ("batch", "group"):
+        if self.selection_scope not in SCOPES:
             raise ValueError(f"selection_scope must be batch or group, got {self.selection_scope!r}")
-        if self.selection_normalizer not in ("all", "selected"):
+        if self.selection_normalizer not in NORMALIZERS:
             raise ValueError(f"selection_normalizer must be all or selected, got {self.selection_normalizer!r}")
         if getattr(a, "rollouts_dir", None):
             from gmts_analysis.integrations.rollout_log import log_rollouts
@@ -146,7 +147,8 @@ class SelectiveGRPOTrainer(GRPOTrainer):
             # any value below 1 makes TRL call get_high_entropy_mask, which returns our selection
             self.top_entropy_quantile = 0.5
         self._loss_settings = None
-        if self.token_selection in ("gmts", "gmts_lgn"):  # omega of the loss TRL trains; refuses what it does not model
+        self._score = get_score(self.token_selection)
+        if "omega" in self._score.needs:  # omega of the loss TRL trains; refuses what it does not model
             from gmts_analysis.core.objective import trl_loss_settings
 
             self._loss_settings = trl_loss_settings(self, what=f"token_selection='{self.token_selection}'")
@@ -165,7 +167,7 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         if self.token_selection == "all":
             return super()._compute_loss(model, inputs)
         self._sel_inputs, self._sel_logps, self._sel_lgn = inputs, None, None
-        if self.token_selection == "gmts_lgn":
+        if "logit_grad_norm" in self._score.needs:
             from gmts_analysis.integrations.diagnostics import completion_quantities
 
             cm = inputs["completion_mask"]
@@ -191,28 +193,26 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         return self.num_generations if self.model.training else self.num_generations_eval
 
     def _scores(self, entropies: torch.Tensor, mask: torch.Tensor, inputs: dict) -> torch.Tensor:
-        if self.token_selection == "entropy":
-            return entropies.detach().double()
-        if self.token_selection == "random":
+        """``(B, T)`` scores of the arm (:func:`gmts_analysis.core.selection_tensor.token_scores`) from TRL's
+        entropies, log-probs, advantages, loss settings and (when needed) logit-gradient norms."""
+        needs = self._score.needs
+        g = None
+        if "uniform" in needs:
             from gmts_analysis.core.seeding import torch_generator
 
             g = torch_generator(int(self.args.seed), "trl-random-selection", int(self.state.global_step),
                                 int(self._step), int(self.accelerator.process_index))
-            return random_scores(mask, g)
-        settings = self._loss_settings
-        loss_agg = settings.loss_agg
-        omega_kw = dict(
-            settings=settings, logprobs=self._sel_logps, old_logprobs=inputs.get("old_per_token_logps"),
-            ref_logprobs=inputs.get("ref_per_token_logps"), sampling_logprobs=inputs.get("sampling_per_token_logps"),
-        )
-        if self.token_selection == "gmts_lgn":
-            s = gmts_lgn_scores(self._sel_lgn, inputs["advantages"], mask, **omega_kw)
-        elif self.token_selection in MASKED_SELECTIONS:  # score x 1[omega != 0]: no |omega| scale to undo
-            return masked_scores(self.token_selection, entropies, inputs["advantages"], mask,
-                                 token_logprobs=self._sel_logps, **omega_kw)
-        else:
-            s = gmts_scores(entropies, inputs["advantages"], mask, **omega_kw)
-        if loss_agg == "token-mean":  # w = 1/n_local differs across processes; the true w is one constant
+        omega_kw = {}
+        if "omega" in needs:
+            omega_kw = dict(
+                settings=self._loss_settings, logprobs=self._sel_logps, old_logprobs=inputs.get("old_per_token_logps"),
+                ref_logprobs=inputs.get("ref_per_token_logps"),
+                sampling_logprobs=inputs.get("sampling_per_token_logps"),
+            )
+        s = token_scores(self.token_selection, entropies, inputs["advantages"], mask, g,
+                         logit_grad_norm=self._sel_lgn, token_logprobs=self._sel_logps, **omega_kw)
+        if self._score.scale == "abs_omega" and self._loss_settings.loss_agg == "token-mean":
+            # w = 1/n_local differs across processes; the true w is one constant
             s = s * mask.sum().clamp(min=1).double()
         return s
 

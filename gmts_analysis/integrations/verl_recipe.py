@@ -1,4 +1,4 @@
-"""verl recipe: token selection (entropy | gmts | gmts_lgn | random) from the old-policy entropies.
+"""verl recipe: token selection (any arm of :mod:`gmts_analysis.core.scores`) from the old-policy entropies.
 
 verl's policy-loss functions (``@register_policy_loss``) receive ``old_log_prob``,
 ``log_prob``, ``advantages``, ``response_mask``, ``loss_agg_mode`` and the actor config,
@@ -44,7 +44,8 @@ given); the 80/20 code ranks by the current policy's entropies in each micro-bat
 ``gmts_lgn`` (logit_grad_norm * |omega|) needs the old policy's per-token logit-gradient norm
 ``sqrt(1 - 2 p + sum_v p_v^2) / tau``, which verl does not compute: add it where the actor
 computes ``entropys`` from the logits (the same softmax) and store it as
-``batch["old_logit_grad_norm"]`` (``lgn_key``); without it ``gmts_lgn`` is refused.
+``batch["old_logit_grad_norm"]`` (``lgn_key``); without it ``gmts_lgn`` is refused. The masked baseline
+``one_minus_prob_inf`` reads the old policy's log-probs (``old_log_probs``).
 Live diagnostics from the same batch: :func:`gmts_analysis.integrations.diagnostics.verl_diagnostics`.
 
 Shapes (verl's): ``old_entropys``, ``advantages``, ``response_mask``, ``old_log_probs``,
@@ -60,7 +61,9 @@ from typing import Any
 import torch
 
 from gmts_analysis.core.objective import VERL_LOSS_AGG  # noqa: F401  (verl loss_agg_mode -> our aggregation)
+from gmts_analysis.core.scores import SELECTION_ARMS, get_score
 from gmts_analysis.core.selection import select_tokens, selection_overlap, token_scores
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS
 
 
 def verl_selection_mask(
@@ -69,7 +72,7 @@ def verl_selection_mask(
     response_mask: torch.Tensor,
     *,
     selection: str = "gmts",
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     uid: Sequence | None = None,
     loss_agg_mode: str = "token-mean",
@@ -91,6 +94,7 @@ def verl_selection_mask(
         selection, old_entropys, advantages, response_mask, g, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
         logprobs=old_log_probs if ref_log_prob is not None else None, ref_logprobs=ref_log_prob,
         kl_beta=kl_beta if ref_log_prob is not None else 0.0, logit_grad_norm=logit_grad_norm,
+        token_logprobs=old_log_probs,
     )
     if s is None:
         return response_mask.bool().clone()
@@ -101,7 +105,7 @@ def apply_token_selection(
     data: Any,
     *,
     selection: str = "gmts",
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     normalizer: str = "all",
     loss_agg_mode: str = "token-mean",
@@ -117,17 +121,18 @@ def apply_token_selection(
     ``data.non_tensor_batch["uid"]`` for ``scope="group"``. Writes ``advantages * mask * factor``
     back to ``data.batch["advantages"]`` and the mask to ``data.batch["token_selection_mask"]``.
     """
-    if normalizer not in ("all", "selected"):
-        raise ValueError(f"normalizer must be all or selected, got {normalizer!r}")
+    if normalizer not in NORMALIZERS:
+        raise ValueError(f"normalizer must be {' or '.join(NORMALIZERS)}, got {normalizer!r}")
     b = data.batch
     ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
     uid = data.non_tensor_batch.get("uid") if scope == "group" else None
     keys = set(b.keys())
     ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
     old = b["old_log_probs"] if "old_log_probs" in keys else None
-    if selection == "gmts_lgn" and lgn_key not in keys:
-        raise ValueError(f"selection 'gmts_lgn' needs batch[{lgn_key!r}] (the old policy's logit-gradient norms)")
-    lgn = b[lgn_key] if selection == "gmts_lgn" else None
+    needs_lgn = selection in SELECTION_ARMS and "logit_grad_norm" in get_score(selection).needs
+    if needs_lgn and lgn_key not in keys:
+        raise ValueError(f"selection '{selection}' needs batch[{lgn_key!r}] (the old policy's logit-gradient norms)")
+    lgn = b[lgn_key] if needs_lgn else None
     sel = verl_selection_mask(ent, adv, mask, selection=selection, rho=rho, scope=scope, uid=uid,
                               loss_agg_mode=loss_agg_mode, old_log_probs=old, ref_log_prob=ref, kl_beta=kl_beta,
                               seed=seed, logit_grad_norm=lgn)

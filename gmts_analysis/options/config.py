@@ -11,6 +11,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from gmts_analysis.core.vocabulary import (
+    ADVANTAGE_MODES,
+    DEFAULT_RHO,
+    IS_LEVELS,
+    LOSS_AGGS,
+    LOSS_TYPES,
+    REFUSED_LOSS_TYPES,
+    RHOS,
+    VLLM_IS_MODES,
+)
 from gmts_analysis.errors import GmtsError
 
 
@@ -37,16 +47,15 @@ class ProbeOptions:
                      choices=("float32", "float64", "bfloat16", "float16"))
     temperature: float = opt(1.0, "sampling temperature tau: p = softmax(z / tau)")
     advantage: str = opt("group", "advantage estimator (docs/definitions.md section 3)",
-                         choices=("group", "batch", "none", "logged"))
+                         choices=ADVANTAGE_MODES)
     loss_agg: str = opt("token-mean", "per-token loss weight w (docs/definitions.md section 3): token-mean "
                         "1/sum_j L_j, seq-mean-token-mean 1/(N L_i), seq-mean-token-sum-norm 1/(N L_max), and "
                         "verl's seq-mean-token-sum 1/N, token-sum 1",
-                        choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                                 "seq-mean-token-sum", "token-sum"))
+                        choices=LOSS_AGGS)
     max_len: int = opt(None, "generation budget L_max in tokens for seq-mean-token-sum-norm (default: "
                        "--max-completion-length, else the longest answer)")
-    loss_type: str = opt(None, "TRL loss_type that was trained: grpo | bnpo | dapo | dr_grpo (sets --loss-agg; "
-                         "TRL's bias-corrected KL); cispo, sapo, vespo, luspo are refused")
+    loss_type: str = opt(None, f"TRL loss_type that was trained: {' | '.join(LOSS_TYPES)} (sets --loss-agg; "
+                         f"TRL's bias-corrected KL); {', '.join(REFUSED_LOSS_TYPES)} are refused")
     clip_low: float = opt(0.2, "PPO clip epsilon below 1 (off-policy omega; TRL epsilon, verl clip_ratio_low)")
     clip_high: float = opt(0.2, "PPO clip epsilon above 1 (TRL epsilon_high, default epsilon; DAPO uses 0.28)")
     clip_ratio_c: float = opt(None, "verl's dual clip c > 1: no gradient where A < 0 and ratio > c (default off)")
@@ -54,9 +63,9 @@ class ProbeOptions:
     kl_bias_correction: str = opt("auto", "TRL's use_bias_correction_kl (KL term times the ratio): auto = on "
                                   "with --loss-type", choices=("auto", "on", "off"))
     importance_sampling_level: str = opt("token", "importance ratio per token, or one per answer (GSPO)",
-                                         choices=("token", "sequence"))
+                                         choices=IS_LEVELS)
     vllm_is_mode: str = opt(None, "TRL's vLLM importance-sampling correction (needs sampling_logprobs)",
-                            choices=("token_truncate", "token_mask", "sequence_truncate", "sequence_mask"))
+                            choices=VLLM_IS_MODES)
     vllm_is_min: float = opt(None, "vLLM importance-sampling lower bound C_min (default none)")
     vllm_is_max: float = opt(3.0, "vLLM importance-sampling upper bound C_max")
     grad_norm: str = opt("exact", "per-token gradient norm: exact | sketch (Gaussian JVP) | none",
@@ -84,9 +93,10 @@ class ProbeOptions:
     mask_truncated_completions: bool = opt(False, "TRL's mask_truncated_completions: answers that do not end "
                                            "with a stop token (EOS or pad) get loss weight 0 and leave the "
                                            "token-mean denominator; their rewards still enter the baselines")
-    rho: float = opt(0.2, "keep fraction of the token selections (TRL's top_entropy_quantile) used by the report, "
+    rho: float = opt(DEFAULT_RHO, "keep fraction of the token selections (TRL's top_entropy_quantile) used by the "
+                     "report, "
                      "update fidelity and the headline top-k overlap; the statistics also report their grid "
-                     "0.05, 0.1, 0.2, 0.3, 0.5")
+                     f"{', '.join(map(str, RHOS))}")
     uncertain_below: float = opt(0.9, "the statistics' uncertain-token view keeps the tokens whose probability "
                                  "under the policy is below this (stats.json 'uncertain', meta.uncertain_below)")
     seed: int = opt(0, "seed for sketches, bootstrap and random selections")

@@ -23,7 +23,7 @@ import torch
 
 from gmts_analysis.core import advantages as adv_mod
 from gmts_analysis.core.estimators import add_estimator_columns, gmts_score, times_abs_omega
-from gmts_analysis.core.objective import clipped_mask, settings_of
+from gmts_analysis.core.objective import clipped_mask, k3_kl, policy_ratio, settings_of
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions
 from gmts_analysis.probing.tables import answers_table, concat_columns, id_column
@@ -211,16 +211,16 @@ def probe_answer(
     }
     if answer.old_logprobs is not None:  # off-policy: the ratio and whether the clip silences the token
         log_ratio = logprob - np.asarray(answer.old_logprobs, dtype=np.float64)
-        cols["ratio"] = np.exp(log_ratio)
+        cols["ratio"] = policy_ratio(log_ratio)
         loss = settings_of(cfg)
         seq = loss.importance_sampling_level == "sequence" and T > 0
-        r_eff = np.full(T, np.exp(log_ratio.mean())) if seq else cols["ratio"]
+        r_eff = policy_ratio(log_ratio, "sequence") if seq else cols["ratio"]
         cols["clipped"] = clipped_mask(torch.from_numpy(r_eff), torch.full((T,), float(coef.advantage),
                                                                            dtype=torch.float64), loss).numpy()
     if answer.ref_logprobs is not None:  # the reference log-prob and TRL's per-token k3 KL estimate (nats)
         ref = np.asarray(answer.ref_logprobs, dtype=np.float64)
         cols["ref_logprob"] = ref
-        cols["kl_k3"] = np.exp(ref - logprob) - (ref - logprob) - 1.0
+        cols["kl_k3"] = k3_kl(ref - logprob)
     groups_df = None
     if gn is None:
         cols["grad_norm_logp"] = np.full(T, np.nan)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gmts_analysis.core.scores import DEFAULT_ARMS, SELECTION_ARMS  # noqa: F401 - live views of the registry
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
 from gmts_analysis.errors import GmtsError
 
 ALL_DOMAINS = ("arithmetic", "program", "logic")
-SELECTION_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
-#: the arms `gmts rl` runs by default (the masked baselines entropy_inf / one_minus_prob_inf on request)
-DEFAULT_ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random")
 
 
 @dataclass
@@ -17,11 +16,11 @@ class RLConfig:
     """Everything one training run depends on (recorded in the results JSON)."""
 
     policy: str = "small"
-    selection: str = "gmts"  # all | entropy | gmts | gmts_lgn | random | entropy_inf | one_minus_prob_inf
+    selection: str = "gmts"  # an arm of gmts_analysis.core.scores (SELECTION_ARMS)
     seed: int = 0
     steps: int = 100
     domains: tuple[str, ...] = ALL_DOMAINS
-    rho: float = 0.2
+    rho: float = DEFAULT_RHO
     scope: str = "batch"  # batch | group
     normalizer: str = "all"  # all | selected
     loss_agg: str = "token-mean"
@@ -57,10 +56,10 @@ class RLConfig:
                 raise GmtsError(f"--domain: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
         if not 0.0 < self.rho <= 1.0:
             raise GmtsError(f"--rho must be in (0, 1], got {self.rho}")
-        if self.scope not in ("batch", "group"):
-            raise GmtsError(f"--scope must be batch or group, got '{self.scope}'")
-        if self.normalizer not in ("all", "selected"):
-            raise GmtsError(f"--normalizer must be all or selected, got '{self.normalizer}'")
+        if self.scope not in SCOPES:
+            raise GmtsError(f"--scope must be {' or '.join(SCOPES)}, got '{self.scope}'")
+        if self.normalizer not in NORMALIZERS:
+            raise GmtsError(f"--normalizer must be {' or '.join(NORMALIZERS)}, got '{self.normalizer}'")
         if self.steps < 0 or self.group_size < 2 or self.prompts_per_domain < 1:
             raise GmtsError("--max-steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
         if self.lr <= 0:

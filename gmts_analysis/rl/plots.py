@@ -16,9 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-COLORS = {"all": "#4d4d4d", "entropy": "#1f77b4", "gmts": "#d62728", "gmts_lgn": "#9467bd", "random": "#2ca02c",
-          "entropy_inf": "#17becf", "one_minus_prob_inf": "#ff7f0e"}
-ARMS = ("all", "entropy", "gmts", "gmts_lgn", "random", "entropy_inf", "one_minus_prob_inf")
+from gmts_analysis.core.scores import ARM_COLORS as COLORS  # {arm: colour}, live view of the registry
+from gmts_analysis.core.scores import SELECTION_ARMS as ARMS
 
 
 def _runs_by_arm(result: dict) -> dict[str, list[dict]]:

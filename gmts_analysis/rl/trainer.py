@@ -334,10 +334,9 @@ def train(
                 "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
                 "gmts_lgn": selection_mask("gmts_lgn", ent, adv, mask, logit_grad_norm=lgn, **sel_kw),
             }
-            if cfg.selection == "random":
-                sels["random"] = selection_mask("random", ent, adv, mask, generator=gen, **sel_kw)
-            elif cfg.selection in ("entropy_inf", "one_minus_prob_inf"):  # the masked baselines
-                sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, token_logprobs=lp, **sel_kw)
+            if cfg.selection not in sels and cfg.selection != "all":  # any other arm of the registry
+                sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, generator=gen, token_logprobs=lp,
+                                                     logit_grad_norm=lgn, **sel_kw)
             selected = mask.bool() if cfg.selection == "all" else sels[cfg.selection]
             ratio = torch.exp(lp - lp.detach())
             per_token = -adv[:, None] * ratio

@@ -17,6 +17,7 @@ from typing import Sequence
 import torch
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, write_tables
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions
 from gmts_analysis.probing.kernel import ProbeResult
 from gmts_analysis.readers.rollouts import Answer
@@ -133,7 +134,7 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
     from gmts_analysis.analysis.stats import compute_stats
 
     t0 = time.perf_counter()
-    rho = float(getattr(cfg, "rho", 0.2))
+    rho = float(getattr(cfg, "rho", DEFAULT_RHO))
     stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
                           uncertain_below=float(getattr(cfg, "uncertain_below", 0.9)))
     result.timings["stats_s"] = time.perf_counter() - t0

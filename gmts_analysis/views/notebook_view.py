@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 
 # (column, label, unit) shown on hover, in this order, when the column is present
@@ -118,7 +119,7 @@ def render_tokens_html(
     answers: pd.DataFrame | None = None,
     n: int = 5,
     *,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     colour: str = "grad_norm",
     scope: str = "batch",
     max_tokens: int = MAX_TOKENS_DEFAULT,

@@ -40,6 +40,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.style import COLORS, display_token  # noqa: F401 - display_token re-exported (report)
 
@@ -392,7 +393,7 @@ def fig_update_fidelity(stats: dict) -> Figure | None:
     return fig
 
 
-def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = 0.2) -> Any:
+def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = DEFAULT_RHO) -> Any:
     """The answer whose tokens ``a`` and ``b`` select most differently (batch scope), among
     answers with a non-zero gradient when there are any."""
     from gmts_analysis.core.selection import answer_disagreement
@@ -408,7 +409,7 @@ def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: 
 def fig_token_strip(
     tokens: pd.DataFrame,
     answer_id: Any = None,
-    rho: float = 0.2,
+    rho: float = DEFAULT_RHO,
     scope: str = "batch",
     per_line: int = 32,
     max_tokens: int = 160,

@@ -1,0 +1,44 @@
+"""The names every layer shares, each listed once (no imports: the command line's --help reads them).
+
+- selection: :data:`DEFAULT_RHO` (keep fraction of every top-k selection unless a caller says
+  otherwise), :data:`RHOS` (the statistics' grid), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
+  normalizer after selection: ``all`` counts the dropped tokens as zeros, ``selected`` divides by
+  the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`);
+- the loss (docs/definitions.md sections 3 and 4, :mod:`gmts_analysis.core.objective`):
+  :data:`ADVANTAGE_MODES`, :data:`LOSS_AGGS`, :data:`TRL_AGGREGATION` (each TRL 1.16 ``loss_type``'s aggregation),
+  :data:`REFUSED_LOSS_TYPES`, :data:`LOSS_TYPES`, :data:`IS_LEVELS`, :data:`VLLM_IS_MODES`.
+
+The per-token scores (estimators and selection arms) are a registry, not a list:
+:mod:`gmts_analysis.core.scores`.
+"""
+
+from __future__ import annotations
+
+#: keep fraction of a top-``rho`` selection when none is given (TRL's ``top_entropy_quantile``)
+DEFAULT_RHO = 0.2
+#: the keep fractions the statistics report (their grid)
+RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
+#: selection scopes: every response token of the batch pooled, or each group (answers to one prompt)
+SCOPES = ("batch", "group")
+#: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``
+NORMALIZERS = ("all", "selected")
+
+#: advantage estimators (docs/definitions.md section 3)
+ADVANTAGE_MODES = ("group", "batch", "none", "logged")
+#: aggregations of the per-token loss (token weight ``w``, docs/definitions.md section 3)
+LOSS_AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm", "seq-mean-token-sum", "token-sum")
+#: TRL 1.16 ``loss_type`` -> how TRL aggregates its per-token terms (grpo, sapo: per-answer mean then
+#: mean over answers; bnpo: local micro-batch token mean; dapo, cispo, vespo: token mean over the
+#: generation batch, ``num_items_in_batch``; dr_grpo: sum / (answers * max_completion_length)).
+#: luspo is absent: it has no token normalizer of these kinds.
+TRL_AGGREGATION = {"grpo": "seq-mean-token-mean", "bnpo": "token-mean", "dapo": "token-mean",
+                   "dr_grpo": "seq-mean-token-sum-norm", "sapo": "seq-mean-token-mean", "cispo": "token-mean",
+                   "vespo": "token-mean"}
+#: loss types TRL 1.16 offers that omega does not model (their gradient is not the clipped surrogate)
+REFUSED_LOSS_TYPES = ("cispo", "sapo", "vespo", "luspo")
+#: loss types whose omega is modelled, in TRL's order
+LOSS_TYPES = tuple(k for k in TRL_AGGREGATION if k not in REFUSED_LOSS_TYPES)
+#: importance ratio per token (PPO/GRPO/DAPO) or one per answer (GSPO)
+IS_LEVELS = ("token", "sequence")
+#: TRL's vLLM importance-sampling correction modes
+VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
