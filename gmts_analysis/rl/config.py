@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gmts_analysis.errors import GmtsError
 
@@ -79,3 +80,8 @@ def stable_seed(*key: object) -> int:
     from gmts_analysis.core.seeding import derive_seed
 
     return derive_seed(*key, bits=31)
+
+
+def run_path(out: Path, selection: str, seed: int) -> Path:
+    """The run record of ``selection`` and ``seed`` of the experiment ``out`` (``<out stem>.runs/<selection>-s<seed>.json``)."""
+    return out.with_suffix("").with_name(out.stem + ".runs") / f"{selection}-s{seed}.json"
