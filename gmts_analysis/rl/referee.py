@@ -424,7 +424,7 @@ def contrast_sentence(r: dict) -> str:
             f"{r['n']} seeds; evaluation SE of one seed's difference {_f(r['eval_se_diff'])}): {r['words']}.")
 
 
-_CONTRAST_HEAD = ("| contrast | n | mean diff | 95% CI | SD diff | t p | {holm}sign p | Wilcoxon p | wins a/b/tie "
+_CONTRAST_HEAD = ("| contrast | n | mean diff | 95% CI | SD diff | t p | {holm}sign p | Wilcoxon p | wins a/b/equal "
                   "| eval SE (diff) | verdict |")
 
 
@@ -487,6 +487,9 @@ def report_markdown(report: dict) -> str:
     expl = [r for r in done if r["family"] != "primary"]
     if expl:
         lines += ["", *_contrast_table(expl, False)]
+    if not any(s["status"] == "complete" for s in report["settings"]):
+        lines += ["", "No setting is complete: no final pass@1, contrast or mechanism is reported yet."]
+        return "\n".join(lines) + "\n"
     lines += ["", "**Final pass@1 per arm** (mean over domains; SD over seeds; evaluation SE of one run)", "",
               "| setting | arm | mean | SD | min | max | eval SE (run) | per domain |", "|---|---|---|---|---|---|---|---|"]
     for s in report["settings"]:
