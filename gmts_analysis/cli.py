@@ -23,7 +23,7 @@ from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import GmtsParser, install
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
-COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "toy_train", "bench"]
+COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "rl_report", "toy_train", "bench"]
 
 
 class GmtsArgumentParser(GmtsParser):

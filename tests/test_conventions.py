@@ -203,7 +203,7 @@ def test_probe_help_groups_units_defaults():
 
 
 @pytest.mark.parametrize("name", ["run", "sample", "probe", "merge", "stats", "figures", "compare", "rl",
-                                  "toy-train", "bench"])
+                                  "rl-report", "toy-train", "bench"])
 def test_every_subcommand_help_in_groups_with_defaults(name):
     p = _sub(name)
     groups = {g.title: [a for a in g._group_actions if a.option_strings] for g in p._action_groups}
@@ -224,7 +224,7 @@ def test_run_domains_space_or_comma_separated():
 
 
 def test_one_name_per_concept_across_subcommands():
-    for name in ("run", "sample", "probe", "merge", "stats", "figures", "rl", "toy-train", "bench"):
+    for name in ("run", "sample", "probe", "merge", "stats", "figures", "rl", "rl-report", "toy-train", "bench"):
         text = _sub(name).format_help()
         assert "-q, --quiet" in text, name
         assert "do not:" not in text, name

@@ -17,7 +17,7 @@ from gmts_analysis.options import ALIAS_BY_NAME, ALIASES
 from gmts_analysis.options.config import JobSettings, OutputOptions, ProbeConfig, RunControl, SamplingOptions
 from gmts_analysis.sampling import domains as sampling_domains
 
-COMMANDS = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "toy-train", "bench"]
+COMMANDS = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "rl-report", "toy-train", "bench"]
 #: the subcommands whose every option is a dataclass field
 DERIVED = {"sample": (SamplingOptions, OutputOptions, RunControl), "run": (SamplingOptions, ProbeConfig, RunControl),
            "probe": (ProbeConfig,)}

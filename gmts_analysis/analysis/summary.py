@@ -367,13 +367,15 @@ def update_readme(readme: str, stats: Mapping[str, Any], slices: Sequence[str] |
     """``readme`` (the text) with the results block of ``name`` (default: the original one)
     replaced by :func:`readme_block` of ``stats``. The begin marker is found by its prefix, so a
     block generated from another source is replaced too."""
-    begin, end = readme_markers(name, source)
-    prefix = begin.split(" (generated", 1)[0]
-    a = readme.find(prefix)
-    b = readme.find(end, a if a >= 0 else 0)
-    if a < 0 or b < a:
+    from gmts_analysis.util.markers import block_markers, find_block
+
+    readme_markers(name, source)  # checks the name
+    tag = "gmts-results" if name is None else f"gmts-results:{name}"
+    span = find_block(readme, tag)
+    if span is None:
+        prefix, end = block_markers(tag)
         raise ValueError(f"README has no generated results block {name or ''} (markers {prefix} ... {end} missing)")
-    return readme[:a] + readme_block(stats, slices, name, source) + readme[b + len(end):]
+    return readme[:span[0]] + readme_block(stats, slices, name, source) + readme[span[3]:]
 
 
 def update_readme_from_run(readme_path: str, run_dir: str, name: str | None = None) -> None:

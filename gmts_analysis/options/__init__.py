@@ -113,10 +113,10 @@ GROUP_OVERRIDES: dict[str, dict[str, str]] = {
 }
 # options of the other subcommands, by group (added to HELP_GROUPS below)
 _MORE_GROUPS: dict[str, tuple[str, ...]] = {
-    "inputs": ("prompts", "size", "models", "eval_prompts", "final_eval_prompts", "prompts_per_domain"),
+    "inputs": ("prompts", "size", "models", "eval_prompts", "final_eval_prompts", "prompts_per_domain", "plan"),
     "RL objective": ("selection", "scope", "normalizer", "lr", "dynamic_sampling"),
     "gradient engine": ("lengths", "layers", "prompt_len", "naive_tokens", "naive_full_max", "quick"),
-    "output": ("to", "report", "max_answers", "n_boot", "no_figures"),
+    "output": ("to", "report", "max_answers", "n_boot", "no_figures", "update"),
     "run control": ("eval_every", "diag_every", "diag_answers", "debug"),
 }
 for _g, _names in _MORE_GROUPS.items():
@@ -137,7 +137,7 @@ METAVARS: dict[str, str] = {
     "eval_every": "STEPS", "eval_prompts": "PROMPTS", "final_eval_prompts": "PROMPTS", "diag_every": "STEPS", "diag_answers": "ANSWERS",
     "threads": "THREADS", "difficulty": "LEVEL", "layers": "LAYERS", "prompt_len": "TOKENS",
     "naive_tokens": "TOKENS", "naive_full_max": "TOKENS", "lengths": "T[,T...]", "probes_list": "K[,K...]",
-    "to": "DIR", "prompts": "FILE", "domains": "DOMAIN", "max_steps": "STEPS",
+    "to": "DIR", "prompts": "FILE", "plan": "FILE", "update": "FILE", "domains": "DOMAIN", "max_steps": "STEPS",
 }
 
 

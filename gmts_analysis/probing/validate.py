@@ -456,11 +456,12 @@ def _output_path(flag: str, v: Any) -> None:
 def _input_file(flag: str, v: Any) -> None:
     from pathlib import Path
 
-    p = Path(str(v))
-    if not p.exists():
-        raise GmtsError(f"{flag} {v}: no such file")
-    if p.is_dir():
-        raise GmtsError(f"{flag} {v}: is a directory, not a file")
+    for x in (v if isinstance(v, (list, tuple)) else [v]):
+        p = Path(str(x))
+        if not p.exists():
+            raise GmtsError(f"{flag} {x}: no such file")
+        if p.is_dir():
+            raise GmtsError(f"{flag} {x}: is a directory, not a file")
 
 
 def _input_path(flag: str, v: Any) -> None:
@@ -492,7 +493,7 @@ OPTION_DOMAINS: dict[str, Any] = {
     "seed": _seed, "temperature": _positive_finite, "rho": _rho, "device": _device, "dtype": _dtype,
     "num_prompts": _int_at_least(1), "group_size": _int_at_least(2), "max_new_tokens": _int_at_least(1),
     "answers_per_chunk": _int_at_least(1), "domains": _domains, "verifier": _verifier, "model": _model,
-    "out": _output_path, "to": _output_path, "prompts": _input_file,
+    "out": _output_path, "to": _output_path, "prompts": _input_file, "plan": _input_file, "update": _input_file,
     "rollouts": _input_path, "difficulty": _difficulty,
     "batch_size": _int_at_least(1), "n_boot": _int_at_least(1), "max_answers": _int_at_least(1),
     "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gmts_analysis.core.scores import DEFAULT_ARMS, SELECTION_ARMS  # noqa: F401 - live views of the registry
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
@@ -78,3 +79,8 @@ def stable_seed(*key: object) -> int:
     from gmts_analysis.core.seeding import derive_seed
 
     return derive_seed(*key, bits=31)
+
+
+def run_path(out: Path, selection: str, seed: int) -> Path:
+    """The run record of ``selection`` and ``seed`` of the experiment ``out`` (``<out stem>.runs/<selection>-s<seed>.json``)."""
+    return out.with_suffix("").with_name(out.stem + ".runs") / f"{selection}-s{seed}.json"

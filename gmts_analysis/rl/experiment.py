@@ -22,16 +22,13 @@ from pathlib import Path
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.rl.config import run_path
 from gmts_analysis.rl.trainer import RLConfig, evaluate, train
 
 log = logging.getLogger(__name__)
 
 # fields that may differ between the runs of one experiment
 RUN_FIELDS = ("selection", "seed")
-
-
-def run_path(out: Path, selection: str, seed: int) -> Path:
-    return out.with_suffix("").with_name(out.stem + ".runs") / f"{selection}-s{seed}.json"
 
 
 def to_json(obj):

@@ -708,8 +708,14 @@ FIGURES: dict[str, Callable[[Run], Figure | None]] = {
 }
 
 
-def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 150) -> list[Path]:
-    """Write ``fig`` as ``stem.<fmt>`` for each format (Agg canvas, atomic); returns the paths."""
+CREATOR = "gmts_analysis"
+
+
+def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 150,
+                title: str | None = None) -> list[Path]:
+    """Write ``fig`` as ``stem.<fmt>`` for each format (Agg canvas, atomic); returns the paths.
+    ``title``: also written into the file's metadata (``Title``), so a later run can tell its own
+    figure from another file of that name (:func:`png_metadata`)."""
     import io as _io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -721,10 +727,24 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf")
     for fmt in formats:
         buf = _io.BytesIO()
         # fixed metadata (no creation date), so two renders of one run are the same bytes
-        meta = {"Creator": "gmts_analysis"} if fmt == "png" else {"Creator": "gmts_analysis", "CreationDate": None}
+        meta = {"Creator": CREATOR} if fmt == "png" else {"Creator": CREATOR, "CreationDate": None}
+        if title is not None:
+            meta["Title"] = title
         fig.savefig(buf, format=fmt, dpi=dpi, metadata=meta)
         out.append(atomic_write_bytes(stem.with_suffix(f".{fmt}"), buf.getvalue()))
     return out
+
+
+def png_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The text chunks of a PNG file (``Creator``, ``Title`` of :func:`save_figure`); {} for a file
+    that is not a readable PNG."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return dict(getattr(im, "text", {}) or {}) if im.format == "PNG" else {}
+    except (OSError, UnidentifiedImageError, ValueError):
+        return {}
 
 
 def render_all(run_dir: str | os.PathLike | Run, to: str | os.PathLike | None = None) -> list[Path]:

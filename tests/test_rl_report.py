@@ -1,0 +1,343 @@
+"""gmts rl-report (issue 24): the referee's analysis on fabricated run records whose answers are known.
+
+Every record here is written by :func:`fabricate` into tmp_path with the keys gmts rl writes (config,
+steps, evals, final_pass1, timing_s, versions); nothing reads the live data directory."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _adversarial import assert_one_line_error, run_cli
+
+from gmts_analysis.analysis.paired import holm, paired_contrast, paired_t, sign_test, wilcoxon_signed_rank
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.rl.referee import build_report, report_markdown, run_eval_se, verdict
+
+SEEDS = list(range(8))
+DOMAINS = ["arithmetic", "program"]
+COMMON = {"policy": "tiny", "steps": 4, "domains": DOMAINS, "prompts_per_domain": 8, "lr": 0.0003,
+          "normalizer": "all", "loss_agg": "token-mean", "max_grad_norm": 1.0, "temperature": 1.0, "eval_every": 2,
+          "eval_prompts": 200, "final_eval_prompts": 1500, "diag_every": 4}
+NOISE = [0.002, -0.001, 0.0015, -0.002, 0.001, 0.0, -0.0015, 0.0]  # small, mean 0
+
+
+def _setting(name, arms, role="primary", rho=0.05, scope="batch", group_size=4, dyn=False, all_from=None):
+    s = {"name": name, "role": role, "file": f"{name}.json", "rho": rho, "scope": scope, "group_size": group_size,
+         "dynamic_sampling": dyn, "arms": arms}
+    if all_from:
+        s["all_from"] = all_from
+    return s
+
+
+def make_plan(settings, contrasts, seeds=SEEDS) -> dict:
+    return {"title": "fabricated", "metric": "final pass@1", "seeds": seeds, "alpha": 0.05, "correction": "holm",
+            "common": COMMON, "settings": settings, "contrasts": contrasts}
+
+
+def _steps(setting: dict, arm: str, seed: int) -> list[dict]:
+    """Per-step records with known values: zero-std share 0.25 + 0.05 * step, waste 0.1 for every arm but
+    gmts (0.0), groups kept 12 of 16 under dynamic sampling; the last step carries the diagnostics."""
+    out = []
+    for step in range(1, COMMON["steps"] + 1):
+        dyn = setting["dynamic_sampling"]
+        rec = {"step": step, "reward_mean": 0.5, "frac_groups_zero_std": 0.25 + 0.05 * step, "n_groups": 16,
+               "n_groups_kept": 12 if dyn else 16, "frac_tokens_zero_adv": 0.2,
+               "waste": {"entropy": 0.1, "gmts": 0.0, "gmts_lgn": 0.0},
+               "frac_selected_zero_adv": 0.0 if arm == "gmts" else 0.1}
+        if step == COMMON["steps"]:
+            sels = ("entropy", "gmts", "gmts_lgn", "random") + ((arm,) if arm.endswith("_inf") else ())
+            rec["fidelity"] = {k: {"cosine": 0.9 + 0.01 * i, "norm_ratio": 0.8} for i, k in enumerate(sels)}
+            rec["mass_capture"] = {k: 0.5 + 0.1 * i for i, k in enumerate(sels)}
+        out.append(rec)
+    if setting["dynamic_sampling"]:
+        out.append({"step": COMMON["steps"] + 1, "n_groups": 16, "n_groups_kept": 0, "frac_groups_zero_std": 1.0,
+                    "skipped": True})
+    return out
+
+
+def fabricate(root: Path, plan: dict, value, skip=(), config_patch=None) -> Path:
+    """Write plan.json and every run record of ``plan`` under ``root``; ``value(setting, arm, seed)`` is the
+    final pass@1 of both domains; ``skip``: ``(setting, arm, seed)`` not written; ``config_patch``:
+    ``{(setting, arm, seed): {field: value}}`` written into that run's config."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "plan.json").write_text(json.dumps(plan))
+    for s in plan["settings"]:
+        rdir = root / (s["file"][:-5] + ".runs")
+        rdir.mkdir(exist_ok=True)
+        for arm in s["arms"]:
+            for seed in plan["seeds"]:
+                if (s["name"], arm, seed) in skip:
+                    continue
+                cfg = {**COMMON, "selection": arm, "seed": seed, "rho": s["rho"], "scope": s["scope"],
+                       "group_size": s["group_size"], "dynamic_sampling": s["dynamic_sampling"], "advantage": "group",
+                       "weight_decay": 0.0, "max_new_tokens": 96, "eval_seed": 12345, "diag_answers": 4,
+                       "device": "cpu", "batch_size": 64, "extra": {}}
+                cfg.update((config_patch or {}).get((s["name"], arm, seed), {}))
+                p = float(value(s["name"], arm, seed))
+                rec = {"config": cfg, "steps": _steps(s, arm, seed),
+                       "evals": [{"step": 0, "pass1": {d: 0.4 for d in DOMAINS}, "pass1_mean": 0.4}],
+                       "final_pass1": {d: p for d in DOMAINS}, "final_eval_prompts": 1500,
+                       "timing_s": {"total": 1.0, "eval": 0.5, "diagnostics": 0.1, "train": 0.4},
+                       "versions": {"gmts_analysis": "0.1.0"}}
+                (rdir / f"{arm}-s{seed}.json").write_text(json.dumps(rec))
+    return root
+
+
+PRIMARY = [_setting("main", ["all", "entropy", "gmts"])]
+PRIMARY_CONTRASTS = [{"setting": "main", "a": "gmts", "b": "entropy", "family": "primary", "question": "q"}]
+
+
+def _constant_gain(setting, arm, seed):
+    return 0.5 + (0.03 + NOISE[seed] if arm == "gmts" else 0.0) + (0.01 * seed if arm != "all" else 0.0)
+
+
+# ----------------------------------------------------------------------------- the tests themselves
+
+
+def test_paired_tests_known_values():
+    assert sign_test([0.01] * 8) == pytest.approx(2 / 256) == 0.0078125
+    assert wilcoxon_signed_rank(np.arange(1, 9) * 0.01) == pytest.approx(2 / 256)
+    d7 = [-0.001] + [0.01 * k for k in range(2, 9)]  # 7 of 8 positive, the negative the smallest
+    assert sign_test(d7) == pytest.approx(2 * 9 / 256)
+    assert wilcoxon_signed_rank(d7) == pytest.approx(2 * 2 / 256)  # T+ = 35 or 36: 2 of 256 patterns, two-sided
+    assert sign_test([0.0, 1.0, 2.0, 3.0]) == pytest.approx(0.25)  # zeros dropped: 3 of 3
+    assert sign_test([0.0, 0.0]) == 1.0 and wilcoxon_signed_rank([0.0, 0.0]) == 1.0
+
+
+def test_paired_tests_against_scipy_and_brute_force():
+    from scipy import stats
+
+    rng = np.random.default_rng(3)
+    for n in (3, 5, 8, 12):
+        d = rng.normal(0.01, 0.02, n)
+        t = paired_t(d)
+        ref = stats.ttest_1samp(d, 0.0)
+        assert t["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+        lo, hi = stats.t.interval(0.95, n - 1, loc=d.mean(), scale=stats.sem(d))
+        assert (t["ci_low"], t["ci_high"]) == pytest.approx((lo, hi), rel=1e-10)
+        assert wilcoxon_signed_rank(d) == pytest.approx(stats.wilcoxon(d, method="exact").pvalue, rel=1e-10)
+        assert sign_test(d) == pytest.approx(stats.binomtest(int((d > 0).sum()), n).pvalue, rel=1e-10)
+    # ties and zeros: the exact permutation distribution, enumerated here independently
+    d = np.array([0.02, 0.02, -0.01, 0.0, 0.03, -0.02, 0.01, 0.02])
+    x = d[d != 0]
+    r = stats.rankdata(np.abs(x))
+    t_obs = r[x > 0].sum()
+    e = r.sum() / 2
+    hits = sum(abs(sum(ri for ri, s in zip(r, signs) if s) - e) >= abs(t_obs - e) - 1e-9
+               for signs in itertools.product([0, 1], repeat=len(x)))
+    assert wilcoxon_signed_rank(d) == pytest.approx(hits / 2 ** len(x))
+
+
+def test_holm_by_hand():
+    # sorted 0.01, 0.03, 0.04 of m = 3: 3 x 0.01 = 0.03; max(0.03, 2 x 0.03) = 0.06; max(0.06, 1 x 0.04) = 0.06
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert holm([0.4, float("nan")]) == pytest.approx([0.8, 1.0])
+    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # capped, and never below an earlier one
+
+
+def test_word_rule():
+    st = {"n": 8, "mean": 0.02, "p": 0.03, "p_holm": 0.09, "ci_low": 0.001, "ci_high": 0.04}
+    assert verdict("a", "b", st, "primary", 0.05) == ("not_distinguishable", "a and b are not distinguishable with 8 seeds")
+    assert verdict("a", "b", {**st, "p_holm": 0.04}, "primary", 0.05)[1] == "a beats b"
+    assert verdict("a", "b", {**st, "mean": -0.02, "ci_low": -0.04, "ci_high": -0.001, "p_holm": 0.01},
+                   "primary", 0.05)[1] == "b beats a"
+    assert verdict("a", "b", {**st, "p_holm": 0.01, "ci_low": -0.001}, "primary", 0.05)[0] == "not_distinguishable"
+    code, words = verdict("a", "b", st, "exploratory", 0.05)  # unadjusted p decides, never "beats"
+    assert code == "above_unadjusted" and "beats" not in words and "exploratory" in words
+
+
+def test_constant_gain_beats(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    rep = build_report(data)
+    c = rep["contrasts"][0]
+    assert (c["a"], c["b"], c["family"], c["status"], c["n"]) == ("gmts", "entropy", "primary", "reported", 8)
+    assert c["mean"] == pytest.approx(0.03, abs=1e-12)
+    assert c["p_sign"] == pytest.approx(0.0078125) and c["p_wilcoxon"] == pytest.approx(0.0078125)
+    assert c["wins_a"] == 8 and c["ci_low"] > 0 and c["p_holm"] == pytest.approx(c["p"])  # a family of one
+    assert c["verdict"] == "beats" and c["words"] == "gmts beats entropy"
+    se = math.sqrt(2 * (0.5 + 0.01 * 0) * (0.5 - 0.01 * 0) / 1500) / 2  # seed 0 of entropy: p = 0.5
+    assert rep["settings"][0]["results"]["entropy"]["eval_se"][0] == pytest.approx(se)
+    assert "evaluation SE of one seed's difference" in c["sentence"]
+    assert "gmts beats entropy" in report_markdown(rep)
+
+
+def test_symmetric_differences_not_distinguishable(tmp_path):
+    diffs = [0.02, -0.02, 0.01, -0.01, 0.03, -0.03, 0.005, -0.005]
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS),
+                     lambda s, a, seed: 0.5 + (diffs[seed] if a == "gmts" else 0.0))
+    rep = build_report(data)
+    c = rep["contrasts"][0]
+    assert c["mean"] == pytest.approx(0.0, abs=1e-12) and c["wins_a"] == c["wins_b"] == 4
+    assert c["verdict"] == "not_distinguishable"
+    assert c["words"] == "gmts and entropy are not distinguishable with 8 seeds"
+    md = report_markdown(rep)
+    assert "not distinguishable with 8 seeds" in md and "tied" not in md and " tie " not in md
+
+
+def test_missing_seed_cuts_the_setting_and_those_borrowing_its_all(tmp_path):
+    settings = [_setting("main", ["all", "entropy", "gmts"]),
+                _setting("wide", ["entropy", "gmts"], role="secondary", rho=0.1, all_from="main"),
+                _setting("other", ["entropy", "gmts"], role="secondary", rho=0.2)]
+    contrasts = PRIMARY_CONTRASTS + [{"setting": "*", "a": "*", "b": "*", "family": "exploratory"}]
+    data = fabricate(tmp_path / "d", make_plan(settings, contrasts), _constant_gain, skip={("main", "all", 3)})
+    rep = build_report(data)
+    st = {s["name"]: s for s in rep["settings"]}
+    assert st["main"]["status"] == st["wide"]["status"] == "cut"
+    assert st["main"]["missing"] == ["main.runs/all-s3.json"] == st["wide"]["missing"]
+    assert "results" not in st["main"] and st["main"]["n_runs_found"] == 23
+    assert st["other"]["status"] == "complete"
+    assert rep["contrasts"][0]["status"] == "cut" and "mean" not in rep["contrasts"][0]
+    # "*" expands over the complete settings only: one pair in `other`, none from the cut ones
+    assert [(c["setting"], c["a"], c["b"]) for c in rep["contrasts"][1:]] == [("other", "gmts", "entropy")]
+    md = report_markdown(rep)
+    assert "main (primary; rho 0.05, batch scope, groups of 4): **cut**, 23 of 24 runs found" in md
+    assert "not reported, the setting is cut" in md
+
+
+def test_star_expands_every_other_pair_once_with_all_borrowed(tmp_path):
+    settings = [_setting("main", ["all", "entropy", "gmts", "random"]),
+                _setting("wide", ["entropy", "gmts"], role="secondary", rho=0.1, all_from="main")]
+    contrasts = [{"setting": "main", "a": "entropy", "b": "all", "family": "primary"},
+                 {"setting": "*", "a": "*", "b": "*", "family": "exploratory"}]
+    rep = build_report(fabricate(tmp_path / "d", make_plan(settings, contrasts), _constant_gain))
+    pairs = [(c["setting"], c["a"], c["b"], c["family"]) for c in rep["contrasts"]]
+    assert pairs[0] == ("main", "entropy", "all", "primary")
+    main = [p for p in pairs[1:] if p[0] == "main"]
+    assert len(main) == 5 and ("main", "entropy", "all", "exploratory") not in main  # C(4, 2) - 1
+    assert [p[1:3] for p in pairs if p[0] == "wide"] == [("entropy", "all"), ("gmts", "all"), ("gmts", "entropy")]
+    wide = next(s for s in rep["settings"] if s["name"] == "wide")
+    assert wide["results"]["all"]["source"] == "main"
+    expl = [c for c in rep["contrasts"] if c["family"] == "exploratory"]
+    assert all(c["p_holm"] is None and c["verdict"] != "beats" for c in expl)
+
+
+def test_holm_in_the_report_over_every_planned_primary(tmp_path):
+    settings = [_setting("main", ["all", "entropy", "gmts"]), _setting("gone", ["entropy", "gmts"], role="x")]
+    contrasts = [{"setting": "main", "a": "gmts", "b": "entropy", "family": "primary"},
+                 {"setting": "main", "a": "entropy", "b": "all", "family": "primary"},
+                 {"setting": "gone", "a": "gmts", "b": "entropy", "family": "primary"}]
+    rng = np.random.default_rng(0)
+    noise = {k: rng.normal(0, 0.01) for k in itertools.product(["all", "entropy", "gmts"], SEEDS)}
+    data = fabricate(tmp_path / "d", make_plan(settings, contrasts),
+                     lambda s, a, seed: 0.5 + (0.01 if a == "gmts" else 0) + noise[(a, seed)],
+                     skip={("gone", "gmts", 0)})
+    rep = build_report(data)
+    p = [c.get("p") for c in rep["contrasts"]]
+    assert rep["contrasts"][2]["status"] == "cut"
+    # by hand: m = 3 (the cut one counts as p = 1)
+    lo, hi = sorted(p[:2])
+    adj_lo, adj_hi = min(1, 3 * lo), max(min(1, 3 * lo), min(1, 2 * hi))
+    got = {c["p"]: c["p_holm"] for c in rep["contrasts"][:2]}
+    assert got[lo] == pytest.approx(adj_lo) and got[hi] == pytest.approx(adj_hi)
+
+
+def test_mechanism_from_the_steps(tmp_path):
+    settings = [_setting("main", ["all", "entropy", "gmts"]),
+                _setting("dyn", ["all", "entropy", "gmts"], role="second", group_size=8, dyn=True)]
+    rep = build_report(fabricate(tmp_path / "d", make_plan(settings, PRIMARY_CONTRASTS), _constant_gain))
+    m = {s["name"]: s["mechanism"] for s in rep["settings"]}
+    assert m["main"]["gmts"]["zero_adv_groups"] == pytest.approx(np.mean([0.3, 0.35, 0.4, 0.45]))
+    assert m["main"]["gmts"]["waste"] == 0.0 and m["main"]["entropy"]["waste"] == pytest.approx(0.1)
+    assert m["main"]["gmts"]["mass_capture"] == pytest.approx(0.6) and m["main"]["gmts"]["cosine"] == pytest.approx(0.91)
+    assert math.isnan(m["main"]["all"]["mass_capture"])  # the diagnostics do not score `all`
+    assert m["main"]["gmts"]["groups_kept"] == 1.0
+    assert m["dyn"]["gmts"]["groups_kept"] == pytest.approx((4 * 0.75 + 0.0) / 5)  # the skipped step kept 0
+    assert m["dyn"]["gmts"]["skipped_steps"] == 1.0
+    assert m["dyn"]["gmts"]["zero_adv_tokens"] == pytest.approx(0.2)  # skipped steps have no tokens
+
+
+def test_eval_se_uses_final_eval_prompts_or_eval_prompts():
+    rec = {"config": {"domains": ["a", "b"], "final_eval_prompts": 0, "eval_prompts": 100},
+           "final_pass1": {"a": 0.5, "b": 0.2}}
+    assert run_eval_se(rec) == pytest.approx(math.sqrt(0.25 / 100 + 0.16 / 100) / 2)
+    rec["config"]["final_eval_prompts"] = 400
+    assert run_eval_se(rec) == pytest.approx(math.sqrt(0.25 / 400 + 0.16 / 400) / 2)
+
+
+@pytest.mark.parametrize("field, bad", [("lr", 0.001), ("scope", "group"), ("final_eval_prompts", 200),
+                                         ("dynamic_sampling", True), ("domains", ["arithmetic"]), ("seed", 5)])
+def test_config_mismatch_is_one_line_naming_file_and_field(tmp_path, field, bad):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain,
+                     config_patch={("main", "gmts", 2): {field: bad}})
+    line = assert_one_line_error(*run_cli(["rl-report", str(data), "--out", str(tmp_path / "o"), "-q"]),
+                                 "gmts-s2.json", f"config.{field}")
+    assert "plan" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_plan_errors_name_the_field(tmp_path):
+    plan = make_plan(PRIMARY, [{"setting": "main", "a": "gmts", "b": "nope", "family": "primary"}])
+    data = fabricate(tmp_path / "d", plan, _constant_gain)
+    with pytest.raises(GmtsError, match=r"plan.json: contrasts\[0\]\.b: 'nope' is not an arm"):
+        build_report(data)
+    plan["contrasts"][0] = {"setting": "main", "a": "gmts", "b": "entropy", "family": "confirmatory"}
+    (data / "plan.json").write_text(json.dumps(plan))
+    assert_one_line_error(*run_cli(["rl-report", str(data), "--out", str(tmp_path / "o")]), "contrasts[0].family")
+
+
+def test_cli_writes_deterministic_outputs_and_rewrites_only_between_markers(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    doc = tmp_path / "doc.md"
+    before, after = "# Title\n\nkept text\n<!-- gmts-rl-referee:begin -->", "<!-- gmts-rl-referee:end -->\ntail\n"
+    doc.write_text(before + "\nold generated text\n" + after)
+    out = tmp_path / "o"
+    rc, err = run_cli(["rl-report", str(data), "--out", str(out), "--update", str(doc)])
+    assert rc == 0, err
+    assert "gmts beats entropy" in err
+    assert sorted(p.name for p in out.iterdir()) == ["rl_forest.png", "rl_report.json", "rl_report.md"]
+    text = doc.read_text()
+    assert text.startswith(before + "\n") and text.endswith("\n" + after) and "old generated text" not in text
+    body = text[len(before) + 1: -len(after) - 1]
+    assert body == report_markdown(json.loads((out / "rl_report.json").read_text())).strip("\n")
+    first = {p.name: p.read_bytes() for p in out.iterdir()}
+    rc, err = run_cli(["rl-report", str(data), "--out", str(out), "--update", str(doc), "-q"])  # ours: replaced
+    assert rc == 0, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == first  # same bytes
+    assert doc.read_text() == text
+
+
+def test_update_file_without_markers_is_refused_before_anything_is_written(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    good, bad = tmp_path / "good.md", tmp_path / "bad.md"
+    good.write_text("<!-- gmts-rl-referee:begin -->\nx\n<!-- gmts-rl-referee:end -->\n")
+    bad.write_text("# no markers here\n<!-- gmts-rl-referee:begin -->\n")
+    assert_one_line_error(*run_cli(["rl-report", str(data), "--out", str(tmp_path / "o"), "--update", str(good),
+                                    str(bad)]), "bad.md", "gmts-rl-referee:end")
+    assert good.read_text().endswith("\nx\n<!-- gmts-rl-referee:end -->\n") and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["rl_report.json", "rl_report.md", "rl_forest.png"])
+def test_foreign_output_file_is_refused(tmp_path, name):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    out = tmp_path / "o"
+    out.mkdir()
+    foreign = out / name
+    if name.endswith(".png"):  # a real PNG, but not our forest plot
+        from matplotlib.figure import Figure
+
+        Figure(figsize=(1, 1)).savefig(foreign, format="png")
+    else:
+        foreign.write_text('{"generator": "someone else"}\n' if name.endswith(".json") else "# my notes\n")
+    content = foreign.read_bytes()
+    assert_one_line_error(*run_cli(["rl-report", str(data), "--out", str(out)]), name, "not written by gmts")
+    assert foreign.read_bytes() == content and sorted(p.name for p in out.iterdir()) == [name]
+
+
+def test_default_out_is_the_data_dir_and_no_run_is_touched(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    runs = {p: p.read_bytes() for p in (data / "main.runs").iterdir()}
+    rc, err = run_cli(["rl-report", str(data), "-q"])
+    assert rc == 0, err
+    assert (data / "rl_report.md").read_text().startswith("<!-- generated by gmts rl-report")
+    assert {p: p.read_bytes() for p in (data / "main.runs").iterdir()} == runs
+
+
+def test_paired_contrast_counts():
+    c = paired_contrast([0.5, 0.6, 0.7], [0.5, 0.5, 0.8])
+    assert (c["wins_a"], c["wins_b"], c["ties"], c["n"]) == (1, 1, 1, 3)
