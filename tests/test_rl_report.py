@@ -341,3 +341,16 @@ def test_default_out_is_the_data_dir_and_no_run_is_touched(tmp_path):
 def test_paired_contrast_counts():
     c = paired_contrast([0.5, 0.6, 0.7], [0.5, 0.5, 0.8])
     assert (c["wins_a"], c["wins_b"], c["ties"], c["n"]) == (1, 1, 1, 3)
+
+
+def test_update_short_block_holds_the_planned_contrasts_only(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    doc = tmp_path / "README.md"
+    doc.write_text("intro\n<!-- gmts-rl-referee:begin short -->\nold\n<!-- gmts-rl-referee:end -->\n")
+    out = tmp_path / "o"
+    rc, err = run_cli(["rl-report", str(data), "--out", str(out), "--update", str(doc), "-q"])
+    assert rc == 0, err
+    report = json.loads((out / "rl_report.json").read_text())
+    short = report_markdown(report, short=True)
+    assert short != report_markdown(report) and "**Mechanism**" not in short and "gmts beats entropy" in short
+    assert doc.read_text() == "intro\n<!-- gmts-rl-referee:begin short -->\n" + short + "<!-- gmts-rl-referee:end -->\n"

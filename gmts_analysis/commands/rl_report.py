@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.rl.plots import plot_forest
     from gmts_analysis.rl.referee import BLOCK_TAG, build_report, report_markdown
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
-    from gmts_analysis.util.markers import replace_body
+    from gmts_analysis.util.markers import block_note, replace_body
 
     log = logging.getLogger("gmts")
     data = Path(args.data_dir)
@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     plot_forest(report, out / OUTPUTS[2])
     log.info("wrote %s", ", ".join(str(out / n) for n in OUTPUTS))
     for p, text in texts.items():
-        atomic_write_text(p, replace_body(text, BLOCK_TAG, body))
+        short = block_note(text, BLOCK_TAG) == "short"  # <!-- gmts-rl-referee:begin short -->: the contrasts only
+        atomic_write_text(p, replace_body(text, BLOCK_TAG, report_markdown(report, short=True) if short else body))
         log.info("updated the generated block of %s", p)
     for s in report["settings"]:
         if s["status"] == "cut":

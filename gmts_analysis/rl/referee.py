@@ -448,9 +448,10 @@ def _contrast_table(rows: list[dict], with_holm: bool) -> list[str]:
     return out
 
 
-def report_markdown(report: dict) -> str:
+def report_markdown(report: dict, short: bool = False) -> str:
     """The generated text of a report: settings and their status, the planned contrasts (sentences and a
-    table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table."""
+    table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table.
+    short: only the settings and the planned contrasts (a README block: ``<!-- TAG:begin short -->``)."""
     plan = report["plan"]
     seeds = plan["seeds"]
     lines = [
@@ -487,6 +488,8 @@ def report_markdown(report: dict) -> str:
     expl = [r for r in done if r["family"] != "primary"]
     if expl:
         lines += ["", *_contrast_table(expl, False)]
+    if short:
+        return "\n".join(lines) + "\n"
     if not any(s["status"] == "complete" for s in report["settings"]):
         lines += ["", "No setting is complete: no final pass@1, contrast or mechanism is reported yet."]
         return "\n".join(lines) + "\n"

@@ -31,6 +31,16 @@ def find_block(text: str, tag: str) -> tuple[int, int, int, int] | None:
     return a, b, c, c + len(end)
 
 
+def block_note(text: str, tag: str) -> str:
+    """The note a block's begin marker carries (``<!-- TAG:begin NOTE -->`` gives ``"NOTE"``), "" when it
+    carries none or the block is missing."""
+    span = find_block(text, tag)
+    if span is None:
+        return ""
+    a, b, _, _ = span
+    return text[a + len(block_markers(tag)[0]):b - len("-->")].strip()
+
+
 def replace_body(text: str, tag: str, body: str) -> str | None:
     """``text`` with the body of the first block ``tag`` replaced by ``body`` (on its own lines), the
     markers and everything outside them kept byte for byte; None when the markers are missing."""
