@@ -1,7 +1,8 @@
 """A run's tables in memory, and the contract files of a run directory (docs/definitions.md section 8).
 
 :class:`RunTables` holds what a probe produces: ``tokens`` (one row per response token),
-``answers`` (one row per answer), ``stats`` (the stats.json dict), ``manifest`` and, with
+``answers`` (one row per answer), ``stats`` (the stats.json dict; ``statistics`` the same typed,
+:class:`gmts_analysis.analysis.stats_types.Statistics`), ``manifest`` and, with
 ``--grad-groups``, ``grad_groups``. :func:`read_run` reads it back from a directory and
 :func:`write_tables` writes its contract files. Figures and the report are drawn from it
 by :mod:`gmts_analysis.views.plots` and :mod:`gmts_analysis.views.report`; the public
@@ -24,6 +25,8 @@ from gmts_analysis.errors import GmtsError
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from gmts_analysis.analysis.stats_types import Statistics
 
 CONTRACT_FILES = ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json")
 LIST_COLUMNS = ("prompt_ids", "response_ids")
@@ -61,6 +64,14 @@ class RunTables:
     manifest: dict = field(default_factory=dict)
     grad_groups: "pd.DataFrame | None" = None
     path: Path | None = None
+
+    @property
+    def statistics(self) -> "Statistics":
+        """``stats`` as typed :class:`gmts_analysis.analysis.stats_types.Statistics` (attributes in place of
+        string paths; read afresh from the dict on each access, so edits of ``stats`` show)."""
+        from gmts_analysis.analysis.stats_types import Statistics
+
+        return Statistics.coerce(self.stats)
 
     def equals(self, other: "RunTables") -> bool:
         """Same tables (values and dtypes), same stats and manifest; ``path`` is ignored."""

@@ -72,14 +72,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.analysis.stats_types import CrossEntry, Meta, PairedDiff, Statistics, WithinEntry
 from gmts_analysis.core.estimators import add_estimator_columns, available, times_abs_omega
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, n_keep, per_cluster_spearman, spearman
 from gmts_analysis.core.selection import RHOS, SCOPES, selection_order
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 
 __all__ = [
-    "MIN_TOKENS", "STATS_VERSION", "TARGET", "TARGET_WITHIN", "compute_stats", "cross_answer",
-    "estimator_table", "informative_mask", "kendall_tau_b", "per_answer_table", "per_cluster_spearman",
+    "MIN_TOKENS", "STATS_VERSION", "Statistics", "TARGET", "TARGET_WITHIN", "compute_statistics", "compute_stats",
+    "cross_answer", "estimator_table", "informative_mask", "kendall_tau_b", "per_answer_table", "per_cluster_spearman",
     "prepare_tokens", "rho_key", "run_rho_key", "spearman", "stats_table", "within_values", "write_stats",
 ]
 
@@ -103,11 +104,12 @@ def _rng(seed: int, *key: object) -> np.random.Generator:
     return numpy_rng(int(seed), "stats", *key)
 
 
-def run_rho_key(stats: Mapping[str, Any]) -> str:
+def run_rho_key(stats: Statistics | Mapping[str, Any]) -> str:
     """The stats.json key of the run's keep fraction (``meta.rho``; "0.2" for older runs)."""
+    if isinstance(stats, Statistics):
+        return stats.rho_key
     meta = stats.get("meta") if isinstance(stats, Mapping) else None
-    r = meta.get("rho") if isinstance(meta, Mapping) else None
-    return str(r) if r is not None else "0.2"
+    return Meta.from_dict(meta, "meta").rho_key if isinstance(meta, Mapping) else Meta().rho_key
 
 
 def rho_key(rho: float) -> str:
@@ -571,67 +573,79 @@ def topk_waste_ci(
     ``(statistic, scope, s, "<rho>")``."""
     estimators = list(estimators)
     rhos = list(rhos)
-    out_tk: dict[str, dict] = {}
-    out_w: dict[str, dict] = {}
-    out_m: dict[str, dict] = {}
+    out: dict[str, dict] = {"topk_overlap_ci": {}, "selection_waste_ci": {}, "mass_capture_ci": {}}
     if counts.shape[0] < 1 or len(df) == 0:
-        return {"topk_overlap_ci": out_tk, "selection_waste_ci": out_w, "mass_capture_ci": out_m}
-    n = len(df)
-    B, C = counts.shape
-    chunk = max(16, int(100_000 // n))  # rows per pass: (B, n) blocks that stay in cache, but not too few rows
-    gn = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(n, np.nan)
-    pos = gn > 0
-    gn0 = np.where(pos, gn, 0.0)
+        return out
+    gn = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(len(df), np.nan)
     zero = (~informative).astype(np.float64)
     for scope in _scopes(df):
-        true_plan = _KeepPlan(*selection_order(df, np.where(pos, gn, np.nan), scope), codes, C)
-        pos_sorted = pos[true_plan.order].astype(np.float64)
-        gn_true_sorted = gn0[true_plan.order]
-        plans, to_true, zero_sorted, gn_sorted = {}, {}, {}, {}
-        for s in estimators:
-            order, scope_id = (orders or {}).get((scope, s)) or selection_order(df, s, scope)
-            plans[s] = _KeepPlan(order, scope_id, codes, C)
-            inv = np.empty(n, dtype=np.int64)
-            inv[order] = np.arange(n)
-            to_true[s] = inv[true_plan.order]  # estimator-sorted index of each target-sorted token
-            zero_sorted[s] = zero[order]
-            gn_sorted[s] = gn0[order]
-        tk = {s: {r: np.empty(B) for r in rhos} for s in estimators}
-        ws_ = {s: {r: np.empty(B) for r in rhos} for s in estimators}
-        ms = {s: {r: np.empty(B) for r in rhos} for s in estimators}
-        for i in range(0, B, chunk):
-            c = counts[i : i + chunk]
-            tprep = true_plan.prepare(c)
-            trues = {}
-            for r in rhos:
-                t = true_plan.kept(tprep, r)
-                t *= pos_sorted
-                cols = np.flatnonzero(t.any(axis=0))  # target-sorted tokens kept by some resample of the chunk
-                trues[r] = (t[:, cols], cols, t.sum(axis=1, dtype=np.float64), t[:, cols] @ gn_true_sorted[cols])
-            for s in estimators:
-                prep = plans[s].prepare(c)
-                for r in rhos:
-                    sel = plans[s].kept(prep, r)
-                    n_sel = n_keep(r, prep[2]).sum(axis=1, dtype=np.float64)  # every scope keeps exactly k copies
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        ws_[s][r][i : i + len(c)] = (sel @ zero_sorted[s]).astype(np.float64) / n_sel
-                    t, cols, denom, m_true = trues[r]
-                    inter = np.minimum(sel[:, to_true[s][cols]], t).sum(axis=1, dtype=np.float64)
-                    with np.errstate(invalid="ignore", divide="ignore"):
-                        tk[s][r][i : i + len(c)] = inter / denom
-                        ms[s][r][i : i + len(c)] = np.where(m_true > 0, (sel @ gn_sorted[s]) / m_true, np.nan)
-        out_tk[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(tk[s][r]))) for r in rhos}
-                         for s in estimators}
-        out_w[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(ws_[s][r]))) for r in rhos}
-                        for s in estimators}
-        out_m[scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(ms[s][r]))) for r in rhos}
-                        for s in estimators}
+        res = _resampled_selections(df, estimators, gn, zero, codes, counts, rhos, scope, orders)
+        for key, values in zip(out, res):
+            out[key][scope] = {s: {rho_key(r): dict(zip(("ci_low", "ci_high"), _quantile_ci(values[s][r])))
+                                   for r in rhos} for s in estimators}
         if draws is not None:
             for s in estimators:
                 for r in rhos:
-                    draws[("topk_overlap", scope, s, rho_key(r))] = tk[s][r]
-                    draws[("mass_capture", scope, s, rho_key(r))] = ms[s][r]
-    return {"topk_overlap_ci": out_tk, "selection_waste_ci": out_w, "mass_capture_ci": out_m}
+                    draws[("topk_overlap", scope, s, rho_key(r))] = res[0][s][r]
+                    draws[("mass_capture", scope, s, rho_key(r))] = res[2][s][r]
+    return out
+
+
+def _selection_plans(df: pd.DataFrame, estimators: list[str], gn0: np.ndarray, zero: np.ndarray,
+                     true_plan: _KeepPlan, codes: np.ndarray, n_clusters: int, scope: str,
+                     orders: dict | None) -> dict[str, tuple[_KeepPlan, np.ndarray, np.ndarray, np.ndarray]]:
+    """``{s: (plan, to_true, zero_sorted, gn_sorted)}`` of each score in ``scope``: its :class:`_KeepPlan`,
+    the score-sorted index of each target-sorted token, and omega = 0 / grad_norm in the score's order."""
+    n = len(df)
+    out = {}
+    for s in estimators:
+        order, scope_id = (orders or {}).get((scope, s)) or selection_order(df, s, scope)
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n)
+        out[s] = (_KeepPlan(order, scope_id, codes, n_clusters), inv[true_plan.order], zero[order], gn0[order])
+    return out
+
+
+def _resampled_selections(
+    df: pd.DataFrame, estimators: list[str], gn: np.ndarray, zero: np.ndarray, codes: np.ndarray,
+    counts: np.ndarray, rhos: list[float], scope: str, orders: dict | None,
+) -> tuple[dict, dict, dict]:
+    """Top-k overlap, selection waste and mass capture of every score and rho in each resample of
+    ``counts`` ``(B, C)`` at ``scope``: three ``{s: {rho: (B,)}}``."""
+    B, C = counts.shape
+    chunk = max(16, int(100_000 // len(df)))  # rows per pass: (B, n) blocks that stay in cache, but not too few rows
+    pos = gn > 0
+    gn0 = np.where(pos, gn, 0.0)
+    true_plan = _KeepPlan(*selection_order(df, np.where(pos, gn, np.nan), scope), codes, C)
+    pos_sorted = pos[true_plan.order].astype(np.float64)
+    gn_true_sorted = gn0[true_plan.order]
+    plans = _selection_plans(df, estimators, gn0, zero, true_plan, codes, C, scope, orders)
+    tk = {s: {r: np.empty(B) for r in rhos} for s in estimators}
+    ws_ = {s: {r: np.empty(B) for r in rhos} for s in estimators}
+    ms = {s: {r: np.empty(B) for r in rhos} for s in estimators}
+    for i in range(0, B, chunk):
+        c = counts[i : i + chunk]
+        tprep = true_plan.prepare(c)
+        trues = {}
+        for r in rhos:
+            t = true_plan.kept(tprep, r)
+            t *= pos_sorted
+            cols = np.flatnonzero(t.any(axis=0))  # target-sorted tokens kept by some resample of the chunk
+            trues[r] = (t[:, cols], cols, t.sum(axis=1, dtype=np.float64), t[:, cols] @ gn_true_sorted[cols])
+        for s in estimators:
+            plan, to_true, zero_sorted, gn_sorted = plans[s]
+            prep = plan.prepare(c)
+            for r in rhos:
+                sel = plan.kept(prep, r)
+                n_sel = n_keep(r, prep[2]).sum(axis=1, dtype=np.float64)  # every scope keeps exactly k copies
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    ws_[s][r][i : i + len(c)] = (sel @ zero_sorted).astype(np.float64) / n_sel
+                t, cols, denom, m_true = trues[r]
+                inter = np.minimum(sel[:, to_true[cols]], t).sum(axis=1, dtype=np.float64)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    tk[s][r][i : i + len(c)] = inter / denom
+                    ms[s][r][i : i + len(c)] = np.where(m_true > 0, (sel @ gn_sorted) / m_true, np.nan)
+    return tk, ws_, ms
 
 
 POOLED_BOOT_WORK = 3e9  # token x resample x estimator budget of the pooled bootstraps (~minutes at most)
@@ -797,11 +811,20 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
     construction (checked on the table and the values, never assumed). Such a statistic is no
     finding: the words never state it, and a fixed value carries no CI (set to null by the caller).
     """
-    from gmts_analysis.core.estimators import MASKED, SAME_WITHIN_ANSWER, ZERO_WHERE_OMEGA_ZERO
+    out = _zero_waste_identities(block, prefix)
+    if "group_id" in df.columns and "group" in (block.get("selection_waste") or {}):
+        out += _group_waste_identities(block, df, prefix)
+    out += _masked_identities(block, prefix)
+    if _constant_abs_omega_within_answers(df):
+        out += _within_identities(block, prefix)
+    return out
+
+
+def _zero_waste_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+    """A score that is 0 where omega = 0 wastes nothing when every resample agrees (waste 0, CI 0)."""
+    from gmts_analysis.core.estimators import ZERO_WHERE_OMEGA_ZERO
 
     out: list[dict] = []
-    inf = informative_mask(df)
-    ests = list(block.get("within_answer", {}))
     for scope, per_s in (block.get("selection_waste") or {}).items():
         for s_ in ZERO_WHERE_OMEGA_ZERO:
             for rk, v in (per_s.get(s_) or {}).items():
@@ -813,26 +836,41 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
                                 "why": f"{s_} is 0 where omega = 0, and each scope has more tokens with a "
                                 "positive score than picks, in the table and in every resample: the selection never reaches a "
                                 "token without gradient"})
-    if "group_id" in df.columns and "group" in (block.get("selection_waste") or {}):
-        # every token of a group with signal has signal: group-scope picks in zero groups are all waste
-        grp_inf = pd.Series(inf).groupby(df["group_id"].to_numpy(), sort=False)
-        if bool((grp_inf.all() | ~grp_inf.any()).all()):
-            from gmts_analysis.core.selection import scope_codes
+    return out
 
-            sc = scope_codes(df, "group")
-            n = np.bincount(sc)
-            zero_scope = np.bincount(sc, weights=(~inf).astype(float)) == n
-            for rk in block["selection_waste"]["group"].get(ests[0] if ests else "", {}):
-                k = n_keep(float(rk), n)
-                share = float(k[zero_scope].sum() / k.sum()) if k.sum() else float("nan")
-                vals = [block["selection_waste"]["group"][s_][rk] for s_ in ests]
-                if vals and all(v is not None and abs(v - share) < 1e-12 for v in vals):
-                    for s_ in ests:
-                        out.append({"key": f"{prefix}selection_waste.group.{s_}.{rk}",
-                                    "equals": f"the share of group-scope picks in groups without signal ({share:.6g})",
-                                    "why": "a group has signal in every token or in none, so at group scope the "
-                                    "waste of every score is the picks of its zero-advantage groups"})
-    # a masked score equals its score on every informative token
+
+def _group_waste_identities(block: Mapping[str, Any], df: pd.DataFrame, prefix: str) -> list[dict]:
+    """Group-scope waste equal for every score: when a group has signal in every token or in none,
+    the picks in its zero-advantage groups are all waste, whatever the score."""
+    inf = informative_mask(df)
+    ests = list(block.get("within_answer", {}))
+    grp_inf = pd.Series(inf).groupby(df["group_id"].to_numpy(), sort=False)
+    if not bool((grp_inf.all() | ~grp_inf.any()).all()):
+        return []
+    from gmts_analysis.core.selection import scope_codes
+
+    out: list[dict] = []
+    sc = scope_codes(df, "group")
+    n = np.bincount(sc)
+    zero_scope = np.bincount(sc, weights=(~inf).astype(float)) == n
+    for rk in block["selection_waste"]["group"].get(ests[0] if ests else "", {}):
+        k = n_keep(float(rk), n)
+        share = float(k[zero_scope].sum() / k.sum()) if k.sum() else float("nan")
+        vals = [block["selection_waste"]["group"][s_][rk] for s_ in ests]
+        if vals and all(v is not None and abs(v - share) < 1e-12 for v in vals):
+            for s_ in ests:
+                out.append({"key": f"{prefix}selection_waste.group.{s_}.{rk}",
+                            "equals": f"the share of group-scope picks in groups without signal ({share:.6g})",
+                            "why": "a group has signal in every token or in none, so at group scope the "
+                            "waste of every score is the picks of its zero-advantage groups"})
+    return out
+
+
+def _masked_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+    """A masked score equals its score on every informative token (and their paired difference is 0)."""
+    from gmts_analysis.core.estimators import MASKED
+
+    out: list[dict] = []
     cai = block.get("cross_answer_informative") or {}
     pdc = (block.get("paired_difference") or {}).get("cross_answer_informative", {})
     for s_, ref in MASKED.items():
@@ -844,32 +882,38 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
                     out.append({"key": f"{prefix}paired_difference.cross_answer_informative.{a}.{b}", "equals": 0,
                                 "_ci": ("paired_difference", "cross_answer_informative", a, b),
                                 "why": f"{a} and {b} are the same score on informative tokens"})
-    if _constant_abs_omega_within_answers(df):
-        wa = block.get("within_answer") or {}
-        for s_, ref in SAME_WITHIN_ANSWER.items():
-            if s_ in wa and ref in wa and wa[s_].get("mean") == wa[ref].get("mean"):
-                out.append({"key": f"{prefix}within_answer.{s_}", "equals": f"{prefix}within_answer.{ref}",
-                            "why": "|omega| is one positive constant inside an informative answer, so "
-                            f"{s_} ranks its tokens exactly as {ref}"})
+    return out
 
-        # every pair inside a class of scores that rank answers alike has a paired difference of 0
-        classes: dict[str, set[str]] = {}
-        for e in out:
-            if e["key"].startswith(f"{prefix}within_answer.") and isinstance(e["equals"], str):
-                ref = e["equals"].rsplit(".", 1)[1]
-                classes.setdefault(ref, {ref}).add(e["key"].rsplit(".", 1)[1])
-        pd_ = (block.get("paired_difference") or {}).get("within_answer", {})
-        for members in classes.values():
-            for a in sorted(members):
-                for b in sorted(members):
-                    if a != b and b in (pd_.get(a) or {}):
-                        out.append({"key": f"{prefix}paired_difference.within_answer.{a}.{b}", "equals": 0,
-                                    "_ci": ("paired_difference", "within_answer", a, b),
-                                    "why": f"{a} and {b} rank the tokens of an answer alike (see within_answer)"})
-        if "abs_omega" in wa and wa["abs_omega"].get("mean") == 0.0:
-            out.append({"key": f"{prefix}within_answer.abs_omega", "equals": 0,
-                        "_ci": ("within_answer", "abs_omega"),
-                        "why": "|omega| is constant inside an answer: it cannot rank the answer's tokens (rho 0)"})
+
+def _within_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+    """With |omega| constant inside every answer: scores that rank an answer's tokens alike
+    (:data:`SAME_WITHIN_ANSWER`), their paired differences, and abs_omega's rho of 0."""
+    from gmts_analysis.core.estimators import SAME_WITHIN_ANSWER
+
+    out: list[dict] = []
+    wa = block.get("within_answer") or {}
+    for s_, ref in SAME_WITHIN_ANSWER.items():
+        if s_ in wa and ref in wa and wa[s_].get("mean") == wa[ref].get("mean"):
+            out.append({"key": f"{prefix}within_answer.{s_}", "equals": f"{prefix}within_answer.{ref}",
+                        "why": "|omega| is one positive constant inside an informative answer, so "
+                        f"{s_} ranks its tokens exactly as {ref}"})
+    # every pair inside a class of scores that rank answers alike has a paired difference of 0
+    classes: dict[str, set[str]] = {}
+    for e in out:
+        ref = e["equals"].rsplit(".", 1)[1]
+        classes.setdefault(ref, {ref}).add(e["key"].rsplit(".", 1)[1])
+    pd_ = (block.get("paired_difference") or {}).get("within_answer", {})
+    for members in classes.values():
+        for a in sorted(members):
+            for b in sorted(members):
+                if a != b and b in (pd_.get(a) or {}):
+                    out.append({"key": f"{prefix}paired_difference.within_answer.{a}.{b}", "equals": 0,
+                                "_ci": ("paired_difference", "within_answer", a, b),
+                                "why": f"{a} and {b} rank the tokens of an answer alike (see within_answer)"})
+    if "abs_omega" in wa and wa["abs_omega"].get("mean") == 0.0:
+        out.append({"key": f"{prefix}within_answer.abs_omega", "equals": 0,
+                    "_ci": ("within_answer", "abs_omega"),
+                    "why": "|omega| is constant inside an answer: it cannot rank the answer's tokens (rho 0)"})
     return out
 
 
@@ -915,6 +959,91 @@ def prepare_tokens(tokens: pd.DataFrame, answers: pd.DataFrame | None = None) ->
     return df
 
 
+def _check_inputs(tokens: pd.DataFrame, n_boot: int, rho: float, uncertain_below: float) -> None:
+    """One-line errors for a tokens table or settings :func:`compute_stats` cannot use."""
+    from gmts_analysis.errors import GmtsError
+
+    missing = [c for c in ("answer_id", "position") if c not in tokens.columns]
+    if missing:
+        raise GmtsError(f"tokens table lacks column(s) {', '.join(missing)}")
+    if n_boot < 0:
+        raise GmtsError(f"n_boot must be >= 0, got {n_boot}")
+    if not 0.0 < float(rho) <= 1.0:
+        raise GmtsError(f"--rho must be in (0, 1], got {rho}")
+    if not 0.0 < float(uncertain_below) <= 1.0:
+        raise GmtsError(f"--uncertain-below must be in (0, 1], got {uncertain_below}")
+
+
+def _estimators(df: pd.DataFrame, estimators: list[str] | None) -> list[str]:
+    """The score columns to evaluate (default: every estimator present); an absent one is an error."""
+    from gmts_analysis.errors import GmtsError
+
+    ests = list(estimators) if estimators is not None else available(df)
+    bad = [s for s in ests if s not in df.columns]
+    if bad:
+        raise GmtsError(f"estimator column(s) not in the tokens table: {', '.join(bad)}")
+    return ests
+
+
+def _meta(df: pd.DataFrame, ests: list[str], unit: str, *, seed: int, n_boot: int, rhos: tuple[float, ...],
+          rho: float, uncertain_below: float) -> dict[str, Any]:
+    """The ``meta`` block: counts, settings and what each block means."""
+    return {
+        "version": STATS_VERSION,
+        "n_answers": int(df["answer_id"].nunique()),
+        "n_tokens": len(df),
+        "n_groups": int(df["group_id"].nunique()) if "group_id" in df.columns else None,
+        "target": TARGET,
+        "target_within_answer": TARGET_WITHIN,
+        "estimators": ests,
+        "informative": "omega != 0" if "omega" in df.columns else "every token (no omega column)",
+        "n_boot": int(n_boot),
+        "n_boot_pooled": pooled_n_boot(n_boot, len(df), len(ests)),
+        "ci_level": CI_LEVEL,
+        "ci_unit": unit,
+        "n_ci_units": int(df["group_id" if unit == "group" else "answer_id"].nunique()),
+        "ci_method": f"percentile cluster bootstrap resampling {unit}s (never tokens); one seeded "
+        "resample matrix per block shared by every statistic",
+        "seed": int(seed),
+        "min_tokens": MIN_TOKENS,
+        "within_set": "informative clusters with >= min_tokens tokens and a non-constant target, the same "
+        "for every estimator; a score constant inside a cluster counts as rho 0",
+        "rhos": [rho_key(r) for r in rhos],
+        "rho": rho_key(rho),
+        "topk_true": "top n_keep(rho, n) of the scope by grad_norm among tokens with grad_norm > 0; "
+        "scopes without such a token excluded (topk_scopes_excluded)",
+        "topk_pooling": "sum over scopes of |S_s ∩ S_true| / sum over scopes of |S_true|",
+        "selection_waste": "share of S_s with omega = 0, pooled over every scope",
+        "batch_scope": "per step" if "step" in df.columns else "all tokens",
+        "update_fidelity": f"rho {float(rho):g}, batch scope, computed by the probe (needs the model); "
+        "empty when not computed",
+        "uncertain_below": float(uncertain_below),
+        "uncertain": "tokens with prob < uncertain_below (the policy's own probability, not the target); "
+        "the within/cross/top-k blocks again over them, on the same cluster resamples",
+        "mass_capture": "sum of grad_norm over S_s / sum over S_true (S as in topk_overlap), pooled over scopes",
+        "paired_difference": "value(s) - value(ref) on the same cluster resamples; statistics within_answer "
+        "(mean), cross_answer_informative (spearman), topk_overlap and mass_capture (batch scope, meta.rho); "
+        "refs entropy, entropy_inf and the leader (paired_leader); p_le_0: share of resamples with diff <= 0",
+        "by_construction": "statistics fixed or equal to another by construction: listed, no CI, not findings",
+    }
+
+
+def _slice_blocks(df: pd.DataFrame, col: str, ests: list[str], fidelity: Mapping[str, Mapping] | None, *,
+                  seed: int, n_boot: int, unit: str, rhos: tuple[float, ...], run_rk: str,
+                  uncertain_below: float) -> dict[str, dict]:
+    """``{value: block}`` of each value of ``col`` (``by_domain`` / ``by_step``), with its counts."""
+    out: dict[str, dict] = {}
+    for value, sub in df.groupby(col, sort=True):
+        k = str(value)
+        out[k] = _block(
+            sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}", unit=unit,
+            fidelity=(fidelity or {}).get(k), rhos=rhos, run_rk=run_rk, uncertain_below=uncertain_below,
+        )
+        out[k]["n_answers"] = int(sub["answer_id"].nunique())
+        out[k]["n_tokens"] = len(sub)
+    return out
+
+
 def compute_stats(
     tokens: pd.DataFrame,
     answers: pd.DataFrame | None = None,
@@ -928,7 +1057,8 @@ def compute_stats(
     rho: float = DEFAULT_RHO,
     uncertain_below: float = 0.9,
 ) -> dict:
-    """Every statistic of stats.json (version 3) that needs no model, as a nested dict.
+    """Every statistic of stats.json (version 3) that needs no model, as a nested dict (the JSON
+    object of stats.json; :func:`compute_statistics` gives it as typed :class:`Statistics`).
 
     uncertain_below: the ``uncertain`` block keeps the tokens with prob below it
     (``--uncertain-below``; recorded as ``meta.uncertain_below``).
@@ -945,82 +1075,28 @@ def compute_stats(
     "topk_overlap_ci", "topk_scopes_excluded", "selection_waste", "selection_waste_ci",
     "update_fidelity", ["by_domain"], ["by_step"]}``; NaN marks undefined values.
     """
-    from gmts_analysis.errors import GmtsError
-
-    missing = [c for c in ("answer_id", "position") if c not in tokens.columns]
-    if missing:
-        raise GmtsError(f"tokens table lacks column(s) {', '.join(missing)}")
-    if n_boot < 0:
-        raise GmtsError(f"n_boot must be >= 0, got {n_boot}")
+    _check_inputs(tokens, n_boot, rho, uncertain_below)
     df = prepare_tokens(tokens, answers).reset_index(drop=True)
-    ests = list(estimators) if estimators is not None else available(df)
-    bad = [s for s in ests if s not in df.columns]
-    if bad:
-        raise GmtsError(f"estimator column(s) not in the tokens table: {', '.join(bad)}")
+    ests = _estimators(df, estimators)
     if df[TARGET].isna().all():
         log.warning("no grad_norm in the tokens table (probe run with --grad-norm none?): correlations are null")
     unit = cluster_unit(df)
-    if not 0.0 < float(rho) <= 1.0:
-        raise GmtsError(f"--rho must be in (0, 1], got {rho}")
-    rhos = tuple(sorted(set(RHOS) | {float(rho)}))
-    if not 0.0 < float(uncertain_below) <= 1.0:
-        raise GmtsError(f"--uncertain-below must be in (0, 1], got {uncertain_below}")
-    stats: dict[str, Any] = {
-        "meta": {
-            "version": STATS_VERSION,
-            "n_answers": int(df["answer_id"].nunique()),
-            "n_tokens": len(df),
-            "n_groups": int(df["group_id"].nunique()) if "group_id" in df.columns else None,
-            "target": TARGET,
-            "target_within_answer": TARGET_WITHIN,
-            "estimators": ests,
-            "informative": "omega != 0" if "omega" in df.columns else "every token (no omega column)",
-            "n_boot": int(n_boot),
-            "n_boot_pooled": pooled_n_boot(n_boot, len(df), len(ests)),
-            "ci_level": CI_LEVEL,
-            "ci_unit": unit,
-            "n_ci_units": int(df["group_id" if unit == "group" else "answer_id"].nunique()),
-            "ci_method": f"percentile cluster bootstrap resampling {unit}s (never tokens); one seeded "
-            "resample matrix per block shared by every statistic",
-            "seed": int(seed),
-            "min_tokens": MIN_TOKENS,
-            "within_set": "informative clusters with >= min_tokens tokens and a non-constant target, the same "
-            "for every estimator; a score constant inside a cluster counts as rho 0",
-            "rhos": [rho_key(r) for r in rhos],
-            "rho": rho_key(rho),
-            "topk_true": "top n_keep(rho, n) of the scope by grad_norm among tokens with grad_norm > 0; "
-            "scopes without such a token excluded (topk_scopes_excluded)",
-            "topk_pooling": "sum over scopes of |S_s ∩ S_true| / sum over scopes of |S_true|",
-            "selection_waste": "share of S_s with omega = 0, pooled over every scope",
-            "batch_scope": "per step" if "step" in df.columns else "all tokens",
-            "update_fidelity": f"rho {float(rho):g}, batch scope, computed by the probe (needs the model); "
-            "empty when not computed",
-            "uncertain_below": float(uncertain_below),
-            "uncertain": "tokens with prob < uncertain_below (the policy's own probability, not the target); "
-            "the within/cross/top-k blocks again over them, on the same cluster resamples",
-            "mass_capture": "sum of grad_norm over S_s / sum over S_true (S as in topk_overlap), pooled over scopes",
-            "paired_difference": "value(s) - value(ref) on the same cluster resamples; statistics within_answer "
-            "(mean), cross_answer_informative (spearman), topk_overlap and mass_capture (batch scope, meta.rho); "
-            "refs entropy, entropy_inf and the leader (paired_leader); p_le_0: share of resamples with diff <= 0",
-            "by_construction": "statistics fixed or equal to another by construction: listed, no CI, not findings",
-        }
-    }
+    rhos = rho_grid(rho)
+    stats: dict[str, Any] = {"meta": _meta(df, ests, unit, seed=seed, n_boot=n_boot, rhos=rhos, rho=rho,
+                                           uncertain_below=uncertain_below)}
     run_rk = rho_key(rho)
     stats.update(_block(df, ests, seed=seed, n_boot=n_boot, key="all", unit=unit, fidelity=fidelity, rhos=rhos,
                         run_rk=run_rk, uncertain_below=uncertain_below))
     for col, name, fid in (("domain", "by_domain", fidelity_by_domain), ("step", "by_step", fidelity_by_step)):
-        if col not in df.columns or df[col].isna().all():
-            continue
-        stats[name] = {}
-        for value, sub in df.groupby(col, sort=True):
-            k = str(value)
-            stats[name][k] = _block(
-                sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}", unit=unit,
-                fidelity=(fid or {}).get(k), rhos=rhos, run_rk=run_rk, uncertain_below=uncertain_below,
-            )
-            stats[name][k]["n_answers"] = int(sub["answer_id"].nunique())
-            stats[name][k]["n_tokens"] = len(sub)
+        if col in df.columns and not df[col].isna().all():
+            stats[name] = _slice_blocks(df, col, ests, fid, seed=seed, n_boot=n_boot, unit=unit, rhos=rhos,
+                                        run_rk=run_rk, uncertain_below=uncertain_below)
     return stats
+
+
+def compute_statistics(tokens: pd.DataFrame, answers: pd.DataFrame | None = None, **options: Any) -> Statistics:
+    """:func:`compute_stats` as typed :class:`Statistics` (same arguments; ``to_dict()`` gives its dict back)."""
+    return Statistics.from_dict(compute_stats(tokens, answers, **options))
 
 
 def is_current(stats: Mapping[str, Any]) -> bool:
@@ -1039,16 +1115,19 @@ def kept_fidelity(old: Mapping[str, Any]) -> dict[str, Any]:
             "fidelity_by_step": section("by_step")}
 
 
-def write_stats(run_dir: str | Path, stats: Mapping[str, Any], json_path: str | Path | None = None) -> list[Path]:
-    """Write ``stats.json`` and the estimator ranking ``estimators.csv`` (atomically) into
-    ``run_dir``; with ``json_path`` only that file (no sibling the caller did not name). Returns the paths."""
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
+def write_stats(run_dir: str | Path, stats: Statistics | Mapping[str, Any],
+                json_path: str | Path | None = None) -> list[Path]:
+    """Write ``stats.json`` (from :class:`Statistics`: a stats dict is read into one first) and the
+    estimator ranking ``estimators.csv`` (atomically) into ``run_dir``; with ``json_path`` only that
+    file (no sibling the caller did not name). Returns the paths."""
+    from gmts_analysis.util.io import atomic_write_text
 
+    st = Statistics.coerce(stats)
     jp = Path(json_path) if json_path is not None else Path(run_dir) / "stats.json"
-    out = [atomic_write_json(jp, dict(stats))]
+    out = [atomic_write_text(jp, st.to_json())]
     if json_path is not None:
         return out
-    table = estimator_table(stats)
+    table = estimator_table(st)
     out.append(atomic_write_text(jp.parent / "estimators.csv", table.to_csv(index=False, float_format="%.6g")))
     return out
 
@@ -1070,16 +1149,46 @@ def per_answer_table(tokens: pd.DataFrame, estimators: list[str] | None = None) 
         .sort_values("answer_id", kind="stable").reset_index(drop=True)
 
 
-def _get(d: Any, *keys: str) -> float:
-    for k in keys:
-        if not isinstance(d, Mapping) or k not in d:
-            return float("nan")
-        d = d[k]
-    return float("nan") if d is None else d
+def _n(count: int | None) -> float | int:
+    """A count of the table (NaN when the file lacks it)."""
+    return float("nan") if count is None else count
 
 
-def stats_table(stats: Mapping[str, Any], rho: str | None = None) -> pd.DataFrame:
-    """A tidy table of a stats dict: one row per estimator, fixed columns, scalars only.
+def _table_row(st: Statistics, s: str, rho: str) -> dict[str, Any]:
+    """The :func:`stats_table` row of estimator ``s`` at the keep fraction ``rho``."""
+    wa = st.within_answer.get(s) or WithinEntry()
+    ca = st.cross_answer.get(s) or CrossEntry()
+    ci = st.cross_answer_informative.get(s) or CrossEntry()
+    wg = st.within_group.get(s) or WithinEntry()
+    row = {
+        "estimator": s,
+        "within_median": wa.median, "within_mean": wa.mean,
+        "within_ci_low": wa.ci_low, "within_ci_high": wa.ci_high, "n_answers": _n(wa.n_answers),
+        "cross_spearman": ca.spearman, "cross_ci_low": ca.ci_low, "cross_ci_high": ca.ci_high,
+        "cross_kendall": ca.kendall, "n_tokens": _n(ca.n_tokens),
+        "cross_inf_spearman": ci.spearman, "cross_inf_ci_low": ci.ci_low,
+        "cross_inf_ci_high": ci.ci_high, "cross_inf_kendall": ci.kendall,
+        "n_tokens_informative": _n(ci.n_tokens),
+        "group_median": wg.median, "group_mean": wg.mean,
+        "group_ci_low": wg.ci_low, "group_ci_high": wg.ci_high, "n_groups": _n(wg.n_groups),
+    }
+    for name, grid, cis in (("topk", st.topk_overlap, st.topk_overlap_ci),
+                            ("waste", st.selection_waste, st.selection_waste_ci),
+                            ("mass", st.mass_capture, st.mass_capture_ci)):
+        for scope in ("batch", "group"):
+            iv = cis.at(scope, s, rho)
+            row[f"{name}_{scope}"] = grid.at(scope, s, rho)
+            row[f"{name}_{scope}_ci_low"], row[f"{name}_{scope}_ci_high"] = iv.ci_low, iv.ci_high
+    row["within_weighted_tau"] = wa.weighted_tau
+    row["within_top1"] = wa.top1
+    fid = st.update_fidelity.get(s)
+    row["fidelity_cosine"] = fid.cosine if fid is not None else float("nan")
+    row["fidelity_norm_ratio"] = fid.norm_ratio if fid is not None else float("nan")
+    return row
+
+
+def stats_table(stats: Statistics | Mapping[str, Any], rho: str | None = None) -> pd.DataFrame:
+    """A tidy table of the statistics: one row per estimator, fixed columns, scalars only.
 
     Columns: estimator, within_median, within_mean, within_ci_low, within_ci_high, n_answers,
     cross_spearman, cross_ci_low, cross_ci_high, cross_kendall, n_tokens, cross_inf_spearman,
@@ -1089,43 +1198,9 @@ def stats_table(stats: Mapping[str, Any], rho: str | None = None) -> pd.DataFram
     at ``rho``, within_weighted_tau, within_top1, fidelity_cosine,
     fidelity_norm_ratio. ``rho`` (a key such as "0.2"): default the run's ``meta.rho``, else "0.2".
     """
-    if rho is None:
-        rho = run_rho_key(stats)
-    g = _get
-    ests = list(stats.get("meta", {}).get("estimators") or stats.get("cross_answer", {}).keys())
-    rows = []
-    for s in ests:
-        wa = stats.get("within_answer", {}).get(s)
-        ca = stats.get("cross_answer", {}).get(s)
-        ci = stats.get("cross_answer_informative", {}).get(s)
-        wg = stats.get("within_group", {}).get(s)
-        row = {
-            "estimator": s,
-            "within_median": g(wa, "median"), "within_mean": g(wa, "mean"),
-            "within_ci_low": g(wa, "ci_low"), "within_ci_high": g(wa, "ci_high"), "n_answers": g(wa, "n_answers"),
-            "cross_spearman": g(ca, "spearman"), "cross_ci_low": g(ca, "ci_low"), "cross_ci_high": g(ca, "ci_high"),
-            "cross_kendall": g(ca, "kendall"), "n_tokens": g(ca, "n_tokens"),
-            "cross_inf_spearman": g(ci, "spearman"), "cross_inf_ci_low": g(ci, "ci_low"),
-            "cross_inf_ci_high": g(ci, "ci_high"), "cross_inf_kendall": g(ci, "kendall"),
-            "n_tokens_informative": g(ci, "n_tokens"),
-            "group_median": g(wg, "median"), "group_mean": g(wg, "mean"),
-            "group_ci_low": g(wg, "ci_low"), "group_ci_high": g(wg, "ci_high"), "n_groups": g(wg, "n_groups"),
-        }
-        for name, key in (("topk", "topk_overlap"), ("waste", "selection_waste")):
-            for scope in ("batch", "group"):
-                row[f"{name}_{scope}"] = g(stats.get(key), scope, s, rho)
-                row[f"{name}_{scope}_ci_low"] = g(stats.get(f"{key}_ci"), scope, s, rho, "ci_low")
-                row[f"{name}_{scope}_ci_high"] = g(stats.get(f"{key}_ci"), scope, s, rho, "ci_high")
-        for scope in ("batch", "group"):
-            row[f"mass_{scope}"] = g(stats.get("mass_capture"), scope, s, rho)
-            row[f"mass_{scope}_ci_low"] = g(stats.get("mass_capture_ci"), scope, s, rho, "ci_low")
-            row[f"mass_{scope}_ci_high"] = g(stats.get("mass_capture_ci"), scope, s, rho, "ci_high")
-        row["within_weighted_tau"] = g(wa, "weighted_tau")
-        row["within_top1"] = g(wa, "top1")
-        row["fidelity_cosine"] = g(stats.get("update_fidelity"), s, "cosine")
-        row["fidelity_norm_ratio"] = g(stats.get("update_fidelity"), s, "norm_ratio")
-        rows.append(row)
-    return pd.DataFrame(rows)
+    st = Statistics.coerce(stats)
+    rho = st.rho_key if rho is None else rho
+    return pd.DataFrame([_table_row(st, s, rho) for s in st.estimators])
 
 
 ESTIMATOR_TABLE_COLUMNS = (
@@ -1137,10 +1212,11 @@ ESTIMATOR_TABLE_COLUMNS = (
 )
 
 
-def tied_ranks(values: Mapping[str, float], paired: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, int]:
+def tied_ranks(values: Mapping[str, float],
+               paired: Mapping[str, Mapping[str, PairedDiff | Mapping[str, Any]]]) -> dict[str, int]:
     """Ranks (1 best) of ``values`` ``{s: value}`` with ties by paired uncertainty: the leader (highest
     value) and every score whose paired difference with it (``paired[s][leader]``) has a CI that
-    includes 0, or is 0 by construction, share rank 1; the others rank by value (ties: same rank).
+    includes 0, or is 0 by construction (entries :class:`PairedDiff` or their dicts), share rank 1; the others rank by value (ties: same rank).
     Undefined values rank last."""
     names = list(values)
     v = pd.Series({k: values[k] for k in names}, dtype=np.float64)
@@ -1149,15 +1225,15 @@ def tied_ranks(values: Mapping[str, float], paired: Mapping[str, Mapping[str, Ma
         return {k: int(ranks[k]) for k in names}
     leader = max((k for k in names if np.isfinite(v[k])), key=lambda k: (v[k], k))
     for k in names:
-        d = (paired.get(k) or {}).get(leader) or {}
-        lo, hi = d.get("ci_low"), d.get("ci_high")
-        if k == leader or d.get("diff") == 0.0 or (lo is not None and hi is not None
-                                                   and np.isfinite(lo) and np.isfinite(hi) and lo <= 0.0 <= hi):
+        d = (paired.get(k) or {}).get(leader)
+        d = d if isinstance(d, PairedDiff) else PairedDiff.from_dict(d or {}, f"paired_difference.{k}.{leader}")
+        lo, hi = d.ci_low, d.ci_high
+        if k == leader or d.diff == 0.0 or (np.isfinite(lo) and np.isfinite(hi) and lo <= 0.0 <= hi):
             ranks[k] = 1
     return {k: int(ranks[k]) for k in names}
 
 
-def estimator_table(stats: Mapping[str, Any]) -> pd.DataFrame:
+def estimator_table(stats: Statistics | Mapping[str, Any]) -> pd.DataFrame:
     """Every estimator ranked by agreement with the exact gradient (the ``estimators.csv`` of a run).
 
     ``rank_within``: by the mean within-answer Spearman with grad_norm_logp (same answers for
@@ -1168,13 +1244,13 @@ def estimator_table(stats: Mapping[str, Any]) -> pd.DataFrame:
     by name; 1 is best. Undefined values rank last. Columns:
     ``ESTIMATOR_TABLE_COLUMNS`` (CIs as two scalar columns each).
     """
-    t = stats_table(stats)
+    st = Statistics.coerce(stats)
+    t = stats_table(st)
     if t.empty:
         return pd.DataFrame(columns=list(ESTIMATOR_TABLE_COLUMNS))
-    pdiff = stats.get("paired_difference") or {}
     for col, stat, value in (("rank_within", "within_answer", "within_mean"),
                              ("rank_cross_informative", "cross_answer_informative", "cross_inf_spearman")):
-        r = tied_ranks(dict(zip(t["estimator"], t[value])), pdiff.get(stat) or {})
+        r = tied_ranks(dict(zip(t["estimator"], t[value])), st.paired_difference.of(stat))
         t[col] = t["estimator"].map(r).astype(int)
     t["_sum"] = t["rank_within"] + t["rank_cross_informative"]
     t["_w"] = -t["within_mean"].fillna(-np.inf)

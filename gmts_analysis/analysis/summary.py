@@ -1,6 +1,7 @@
 """Words that follow the numbers: the printed summary of a run, generated from its stats.json.
 
-Every sentence here is computed from a stats dict (version 3, :mod:`gmts_analysis.analysis.stats`):
+Every sentence here is computed from a run's statistics (version 3, :mod:`gmts_analysis.analysis.stats`;
+read as :class:`gmts_analysis.analysis.stats_types.Statistics`, a stats dict is accepted too):
 nothing is hand-written about a particular run, so the printed table of ``gmts run``, the
 report, the README's results paragraph and notebook 01 cannot contradict the run they show.
 
@@ -22,16 +23,14 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gmts_analysis.analysis.stats_types import Block, CrossEntry, Slice, Statistics, WithinEntry
 
-def _v(d: Any, *keys: str) -> float:
-    for k in keys:
-        if not isinstance(d, Mapping) or k not in d:
-            return float("nan")
-        d = d[k]
-    try:
-        return float("nan") if d is None else float(d)
-    except (TypeError, ValueError):
-        return float("nan")
+StatsLike = Statistics | Mapping[str, Any]
+
+
+def _f(x: Any) -> float:
+    """A count or statistic as a float (NaN when the file lacks it)."""
+    return float("nan") if x is None else float(x)
 
 
 def _num(x: float, digits: int = 2) -> str:
@@ -46,34 +45,43 @@ def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:.0f}%"
 
 
-def _ci(d: Mapping | None, key: str, digits: int = 2, pct: bool = False) -> str:
-    """``value [lo, hi]`` of a stats entry."""
+def _ci(value: Any, iv: Any, digits: int = 2, pct: bool = False) -> str:
+    """``value [lo, hi]``: a statistic with the 95% CI of ``iv`` (anything with ``ci_low``/``ci_high``)."""
     f = _pct if pct else (lambda x: _num(x, digits))
-    v, lo, hi = _v(d, key), _v(d, "ci_low"), _v(d, "ci_high")
+    v, lo, hi = _f(value), _f(iv.ci_low), _f(iv.ci_high)
     if math.isnan(lo) or math.isnan(hi):
         return f(v)
     return f"{f(v)} [{f(lo)}, {f(hi)}]"
 
 
-def summary_table(stats: Mapping[str, Any], slices: Sequence[str] | None = None, section: str = "by_domain") -> str:
+def _rho_ci(e: CrossEntry | None) -> str:
+    """A cross-answer Spearman with its CI ("n/a" when the estimator is absent)."""
+    e = e or CrossEntry()
+    return _ci(e.spearman, e)
+
+
+def _table_cells(b: Block, ests: list[str]) -> list[str]:
+    """One row of :func:`summary_table`: the omega = 0 share, then per estimator within / cross / cross inf."""
+    out = [_pct(b.zero_advantage.token_share if b.zero_advantage is not None else float("nan"))]
+    for s in ests:
+        out += [_signed((b.within_answer.get(s) or WithinEntry()).median),
+                _signed((b.cross_answer.get(s) or CrossEntry()).spearman),
+                _signed((b.cross_answer_informative.get(s) or CrossEntry()).spearman)]
+    return out
+
+
+def summary_table(stats: StatsLike, slices: Sequence[str] | None = None, section: str = "by_domain") -> str:
     """A fixed-width table: one row for the whole run and one per slice of ``section``
     (``slices``: which, in order; default all). Columns: share of tokens with omega = 0, then for
     entropy and gmts the within-answer median, and the cross-answer Spearman over all tokens
     and over informative tokens."""
-    ests = [s for s in ("entropy", "gmts") if s in (stats.get("cross_answer") or {})]
-
-    def cells(b: Mapping) -> list[str]:
-        out = [_pct(_v(b, "zero_advantage", "token_share"))]
-        for s in ests:
-            out += [_signed(_v(b, "within_answer", s, "median")), _signed(_v(b, "cross_answer", s, "spearman")),
-                    _signed(_v(b, "cross_answer_informative", s, "spearman"))]
-        return out
-
+    st = Statistics.coerce(stats)
+    ests = [s for s in ("entropy", "gmts") if s in st.cross_answer]
     header = ["scope", "omega=0"]
     for s in ests:
         header += [f"{s} within", f"{s} cross", f"{s} cross inf."]
-    rows = [["all", *cells(stats)]]
-    by = stats.get(section) or {}
+    rows = [["all", *_table_cells(st, ests)]]
+    by = st.slices(section)
     few = []
     for k in (slices if slices is not None else list(by)):
         if k in by:
@@ -81,9 +89,9 @@ def summary_table(stats: Mapping[str, Any], slices: Sequence[str] | None = None,
             flag = "*" if n_g is not None and n_g < MIN_GROUPS else ""
             if flag:
                 few.append(f"{k} ({n_g})")
-            rows.append([str(k) + flag, *cells(by[k])])
+            rows.append([str(k) + flag, *_table_cells(by[k], ests)])
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    n_within = _v(stats, "within_answer", "entropy", "n_answers")
+    n_within = _f((st.within_answer.get("entropy") or WithinEntry()).n_answers)
     lines = [
         textwrap.fill(
             "Spearman with the per-token gradient norm. within: median over the same "
@@ -98,11 +106,11 @@ def summary_table(stats: Mapping[str, Any], slices: Sequence[str] | None = None,
     return "\n".join(lines)
 
 
-def _slice_units(block: Mapping[str, Any]) -> int | None:
+def _slice_units(block: Slice) -> int | None:
     """Groups of a slice (its within_group count over informative groups plus its groups without
     signal), or None when unknown."""
-    ng = _v(block, "within_group", "entropy", "n_groups")
-    zg = _v(block, "zero_advantage", "groups")
+    ng = _f((block.within_group.get("entropy") or WithinEntry()).n_groups)
+    zg = _f(block.zero_advantage.groups if block.zero_advantage is not None else None)
     if math.isnan(ng) and math.isnan(zg):
         return None
     return int((0 if math.isnan(ng) else ng) + (0 if math.isnan(zg) else zg))
@@ -111,32 +119,27 @@ def _slice_units(block: Mapping[str, Any]) -> int | None:
 MIN_GROUPS = 10  # slices with fewer resampling units are flagged: their CIs rest on too few groups
 
 
-def _n_units(stats: Mapping[str, Any]) -> int | None:
-    m = stats.get("meta") or {}
-    n = m.get("n_ci_units")
-    return int(n) if isinstance(n, (int, float)) and not isinstance(n, bool) else None
-
-
-def compare(block: Mapping[str, Any], stat: str, a: str, b: str, n_units: int | None, unit: str = "group",
+def compare(block: Block | Mapping[str, Any], stat: str, a: str, b: str, n_units: int | None, unit: str = "group",
             digits: int = 3) -> str:
     """Words for ``a`` vs ``b`` on one statistic, only as strong as their paired difference
     (``paired_difference.<stat>.<a>.<b>``, or ``<b>.<a>`` negated): "a beats b by d [lo, hi]"
     only when the paired CI excludes 0; "a and b are not distinguishable with N groups" otherwise;
-    "a equals b by construction" for a labelled identity. Empty when there is no paired entry."""
-    pdiff = (block.get("paired_difference") or {}).get(stat) or {}
+    "a equals b by construction" for a labelled identity. Empty when there is no paired entry.
+    ``block``: the statistics (:class:`Statistics`, its ``uncertain`` block, or their dicts)."""
+    blk = block if isinstance(block, Block) else Block.from_dict(block)
     sign = 1.0
-    d = (pdiff.get(a) or {}).get(b)
+    d = blk.paired_difference.get(stat, a, b)
     if d is None:
-        d, sign = (pdiff.get(b) or {}).get(a), -1.0
+        d, sign = blk.paired_difference.get(stat, b, a), -1.0
     if d is None:
         return ""
-    diff = sign * _v(d, "diff")
+    diff = sign * _f(d.diff)
     if math.isnan(diff):  # nothing measured (e.g. no gradient norms): no words at all
         return ""
-    lo, hi = _v(d, "ci_low"), _v(d, "ci_high")
+    lo, hi = _f(d.ci_low), _f(d.ci_high)
     if sign < 0:
         lo, hi = -hi, -lo
-    fixed = {e.get("key") for e in block.get("by_construction") or []}
+    fixed = blk.fixed
     if f"paired_difference.{stat}.{a}.{b}" in fixed or f"paired_difference.{stat}.{b}.{a}" in fixed:
         return f"{a} equals {b} by construction"
     f = f"{{:+.{digits}f}}"
@@ -149,44 +152,59 @@ def compare(block: Mapping[str, Any], stat: str, a: str, b: str, n_units: int | 
     return f"{b} beats {a} by " + f.format(-diff) + f" [{f.format(-hi)}, {f.format(-lo)}]"
 
 
-def _ranking_sentence(stats: Mapping[str, Any]) -> str | None:
+def _unit(st: Statistics, default: str = "group") -> str:
+    """The resampling unit of the CIs (``meta.ci_unit``)."""
+    return st.meta.ci_unit if st.meta.has("ci_unit") else default
+
+
+RANKED_STATISTICS = (
+    ("within_answer", "within_mean", "rank_within", "Within answers (mean Spearman with grad_norm_logp"),
+    ("cross_answer_informative", "cross_inf_spearman", "rank_cross_informative",
+     "Across answers on informative tokens (Spearman with grad_norm)"),
+)
+
+
+def _leader_clause(st: Statistics, t: Any, stat: str, col: str, rank_col: str, what: str) -> str | None:
+    """One statistic's leader, the scores tied with it (by paired CI or by construction), and entropy."""
+    lead = st.paired_leader.get(stat)
+    if lead is None or lead not in set(t["estimator"]):
+        return None
+    n_units, unit = st.meta.units, _unit(st)
+    by = t.set_index("estimator")
+    tied = [e for e in t.sort_values([col, "estimator"], ascending=[False, True], kind="stable")["estimator"]
+            if by.loc[e, rank_col] == 1 and e != lead]
+    s_ = f"{what}, {lead} leads ({_num(by.loc[lead, col], 3)})"
+    fixed = st.fixed
+    same = [e for e in tied if f"paired_difference.{stat}.{e}.{lead}" in fixed
+            or f"paired_difference.{stat}.{lead}.{e}" in fixed]
+    tied = [e for e in tied if e not in same]
+    if same:
+        s_ += f"; identical to it by construction: {', '.join(same)}"
+    if tied:
+        s_ += (f"; not distinguishable from it with {n_units} {unit}s: {', '.join(tied)}" if n_units
+               else f"; tied with it: {', '.join(tied)}")
+    if "entropy" in by.index and "entropy" != lead and "entropy" not in tied + same:
+        s_ += f"; {compare(st, stat, lead, 'entropy', n_units, unit)}"
+    return s_
+
+
+def _ranking_sentence(st: Statistics) -> str | None:
     """Who agrees best with the gradient, with the scores the paired CI cannot tell apart from it."""
     from gmts_analysis.analysis.stats import estimator_table
 
-    t = estimator_table(stats)
+    t = estimator_table(st)
     t = t[t["estimator"] != "abs_omega"]  # a baseline, constant inside answers
     if t.empty or t["within_mean"].isna().all():
         return None
-    meta = stats.get("meta") or {}
-    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
-    n = int(_v(stats, "within_answer", "entropy", "n_answers")) if "entropy" in set(t["estimator"]) else None
-    leaders = (stats.get("paired_leader") or {})
+    n = int(_f((st.within_answer.get("entropy") or WithinEntry()).n_answers)) \
+        if "entropy" in set(t["estimator"]) else None
     parts = []
-    for stat, col, rank_col, what in (
-        ("within_answer", "within_mean", "rank_within", "Within answers (mean Spearman with grad_norm_logp"
-         + (f" over {n} answers)" if n else ")")),
-        ("cross_answer_informative", "cross_inf_spearman", "rank_cross_informative",
-         "Across answers on informative tokens (Spearman with grad_norm)"),
-    ):
-        lead = leaders.get(stat)
-        if lead is None or lead not in set(t["estimator"]):
-            continue
-        by = t.set_index("estimator")
-        tied = [e for e in t.sort_values([col, "estimator"], ascending=[False, True], kind="stable")["estimator"]
-                if by.loc[e, rank_col] == 1 and e != lead]
-        s_ = f"{what}, {lead} leads ({_num(by.loc[lead, col], 3)})"
-        fixed = {e.get("key") for e in stats.get("by_construction") or []}
-        same = [e for e in tied if f"paired_difference.{stat}.{e}.{lead}" in fixed
-                or f"paired_difference.{stat}.{lead}.{e}" in fixed]
-        tied = [e for e in tied if e not in same]
-        if same:
-            s_ += f"; identical to it by construction: {', '.join(same)}"
-        if tied:
-            s_ += (f"; not distinguishable from it with {n_units} {unit}s: {', '.join(tied)}" if n_units
-                   else f"; tied with it: {', '.join(tied)}")
-        if "entropy" in by.index and "entropy" != lead and "entropy" not in tied + same:
-            s_ += f"; {compare(stats, stat, lead, 'entropy', n_units, unit)}"
-        parts.append(s_)
+    for stat, col, rank_col, what in RANKED_STATISTICS:
+        if stat == "within_answer":
+            what += f" over {n} answers)" if n else ")"
+        clause = _leader_clause(st, t, stat, col, rank_col, what)
+        if clause is not None:
+            parts.append(clause)
     s = ". ".join(parts) + "." if parts else ""
     ranks = t.sort_values(["rank", "estimator"], kind="stable")
     top = ranks[ranks["rank"] == 1]["estimator"].tolist()
@@ -194,10 +212,9 @@ def _ranking_sentence(stats: Mapping[str, Any]) -> str | None:
     return s.strip()
 
 
-def _scope_sentence(stats: Mapping[str, Any]) -> str:
-    meta = stats.get("meta") or {}
-    unit = meta.get("ci_unit", "group")
-    n = _n_units(stats)
+def _scope_sentence(st: Statistics) -> str:
+    unit = _unit(st)
+    n = st.meta.units
     s = (f"Intervals: 95% percentile bootstrap over the {n} {unit}s of one checkpoint and one sampling seed "
          f"(they cover the choice of prompts, not of the model or of the sampling); a score is said to win only where "
          "the paired CI of the difference excludes 0.")
@@ -206,26 +223,25 @@ def _scope_sentence(stats: Mapping[str, Any]) -> str:
     return s
 
 
-def _uncertain_sentences(stats: Mapping[str, Any], keep: str) -> list[str]:
-    meta = stats.get("meta") or {}
-    u = stats.get("uncertain") or {}
-    if not u or not u.get("n_tokens"):
+def _uncertain_sentences(st: Statistics, keep: str) -> list[str]:
+    u = st.uncertain
+    if u is None or not u.n_tokens:
         return []
-    below = _v(meta, "uncertain_below")
-    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
-    out = [f"{int(u['n_tokens']):,} tokens ({_pct(_v(u, 'token_share'))}) have prob < {below:g} under the policy; "
-           f"they carry {_pct(_v(u, 'mass_share'))} of the summed grad_norm."]
-    ci = u.get("cross_answer_informative") or {}
+    below = _f(st.meta.uncertain_below)
+    n_units, unit = st.meta.units, _unit(st)
+    out = [f"{int(u.n_tokens):,} tokens ({_pct(u.token_share)}) have prob < {below:g} under the policy; "
+           f"they carry {_pct(u.mass_share)} of the summed grad_norm."]
+    ci = u.cross_answer_informative
     names = [s for s in ("entropy", "gmts", "one_minus_prob", "gmts_lgn") if s in ci]
     if names:
-        words = ", ".join(f"{s} {_ci(ci[s], 'spearman')}" for s in names)
+        words = ", ".join(f"{s} {_rho_ci(ci[s])}" for s in names)
         c = compare(u, "cross_answer_informative", "gmts", "entropy", n_units, unit)
         out.append(f"On those tokens, across answers (informative, Spearman with grad_norm): {words}"
                    + (f"; {c}" if c else "") + ".")
-    wa = u.get("within_answer") or {}
-    if "entropy" in wa and _v(wa, "entropy", "n_answers") > 0:
-        n_ans = int(_v(wa, "entropy", "n_answers"))
-        words = ", ".join(f"{s} {_ci(wa[s], 'mean')}" for s in ("entropy", "one_minus_prob", "logit_grad_norm")
+    wa = u.within_answer
+    if "entropy" in wa and _f(wa["entropy"].n_answers) > 0:
+        n_ans = int(_f(wa["entropy"].n_answers))
+        words = ", ".join(f"{s} {_ci(wa[s].mean, wa[s])}" for s in ("entropy", "one_minus_prob", "logit_grad_norm")
                           if s in wa)
         c = compare(u, "within_answer", "one_minus_prob", "entropy", n_units, unit)
         flag = f" (only {n_ans} answers)" if n_ans < MIN_GROUPS else ""
@@ -234,107 +250,113 @@ def _uncertain_sentences(stats: Mapping[str, Any], keep: str) -> list[str]:
     return out
 
 
-def _mass_sentences(stats: Mapping[str, Any], rk: str, keep: str) -> list[str]:
-    mc, mcc = stats.get("mass_capture") or {}, stats.get("mass_capture_ci") or {}
+def _mass_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
+    mc, mcc = st.mass_capture, st.mass_capture_ci
     if "batch" not in mc:
         return []
-    meta = stats.get("meta") or {}
-    n_units, unit = _n_units(stats), meta.get("ci_unit", "group")
-    names = [s for s in ("entropy", "entropy_inf", "gmts", "one_minus_prob_inf", "gmts_lgn") if s in mc["batch"]]
+    n_units, unit = st.meta.units, _unit(st)
+    names = [s for s in ("entropy", "entropy_inf", "gmts", "one_minus_prob_inf", "gmts_lgn")
+             if s in mc.estimators("batch")]
     out = []
     for r in dict.fromkeys(["0.05", rk]):
-        if not all(r in mc["batch"][s] for s in names):
+        if not all(r in mc.series("batch", s) for s in names):
             continue
-        vals = ", ".join(
-            f"{s} {_ci(dict(value=_v(mc, 'batch', s, r), **(mcc.get('batch', {}).get(s, {}).get(r) or {})), 'value')}"
-            for s in names)
+        vals = ", ".join(f"{s} {_ci(mc.at('batch', s, r), mcc.at('batch', s, r))}" for s in names)
         out.append(f"Gradient mass a top-{100 * float(r):g}% batch selection captures, over what the best possible "
                    f"one captures: {vals}.")
-    comps = [c for c in (compare(stats, "mass_capture", "gmts", "entropy", n_units, unit),
-                         compare(stats, "mass_capture", "gmts", "entropy_inf", n_units, unit)) if c]
+    comps = [c for c in (compare(st, "mass_capture", "gmts", "entropy", n_units, unit),
+                         compare(st, "mass_capture", "gmts", "entropy_inf", n_units, unit)) if c]
     if comps:
         out.append(f"At {keep} (paired): " + "; ".join(comps) + " (entropy_inf: entropy on tokens with omega != 0 "
                    "only, which separates skipping tokens without signal from weighting by |omega|).")
     return out
 
 
-def findings(stats: Mapping[str, Any]) -> list[str]:
-    """Plain-text sentences that state what the run's statistics show (see module docstring).
-    Statistics listed in ``by_construction`` are never stated as findings; comparisons follow the
-    paired differences (:func:`compare`)."""
-    from gmts_analysis.analysis.stats import run_rho_key
+def _zero_sentences(st: Statistics) -> list[str]:
+    """How many tokens, answers and groups carry no gradient (omega = 0)."""
+    za, meta = st.zero_advantage, st.meta
+    if not za:
+        return []
+    groups = f" in {int(_f(za.groups))} of {int(_f(meta.n_groups))} groups" if za.groups is not None \
+        and meta.n_groups else ""
+    return [f"{int(_f(za.tokens)):,} of {int(_f(meta.n_tokens)):,} tokens ({_pct(_f(za.token_share))}) carry no "
+            f"gradient (omega = 0): {int(_f(za.answers))} of {int(_f(meta.n_answers))} answers{groups} have a zero "
+            "advantage (every reward of their group equal)."]
 
-    out: list[str] = []
-    rk = run_rho_key(stats)  # the run's keep fraction (--rho), a stats key such as "0.2"
-    keep = f"{100 * float(rk):g}%"
-    meta = stats.get("meta") or {}
-    za = stats.get("zero_advantage") or {}
-    unit = meta.get("ci_unit", "group")
-    n_units = _n_units(stats)
-    fixed = {e.get("key") for e in stats.get("by_construction") or []}
-    if za:
-        n_tok = _v(meta, "n_tokens")
-        groups = f" in {int(_v(za, 'groups'))} of {int(_v(meta, 'n_groups'))} groups" if za.get("groups") is not None \
-            and meta.get("n_groups") else ""
-        out.append(
-            f"{int(_v(za, 'tokens')):,} of {int(n_tok):,} tokens ({_pct(_v(za, 'token_share'))}) carry no gradient "
-            f"(omega = 0): {int(_v(za, 'answers'))} of {int(_v(meta, 'n_answers'))} answers{groups} have a zero "
-            "advantage (every reward of their group equal)."
-        )
-    ca, ci = stats.get("cross_answer") or {}, stats.get("cross_answer_informative") or {}
-    if "entropy" in ca and "gmts" in ca:
-        out.append(
-            f"Across answers, entropy's Spearman with grad_norm is {_ci(ca['entropy'], 'spearman')} over all tokens "
-            f"and {_ci(ci.get('entropy'), 'spearman')} over informative tokens; GMTS: "
-            f"{_ci(ca['gmts'], 'spearman')} and {_ci(ci.get('gmts'), 'spearman')}."
-        )
-    out += _uncertain_sentences(stats, keep)
-    out += _mass_sentences(stats, rk, keep)
-    sw, swc = stats.get("selection_waste") or {}, stats.get("selection_waste_ci") or {}
-    if "batch" in sw and "entropy" in sw["batch"]:
-        measured = [s for s in ("entropy", "one_minus_prob") if s in sw["batch"]
-                    and f"selection_waste.batch.{s}.{rk}" not in fixed]
-        zero = [s for s in sw["batch"] if f"selection_waste.batch.{s}.{rk}" in fixed]
-        vals = ", ".join(
-            f"{s} {_ci(dict(value=_v(sw, 'batch', s, rk), **(swc.get('batch', {}).get(s, {}).get(rk) or {})), 'value', pct=True)}"
-            for s in measured)
-        s_ = f"A top-{keep} batch selection spends on tokens with omega = 0: {vals}"
-        if zero:
-            s_ += f" ({', '.join(zero)}: none, by construction: their score is 0 there)"
-        out.append(s_ + ".")
-        g_fixed = [s for s in sw.get("group", {}) if f"selection_waste.group.{s}.{rk}" in fixed]
-        if g_fixed and len(g_fixed) == len(sw.get("group", {})):
-            out.append(f"At group scope every score spends the same {_pct(_v(sw, 'group', g_fixed[0], rk))} "
-                       "(by construction: a group without gradient still gets its quota of picks).")
-    tk, tkc = stats.get("topk_overlap") or {}, stats.get("topk_overlap_ci") or {}
-    if tk:
-        excl = stats.get("topk_scopes_excluded") or {}
-        parts = []
-        for s in ("entropy", "entropy_inf", "gmts"):
-            vals = " / ".join(
-                _ci(dict(value=_v(tk, scope, s, rk), **(tkc.get(scope, {}).get(s, {}).get(rk) or {})), "value")
-                for scope in ("batch", "group") if scope in tk and s in tk[scope]
-            )
-            if vals:
-                parts.append(f"{s} {vals}")
-        n_ex = int(_v(excl, "group")) if "group" in excl else 0
-        note = f"; {n_ex} groups without gradient left out" if n_ex else ""
-        c = compare(stats, "topk_overlap", "gmts", "entropy_inf", n_units, unit)
-        out.append(
-            f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note
-            + (f"; batch scope, {c}" if c else "") + "."
-        )
-    r = _ranking_sentence(stats)
-    if r:
-        out.append(r)
-    out.append(_scope_sentence(stats))
+
+def _cross_sentences(st: Statistics) -> list[str]:
+    """Entropy's and GMTS's cross-answer Spearman over all tokens and over informative ones."""
+    ca, ci = st.cross_answer, st.cross_answer_informative
+    if "entropy" not in ca or "gmts" not in ca:
+        return []
+    return [f"Across answers, entropy's Spearman with grad_norm is {_rho_ci(ca['entropy'])} over all tokens "
+            f"and {_rho_ci(ci.get('entropy'))} over informative tokens; GMTS: "
+            f"{_rho_ci(ca['gmts'])} and {_rho_ci(ci.get('gmts'))}."]
+
+
+def _waste_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
+    """The share of a top-rho selection spent on tokens with omega = 0 (identities named as such)."""
+    sw, swc, fixed = st.selection_waste, st.selection_waste_ci, st.fixed
+    if "batch" not in sw or "entropy" not in sw.estimators("batch"):
+        return []
+    measured = [s for s in ("entropy", "one_minus_prob") if s in sw.estimators("batch")
+                and f"selection_waste.batch.{s}.{rk}" not in fixed]
+    zero = [s for s in sw.estimators("batch") if f"selection_waste.batch.{s}.{rk}" in fixed]
+    vals = ", ".join(f"{s} {_ci(sw.at('batch', s, rk), swc.at('batch', s, rk), pct=True)}" for s in measured)
+    s_ = f"A top-{keep} batch selection spends on tokens with omega = 0: {vals}"
+    if zero:
+        s_ += f" ({', '.join(zero)}: none, by construction: their score is 0 there)"
+    out = [s_ + "."]
+    g_fixed = [s for s in sw.estimators("group") if f"selection_waste.group.{s}.{rk}" in fixed]
+    if g_fixed and len(g_fixed) == len(sw.estimators("group")):
+        out.append(f"At group scope every score spends the same {_pct(_f(sw.at('group', g_fixed[0], rk)))} "
+                   "(by construction: a group without gradient still gets its quota of picks).")
     return out
 
 
-def summary_text(stats: Mapping[str, Any], slices: Sequence[str] | None = None, width: int = 100) -> str:
+def _topk_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
+    """Top-rho overlap with the top tokens by grad_norm, batch / group scope, with the paired comparison."""
+    tk, tkc = st.topk_overlap, st.topk_overlap_ci
+    if not tk:
+        return []
+    parts = []
+    for s in ("entropy", "entropy_inf", "gmts"):
+        vals = " / ".join(_ci(tk.at(scope, s, rk), tkc.at(scope, s, rk))
+                          for scope in ("batch", "group") if scope in tk and s in tk.estimators(scope))
+        if vals:
+            parts.append(f"{s} {vals}")
+    excl = st.topk_scopes_excluded
+    n_ex = int(_f(excl["group"])) if "group" in excl else 0
+    note = f"; {n_ex} groups without gradient left out" if n_ex else ""
+    c = compare(st, "topk_overlap", "gmts", "entropy_inf", st.meta.units, _unit(st))
+    return [f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note
+            + (f"; batch scope, {c}" if c else "") + "."]
+
+
+def findings(stats: StatsLike) -> list[str]:
+    """Plain-text sentences that state what the run's statistics show (see module docstring).
+    Statistics listed in ``by_construction`` are never stated as findings; comparisons follow the
+    paired differences (:func:`compare`)."""
+    st = Statistics.coerce(stats)
+    rk = st.rho_key  # the run's keep fraction (--rho), a stats key such as "0.2"
+    keep = f"{100 * float(rk):g}%"
+    out = _zero_sentences(st) + _cross_sentences(st)
+    out += _uncertain_sentences(st, keep)
+    out += _mass_sentences(st, rk, keep)
+    out += _waste_sentences(st, rk, keep)
+    out += _topk_sentences(st, rk, keep)
+    r = _ranking_sentence(st)
+    if r:
+        out.append(r)
+    out.append(_scope_sentence(st))
+    return out
+
+
+def summary_text(stats: StatsLike, slices: Sequence[str] | None = None, width: int = 100) -> str:
     """The table of :func:`summary_table` followed by :func:`findings`, wrapped at ``width``."""
-    words = "\n".join(textwrap.fill(s, width=width, break_on_hyphens=False) for s in findings(stats))
-    return summary_table(stats, slices) + "\n\n" + words
+    st = Statistics.coerce(stats)
+    words = "\n".join(textwrap.fill(s, width=width, break_on_hyphens=False) for s in findings(st))
+    return summary_table(st, slices) + "\n\n" + words
 
 
 README_BEGIN = "<!-- gmts-results:begin (generated from data/example_run/stats.json by gmts_analysis.analysis.summary.update_readme) -->"
@@ -355,14 +377,14 @@ def readme_markers(name: str | None = None, source: str = "stats.json") -> tuple
             f"<!-- gmts-results:{name}:end -->")
 
 
-def readme_block(stats: Mapping[str, Any], slices: Sequence[str] | None = None, name: str | None = None,
+def readme_block(stats: StatsLike, slices: Sequence[str] | None = None, name: str | None = None,
                  source: str = "stats.json") -> str:
     """A README results block: :func:`summary_text` in a code fence between the markers of ``name``."""
     begin, end = readme_markers(name, source)
     return f"{begin}\n```\n{summary_text(stats, slices)}\n```\n{end}"
 
 
-def update_readme(readme: str, stats: Mapping[str, Any], slices: Sequence[str] | None = None,
+def update_readme(readme: str, stats: StatsLike, slices: Sequence[str] | None = None,
                   name: str | None = None, source: str = "stats.json") -> str:
     """``readme`` (the text) with the results block of ``name`` (default: the original one)
     replaced by :func:`readme_block` of ``stats``. The begin marker is found by its prefix, so a

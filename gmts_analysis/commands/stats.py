@@ -10,8 +10,12 @@ and RUN_DIR/estimators.csv (the estimator ranking) atomically.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
+
+if TYPE_CHECKING:
+    from gmts_analysis.analysis.stats_types import Statistics
 
 EXAMPLES = """examples:
   gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
@@ -44,18 +48,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 MIN_CI_UNITS = 10
 
 
-def warn_few_groups(stats: dict) -> bool:
+def warn_few_groups(stats: Statistics | dict) -> bool:
     """Log a warning when the intervals of ``stats`` come from fewer than :data:`MIN_CI_UNITS` groups
     (a cluster bootstrap over 2 groups gives "0.95 [0.95, 0.95]"); returns whether it warned."""
     import logging
 
-    meta = stats.get("meta") or {}
-    n, n_boot = meta.get("n_groups"), meta.get("n_boot") or 0
+    from gmts_analysis.analysis.stats_types import Statistics
+
+    meta = Statistics.coerce(stats).meta
+    n, n_boot = meta.n_groups, meta.n_boot or 0
     if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0:
         return False
     logging.getLogger("gmts_analysis.analysis.stats").warning(
         "the intervals come from %d %s(s), fewer than %d: bootstrap CIs over so few groups are too narrow "
-        "to trust (sample more prompts)", n, meta.get("ci_unit") or "group", MIN_CI_UNITS)
+        "to trust (sample more prompts)", n, meta.ci_unit or "group", MIN_CI_UNITS)
     return True
 
 
@@ -65,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below
-    from gmts_analysis.analysis.stats import compute_stats, is_current, kept_fidelity, write_stats
+    from gmts_analysis.analysis.stats import compute_statistics, is_current, kept_fidelity, write_stats
     from gmts_analysis.analysis.summary import summary_text
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.util.io import read_json, read_parquet
@@ -100,13 +106,13 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     manifest = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").exists() else {}
     below = args.uncertain_below if args.uncertain_below is not None else manifest_uncertain_below(manifest)
-    stats = compute_stats(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=manifest_rho(manifest),
-                          uncertain_below=below, **kept_fidelity(old))
+    stats = compute_statistics(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=manifest_rho(manifest),
+                               uncertain_below=below, **kept_fidelity(old))
     paths = write_stats(run_dir, stats, json_path=args.out)
-    m = stats["meta"]
+    m = stats.meta
     log.info(
         "stats of %d tokens, %d answers, %d estimators in %.1f s -> %s",
-        m["n_tokens"], m["n_answers"], len(m["estimators"]), time.perf_counter() - t0, ", ".join(map(str, paths)),
+        m.n_tokens, m.n_answers, len(m.estimators), time.perf_counter() - t0, ", ".join(map(str, paths)),
     )
     warn_few_groups(stats)
     if not args.quiet:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import html
 import math
 import unicodedata
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -146,69 +147,96 @@ def render_tokens_html(
     if colour not in df.columns or df[colour].isna().all():
         colour = "entropy"
     dis = rank_disagreement(df, "entropy", "gmts", scope)
-    n_total = len(dis)
-    if answer_ids is None:
-        shown = dis.head(n)
-    else:
-        idx = dis.set_index("answer_id")
-        missing = [a for a in answer_ids if a not in idx.index]
-        if missing:
-            raise GmtsError(f"answer id(s) not in the tokens table: {missing[:5]}")
-        shown = idx.loc[list(answer_ids)].reset_index()
-    sel_e = select_top(df, "entropy", rho, scope)
-    sel_g = select_top(df, "gmts", rho, scope)
-    level = df[colour].rank(pct=True, method="average").fillna(0.0).to_numpy(dtype=np.float64)
-    rgb = COLOURS[colour]
+    shown = _shown_answers(dis, n, answer_ids)
     fields = [f for f in HOVER_FIELDS if f[0] in df.columns]
-    ainfo = answers.drop_duplicates("answer_id").set_index("answer_id") if (
-        answers is not None and "answer_id" in answers.columns) else None
-    rows_of = df.groupby("answer_id", sort=False).indices
-    pos = df["position"].to_numpy()
-    cols = {c: df[c].to_numpy() for c, _, _ in fields}
-    tok_col = df["token"].to_numpy() if "token" in df.columns else df["token_id"].astype(str).to_numpy()
-
-    blocks = []
-    for rec in shown.to_dict("records"):
-        aid = rec["answer_id"]
-        rows = rows_of[aid]
-        rows = rows[np.argsort(pos[rows], kind="stable")]
-        n_all = len(rows)
-        rows = rows[:max_tokens]
-        info = ainfo.loc[aid] if ainfo is not None and aid in ainfo.index else None
-        first = df.iloc[rows[0]] if len(rows) else None
-        reward = info.get("reward") if info is not None else (first.get("reward") if first is not None else None)
-        adv = first.get("advantage") if first is not None else None
-        spans = []
-        for i in rows:
-            tip = [f"position {int(pos[i])}", f"token {safe_text(repr(str(tok_col[i])))}"]
-            tip += [f"{label} {_num(cols[c][i])}{unit}" for c, label, unit in fields]
-            tip.append(f"entropy keeps: {'yes' if sel_e[i] else 'no'}; GMTS keeps: {'yes' if sel_g[i] else 'no'}")
-            style = (f"background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{0.85 * level[i]:.3f});"
-                     "padding:1px 0;margin-right:1px;"
-                     f"border-bottom:3px solid {'#1f77b4' if sel_e[i] else 'transparent'};"
-                     f"border-top:3px solid {'#ff7f0e' if sel_g[i] else 'transparent'}")
-            spans.append(f'<span class="gmts-t" title="{" | ".join(tip)}" style="{style}">'
-                         f"{safe_text(tok_col[i])}</span>")
-        cut = f" (first {max_tokens} of {n_all} tokens)" if n_all > max_tokens else ""
-        head = (f"<b>answer {safe_text(aid)}</b> · group {safe_text(first.get('group_id') if first is not None else '')}"
-                f" · reward {_num(reward)} · advantage {_num(adv)} · {n_all} tokens{cut}"
-                f" · rank disagreement {_num(rec['rank_disagreement'])}")
-        blocks.append(
-            '<div style="border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:6px">'
-            f'<div style="font-size:12px;color:#333;margin-bottom:4px">{head}</div>'
-            '<div dir="ltr" style="font-family:Menlo,Consolas,monospace;font-size:12px;line-height:1.9;'
-            f'white-space:pre-wrap;word-break:break-all">{"".join(spans)}</div></div>'
-        )
+    h = _Heatmap(
+        df=df, pos=df["position"].to_numpy(), cols={c: df[c].to_numpy() for c, _, _ in fields}, fields=fields,
+        tok_col=df["token"].to_numpy() if "token" in df.columns else df["token_id"].astype(str).to_numpy(),
+        sel_e=select_top(df, "entropy", rho, scope), sel_g=select_top(df, "gmts", rho, scope),
+        level=df[colour].rank(pct=True, method="average").fillna(0.0).to_numpy(dtype=np.float64),
+        rgb=COLOURS[colour], max_tokens=max_tokens, rows_of=df.groupby("answer_id", sort=False).indices,
+        ainfo=answers.drop_duplicates("answer_id").set_index("answer_id") if (
+            answers is not None and "answer_id" in answers.columns) else None,
+    )
+    blocks = [_heat_answer(h, rec) for rec in shown.to_dict("records")]
     n_zero = int((~dis["informative"]).sum())
     zero_note = (f" The {n_zero} answers with omega = 0 on every token (no gradient, whatever the entropy) "
                  "come last." if n_zero and answer_ids is None else "")
     legend = (
-        f"<div style=\"font-size:12px;color:#444\">{len(shown)} of {n_total} answers, ordered by rank "
+        f"<div style=\"font-size:12px;color:#444\">{len(shown)} of {len(dis)} answers, ordered by rank "
         f"disagreement between entropy and GMTS ({safe_text(scope)} scope).{zero_note} Background: {safe_text(colour)} "
         f"(percentile in the run). Underline: kept by entropy, overline: kept by GMTS (top {rho:g}). "
         "Hover a token for its values.</div>"
     )
     return f'<div class="gmts-view" style="max-width:100%">{legend}{"".join(blocks)}</div>'
+
+
+def _shown_answers(dis: pd.DataFrame, n: int, answer_ids: list | None) -> pd.DataFrame:
+    """The rows of :func:`rank_disagreement` to show: the ``n`` first, or ``answer_ids`` in their order."""
+    if answer_ids is None:
+        return dis.head(n)
+    idx = dis.set_index("answer_id")
+    missing = [a for a in answer_ids if a not in idx.index]
+    if missing:
+        raise GmtsError(f"answer id(s) not in the tokens table: {missing[:5]}")
+    return idx.loc[list(answer_ids)].reset_index()
+
+
+@dataclass
+class _Heatmap:
+    """What the heatmap shows of each token (row ``i`` of ``df``): position, text, hover fields
+    ``(column, label, unit)``, the two selections, the colour level in [0, 1] and its ``rgb``."""
+
+    df: pd.DataFrame
+    pos: np.ndarray
+    cols: dict[str, np.ndarray]
+    fields: list
+    tok_col: np.ndarray
+    sel_e: np.ndarray
+    sel_g: np.ndarray
+    level: np.ndarray
+    rgb: tuple
+    max_tokens: int
+    rows_of: dict
+    ainfo: pd.DataFrame | None
+
+
+def _heat_span(h: _Heatmap, i: int) -> str:
+    """One token: its hover text, background level and selection marks."""
+    tip = [f"position {int(h.pos[i])}", f"token {safe_text(repr(str(h.tok_col[i])))}"]
+    tip += [f"{label} {_num(h.cols[c][i])}{unit}" for c, label, unit in h.fields]
+    tip.append(f"entropy keeps: {'yes' if h.sel_e[i] else 'no'}; GMTS keeps: {'yes' if h.sel_g[i] else 'no'}")
+    rgb = h.rgb
+    style = (f"background:rgba({rgb[0]},{rgb[1]},{rgb[2]},{0.85 * h.level[i]:.3f});"
+             "padding:1px 0;margin-right:1px;"
+             f"border-bottom:3px solid {'#1f77b4' if h.sel_e[i] else 'transparent'};"
+             f"border-top:3px solid {'#ff7f0e' if h.sel_g[i] else 'transparent'}")
+    return (f'<span class="gmts-t" title="{" | ".join(tip)}" style="{style}">'
+            f"{safe_text(h.tok_col[i])}</span>")
+
+
+def _heat_answer(h: _Heatmap, rec: dict) -> str:
+    """One answer (``rec``: its row of :func:`rank_disagreement`): a header, then its tokens in order."""
+    aid = rec["answer_id"]
+    rows = h.rows_of[aid]
+    rows = rows[np.argsort(h.pos[rows], kind="stable")]
+    n_all = len(rows)
+    rows = rows[:h.max_tokens]
+    info = h.ainfo.loc[aid] if h.ainfo is not None and aid in h.ainfo.index else None
+    first = h.df.iloc[rows[0]] if len(rows) else None
+    reward = info.get("reward") if info is not None else (first.get("reward") if first is not None else None)
+    adv = first.get("advantage") if first is not None else None
+    spans = [_heat_span(h, i) for i in rows]
+    cut = f" (first {h.max_tokens} of {n_all} tokens)" if n_all > h.max_tokens else ""
+    head = (f"<b>answer {safe_text(aid)}</b> · group {safe_text(first.get('group_id') if first is not None else '')}"
+            f" · reward {_num(reward)} · advantage {_num(adv)} · {n_all} tokens{cut}"
+            f" · rank disagreement {_num(rec['rank_disagreement'])}")
+    return (
+        '<div style="border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:6px">'
+        f'<div style="font-size:12px;color:#333;margin-bottom:4px">{head}</div>'
+        '<div dir="ltr" style="font-family:Menlo,Consolas,monospace;font-size:12px;line-height:1.9;'
+        f'white-space:pre-wrap;word-break:break-all">{"".join(spans)}</div></div>'
+    )
 
 
 class TokenView:

@@ -40,11 +40,14 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.analysis.stats_types import Block, CrossEntry, Statistics, WithinEntry
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.style import COLORS, display_token  # noqa: F401 - display_token re-exported (report)
 
 log = logging.getLogger(__name__)
+
+StatsLike = Statistics | Mapping[str, Any]  # a run's statistics, typed or as the stats.json dict
 
 
 
@@ -102,7 +105,7 @@ def _empty(fig: Figure, ax, msg: str) -> Figure:
 WITHIN_CROSS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "gmts_lgn")
 
 
-def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Mapping, rng: np.random.Generator) -> None:
+def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Block, rng: np.random.Generator) -> None:
     """Per-answer Spearman points (seeded jitter) with the mean and its 95% CI, on a zoomed axis."""
     allv = []
     for i, s in enumerate(ests):
@@ -110,9 +113,9 @@ def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Mapp
         rhos = per_answer[s].to_numpy(dtype=float) if s in per_answer else np.zeros(0)
         allv.append(rhos)
         ax.scatter(i + rng.uniform(-0.18, 0.18, len(rhos)), rhos, s=5, color=c, alpha=0.45, lw=0)
-        _errbar(ax, i, (block.get("within_answer") or {}).get(s), "mean", fmt="D", color="black", mfc="white",
-                ms=6, zorder=5)
-        m = _num(((block.get("within_answer") or {}).get(s) or {}).get("mean"))
+        entry = block.within_answer.get(s)
+        _errbar(ax, i, entry, "mean", fmt="D", color="black", mfc="white", ms=6, zorder=5)
+        m = _num(entry.mean) if entry is not None else float("nan")
         if np.isfinite(m):
             ax.annotate(f"{m:.3f}", (i, m), xytext=(9, 0), textcoords="offset points", va="center", fontsize=7)
     v = np.concatenate(allv) if allv else np.zeros(0)
@@ -125,13 +128,13 @@ def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Mapp
     ax.grid(alpha=0.3, axis="y")
 
 
-def _cross_panel(ax, ests: Sequence[str], block: Mapping) -> None:
+def _cross_panel(ax, ests: Sequence[str], block: Block) -> None:
     """Pooled Spearman with grad_norm over all tokens (open) and informative tokens (filled), 95% CIs."""
     for i, s in enumerate(ests):
         c = _color(s, i)
-        r = _errbar(ax, i - 0.12, (block.get("cross_answer") or {}).get(s), "spearman", fmt="D", color=c,
+        r = _errbar(ax, i - 0.12, block.cross_answer.get(s), "spearman", fmt="D", color=c,
                     mfc="white", mec=c, ms=7)
-        ri = _errbar(ax, i + 0.12, (block.get("cross_answer_informative") or {}).get(s), "spearman", fmt="D",
+        ri = _errbar(ax, i + 0.12, block.cross_answer_informative.get(s), "spearman", fmt="D",
                      color=c, mec="black", ms=7)
         for x, v, ha, dx in ((i - 0.12, r, "right", -7), (i + 0.12, ri, "left", 7)):
             if np.isfinite(v):
@@ -145,7 +148,7 @@ def _cross_panel(ax, ests: Sequence[str], block: Mapping) -> None:
 
 
 def fig_within_vs_cross(
-    tokens: pd.DataFrame, stats: dict | None = None, estimators: Sequence[str] = WITHIN_CROSS_ESTIMATORS
+    tokens: pd.DataFrame, stats: StatsLike | None = None, estimators: Sequence[str] = WITHIN_CROSS_ESTIMATORS
 ) -> Figure:
     """Inside answers vs across answers, on every token and on the uncertain ones (the paper's figure).
 
@@ -160,14 +163,14 @@ def fig_within_vs_cross(
     from gmts_analysis.analysis.stats import prepare_tokens, within_values
 
     df = prepare_tokens(tokens)
-    stats = stats or {}
+    st = Statistics.coerce(stats)
     ests = [s for s in estimators if s in df.columns]
-    unc = stats.get("uncertain") or {}
-    below = _num((stats.get("meta") or {}).get("uncertain_below"))
-    rows = [("every token", df, stats)]
-    if unc.get("within_answer") and "prob" in df.columns and np.isfinite(below):
-        rows.append((f"tokens with prob < {below:g} ({100 * _num(unc.get('token_share')):.0f}% of tokens, "
-                     f"{100 * _num(unc.get('mass_share')):.0f}% of the gradient)", df[df["prob"] < below], unc))
+    unc = st.uncertain
+    below = _num(st.meta.uncertain_below)
+    rows: list[tuple[str, pd.DataFrame, Block]] = [("every token", df, st)]
+    if unc is not None and unc.within_answer and "prob" in df.columns and np.isfinite(below):
+        rows.append((f"tokens with prob < {below:g} ({100 * _num(unc.token_share):.0f}% of tokens, "
+                     f"{100 * _num(unc.mass_share):.0f}% of the gradient)", df[df["prob"] < below], unc))
     fig = Figure(figsize=(11.0, 3.6 * len(rows) + 0.6), layout="constrained")
     axes = fig.subplots(len(rows), 2, squeeze=False)
     if not ests:
@@ -284,21 +287,23 @@ def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entrop
     return fig
 
 
-def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) -> Figure:
+def fig_topk_overlap(stats: StatsLike, scopes: Sequence[str] = ("batch", "group")) -> Figure:
     """Top-k overlap with the grad_norm selection vs the kept fraction, every estimator.
 
     The dotted diagonal is the expected overlap of a random selection (= rho). Error bars on
     entropy, the masked baseline entropy_inf (dashed) and gmts: 95% CIs of the cluster bootstrap (``topk_overlap_ci``, at every rho). S_true
     is taken among tokens with grad_norm > 0; scopes without one are left out (the title says how many).
     """
-    tk = stats.get("topk_overlap", {})
+    st = Statistics.coerce(stats)
+    tk = st.topk_overlap
     scopes = [s for s in scopes if s in tk]
     fig = Figure(figsize=(4.4 * max(1, len(scopes)) + 1.6, 4.0), layout="constrained")
     axes = fig.subplots(1, max(1, len(scopes)), squeeze=False, sharey=True)[0]
     if not scopes:
         return _empty(fig, axes[0], "no top-k overlap in stats")
     for ax, scope in zip(axes, scopes):
-        for i, (s, by_rho) in enumerate(tk[scope].items()):
+        for i, s in enumerate(tk.estimators(scope)):
+            by_rho = tk.series(scope, s)
             ks = sorted(by_rho, key=float)
             xs = [float(k) for k in ks]
             ys = [_num(by_rho[k]) for k in ks]
@@ -306,15 +311,15 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
                     color=_color(s, i), alpha=1.0 if bold else 0.75, label=s,
                     ls="--" if s == "entropy_inf" else "-")
-            ci = stats.get("topk_overlap_ci", {}).get(scope, {}).get(s, {})
+            ci = st.topk_overlap_ci.series(scope, s)
             for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
-                v, lo, hi = _num(by_rho.get(k)), _num(b.get("ci_low")), _num(b.get("ci_high"))
+                v, lo, hi = _num(by_rho.get(k)), _num(b.ci_low), _num(b.ci_high)
                 if bold and np.isfinite(lo) and np.isfinite(v):
                     ax.errorbar([float(k)], [v], yerr=[[max(v - lo, 0)], [max(hi - v, 0)]], color=_color(s, i),
                                 capsize=4, lw=1.2)
         ax.plot([0, 0.55], [0, 0.55], ls=":", color="grey", label="random (= ρ)")
         ax.set_xlabel("kept fraction ρ")
-        n_ex = (stats.get("topk_scopes_excluded") or {}).get(scope)
+        n_ex = st.topk_scopes_excluded.get(scope)
         ax.set_title(f"scope: {scope}" + (f" ({n_ex} without gradient left out)" if n_ex else ""), fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
@@ -327,26 +332,27 @@ def fig_topk_overlap(stats: dict, scopes: Sequence[str] = ("batch", "group")) ->
 MASS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "one_minus_prob_inf", "gmts_lgn")
 
 
-def fig_mass_capture(stats: dict, scopes: Sequence[str] = ("batch", "group"),
+def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"),
                      estimators: Sequence[str] = MASS_ESTIMATORS) -> Figure | None:
     """Gradient mass captured vs the kept fraction: sum of grad_norm over a top-rho selection by
     each score over the sum over the true top-rho (``mass_capture``), with 95% CIs, per scope."""
-    mc = stats.get("mass_capture") or {}
+    st = Statistics.coerce(stats)
+    mc = st.mass_capture
     scopes = [s for s in scopes if s in mc]
     if not scopes:
         return None
     fig = Figure(figsize=(4.4 * len(scopes) + 1.8, 4.0), layout="constrained")
     axes = fig.subplots(1, len(scopes), squeeze=False, sharey=True)[0]
     for ax, scope in zip(axes, scopes):
-        ests = [s for s in estimators if s in mc[scope]]
+        ests = [s for s in estimators if s in mc.estimators(scope)]
         for i, s in enumerate(ests):
-            by = mc[scope][s]
+            by = mc.series(scope, s)
             ks = sorted(by, key=float)
             xs = np.array([float(k) for k in ks])
             ys = np.array([_num(by[k]) for k in ks])
-            ci = (stats.get("mass_capture_ci") or {}).get(scope, {}).get(s, {})
-            lo = np.array([_num((ci.get(k) or {}).get("ci_low")) for k in ks])
-            hi = np.array([_num((ci.get(k) or {}).get("ci_high")) for k in ks])
+            cis = [st.mass_capture_ci.at(scope, s, k) for k in ks]
+            lo = np.array([_num(b.ci_low) for b in cis])
+            hi = np.array([_num(b.ci_high) for b in cis])
             dx = (i - (len(ests) - 1) / 2) * 0.004  # side by side, so the intervals do not hide each other
             ax.errorbar(xs + dx, ys, yerr=[np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)],
                         marker="o", ms=4, lw=1.4, capsize=2, color=_color(s, i), label=s,
@@ -361,28 +367,28 @@ def fig_mass_capture(stats: dict, scopes: Sequence[str] = ("batch", "group"),
     return fig
 
 
-def fig_update_fidelity(stats: dict) -> Figure | None:
+def fig_update_fidelity(stats: StatsLike) -> Figure | None:
     """Cosine and norm ratio of the selected tokens' update vs the full update (at the run's rho).
 
     Bars for each estimator and the references all (1, 1), oracle (top by grad_norm) and
     random (mean of several draws, with their standard deviation). None without fidelity.
     """
-    fid = {k: v for k, v in (stats.get("update_fidelity") or {}).items() if isinstance(v, dict) and "cosine" in v}
+    fid = {k: v for k, v in Statistics.coerce(stats).update_fidelity.items() if v.has("cosine")}
     if not fid:
         return None
     refs = [k for k in ("all", "oracle") if k in fid]
     ests = [k for k in fid if k not in ("all", "oracle", "random", "random_std")]
     names = refs + ests + (["random"] if "random" in fid else [])
-    std = fid.get("random_std", {})
+    std = fid.get("random_std")
     fig = Figure(figsize=(max(5.0, 0.9 * len(names) + 2.0), 3.8), layout="constrained")
     axes = fig.subplots(1, 2, squeeze=False)[0]
     for ax, metric, label in zip(axes, ("cosine", "norm_ratio"), ("cosine(g_S, g_all)", "‖g_S‖ / ‖g_all‖")):
-        vals = [_num(fid[n].get(metric)) for n in names]
+        vals = [_num(getattr(fid[n], metric)) for n in names]
         cols = [_color(n, i) for i, n in enumerate(names)]
         ax.bar(range(len(names)), vals, color=cols, edgecolor="black", lw=0.4)
-        if "random" in names and std and np.isfinite(_num(std.get(metric))):  # spread of the random draws
+        if "random" in names and std is not None and np.isfinite(_num(getattr(std, metric))):  # spread of the draws
             j = names.index("random")
-            ax.errorbar([j], [vals[j]], yerr=[_num(std.get(metric))], color="black", capsize=3)
+            ax.errorbar([j], [vals[j]], yerr=[_num(getattr(std, metric))], color="black", capsize=3)
         for i, v in enumerate(vals):
             if np.isfinite(v):
                 ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=7)
@@ -406,6 +412,10 @@ def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: 
     return d["answer_id"].iloc[0]
 
 
+STRIP_ROWS = (("entropy", "entropy", "Blues"), ("grad_norm", "grad_norm", "Oranges"),
+              ("entropy keeps", "_se", None), ("GMTS keeps", "_sg", None))  # (label, column, colour map)
+
+
 def fig_token_strip(
     tokens: pd.DataFrame,
     answer_id: Any = None,
@@ -420,9 +430,6 @@ def fig_token_strip(
     Colours are log-scaled inside the answer (dark = high). Long answers are cut to
     ``max_tokens``; the strip wraps every ``per_line`` tokens.
     """
-    from matplotlib import colormaps
-    from matplotlib.colors import LogNorm, Normalize
-
     from gmts_analysis.core.selection import select_top
 
     if answer_id is None:
@@ -435,47 +442,14 @@ def fig_token_strip(
     a = a.head(max_tokens)
     n = len(a)
     lines = max(1, -(-n // per_line))
-    rows = [("entropy", "entropy", "Blues"), ("grad_norm", "grad_norm", "Oranges"),
-            ("entropy keeps", "_se", None), ("GMTS keeps", "_sg", None)]
     fig = Figure(figsize=(min(16.0, 0.42 * max(min(n, per_line), 14) + 1.8), 0.8 + 1.25 * lines),
                  layout="constrained")
     ax = fig.add_subplot()
     if n == 0:
         return _empty(fig, ax, f"answer {answer_id!r} not found")
-    cmaps = {}
-    for _label, col, cmap in rows:
-        if cmap is None:
-            continue
-        v = a[col].to_numpy(dtype=float)
-        pos = v[np.isfinite(v) & (v > 0)]
-        norm = LogNorm(pos.min(), pos.max()) if len(pos) >= 2 and pos.max() > pos.min() else Normalize(0, 1)
-        cmaps[col] = (colormaps[cmap], norm)
-    row_h = 1.0
-    block = len(rows) + 0.6
-    toks = [display_token(t, 4) for t in a["token"]]
-    for j in range(n):
-        line, x = divmod(j, per_line)
-        y0 = line * block
-        for r, (_label, col, cmap) in enumerate(rows):
-            y = y0 + r * row_h
-            val = a[col].iloc[j]
-            if cmap is None:
-                face = (COLORS["entropy"] if col == "_se" else COLORS["gmts"]) if bool(val) else "white"
-                txt_color = "white" if bool(val) else "#bbbbbb"
-            else:
-                cm, norm = cmaps[col]
-                fv = float(val) if np.isfinite(val) and val > 0 else np.nan
-                rgba = cm(norm(fv)) if np.isfinite(fv) else (0.9, 0.9, 0.9, 1)
-                face = rgba
-                txt_color = "white" if np.isfinite(fv) and norm(fv) > 0.6 else "black"
-            ax.add_patch(_rect(x, y, face))
-            ax.text(x + 0.5, y + 0.5, toks[j], ha="center", va="center", fontsize=6, color=txt_color,
-                    parse_math=False, family="DejaVu Sans Mono")
-        if x == 0:
-            for r, (label, _, _) in enumerate(rows):
-                ax.text(-0.3, y0 + r * row_h + 0.5, label, ha="right", va="center", fontsize=7, parse_math=False)
+    _draw_strip(ax, a, _strip_colours(a), per_line)
     ax.set_xlim(-4.0, max(min(n, per_line), 14))
-    ax.set_ylim(lines * block, -0.2)
+    ax.set_ylim(lines * (len(STRIP_ROWS) + 0.6), -0.2)
     ax.set_axis_off()
     adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else float("nan")
     cut = f", first {n} of {n_all} tokens" if n < n_all else ""
@@ -484,6 +458,52 @@ def fig_token_strip(
         f"selections: top {rho:.0%} per {scope}", fontsize=8, loc="left", parse_math=False,
     )
     return fig
+
+
+def _strip_colours(a: pd.DataFrame) -> dict[str, tuple[Any, Any]]:
+    """``{column: (colour map, norm)}`` of the coloured rows: log-scaled over the answer's positive values."""
+    from matplotlib import colormaps
+    from matplotlib.colors import LogNorm, Normalize
+
+    cmaps = {}
+    for _label, col, cmap in STRIP_ROWS:
+        if cmap is None:
+            continue
+        v = a[col].to_numpy(dtype=float)
+        pos = v[np.isfinite(v) & (v > 0)]
+        norm = LogNorm(pos.min(), pos.max()) if len(pos) >= 2 and pos.max() > pos.min() else Normalize(0, 1)
+        cmaps[col] = (colormaps[cmap], norm)
+    return cmaps
+
+
+def _strip_cell(val: Any, col: str, cmap: str | None, cmaps: dict) -> tuple[Any, str]:
+    """Face and text colour of one cell: a selection flag, or a value on its row's colour map."""
+    if cmap is None:
+        face = (COLORS["entropy"] if col == "_se" else COLORS["gmts"]) if bool(val) else "white"
+        return face, "white" if bool(val) else "#bbbbbb"
+    cm, norm = cmaps[col]
+    fv = float(val) if np.isfinite(val) and val > 0 else np.nan
+    face = cm(norm(fv)) if np.isfinite(fv) else (0.9, 0.9, 0.9, 1)
+    return face, "white" if np.isfinite(fv) and norm(fv) > 0.6 else "black"
+
+
+def _draw_strip(ax, a: pd.DataFrame, cmaps: dict, per_line: int) -> None:
+    """The cells of every token (one row per :data:`STRIP_ROWS` entry), wrapped every ``per_line`` tokens."""
+    row_h = 1.0
+    block = len(STRIP_ROWS) + 0.6
+    toks = [display_token(t, 4) for t in a["token"]]
+    for j in range(len(a)):
+        line, x = divmod(j, per_line)
+        y0 = line * block
+        for r, (_label, col, cmap) in enumerate(STRIP_ROWS):
+            y = y0 + r * row_h
+            face, txt_color = _strip_cell(a[col].iloc[j], col, cmap, cmaps)
+            ax.add_patch(_rect(x, y, face))
+            ax.text(x + 0.5, y + 0.5, toks[j], ha="center", va="center", fontsize=6, color=txt_color,
+                    parse_math=False, family="DejaVu Sans Mono")
+        if x == 0:
+            for r, (label, _, _) in enumerate(STRIP_ROWS):
+                ax.text(-0.3, y0 + r * row_h + 0.5, label, ha="right", va="center", fontsize=7, parse_math=False)
 
 
 def _rect(x: float, y: float, face) -> Any:
@@ -495,17 +515,19 @@ def _rect(x: float, y: float, face) -> Any:
 DECOMPOSITION_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
 
 
-def _errbar(ax, x: float, d: Any, key: str, **kw) -> float:
-    """A point with its 95% CI from a stats entry ``{key, ci_low, ci_high}``; returns the value."""
-    d = d if isinstance(d, dict) else {}
-    v, lo, hi = _num(d.get(key)), _num(d.get("ci_low")), _num(d.get("ci_high"))
+def _errbar(ax, x: float, entry: CrossEntry | WithinEntry | None, key: str, **kw) -> float:
+    """A point with its 95% CI from a stats entry (its attribute ``key``, ``ci_low``, ``ci_high``;
+    None draws nothing); returns the value."""
+    if entry is None:
+        return float("nan")
+    v, lo, hi = _num(getattr(entry, key)), _num(entry.ci_low), _num(entry.ci_high)
     if np.isfinite(v):
         yerr = [[max(v - lo, 0.0)], [max(hi - v, 0.0)]] if np.isfinite(lo) and np.isfinite(hi) else None
         ax.errorbar([x], [v], yerr=yerr, capsize=3, **kw)
     return v
 
 
-def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_ESTIMATORS,
+def fig_decomposition(stats: StatsLike, estimators: Sequence[str] = DECOMPOSITION_ESTIMATORS,
                       rho: str | None = None) -> Figure:
     """How much of an estimator's cross-answer failure is picking tokens without gradient.
 
@@ -515,10 +537,9 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     whose gap closes on informative tokens fails by wasted picks; one that stays low fails on
     magnitude. Every number comes from ``stats`` (version 2 or later).
     """
-    from gmts_analysis.analysis.stats import run_rho_key
-
-    rk = rho or run_rho_key(stats)
-    ca, ci = stats.get("cross_answer") or {}, stats.get("cross_answer_informative") or {}
+    st = Statistics.coerce(stats)
+    rk = rho or st.rho_key
+    ca, ci = st.cross_answer, st.cross_answer_informative
     ests = [s for s in estimators if s in ca]
     fig = Figure(figsize=(3.0 + 1.5 * max(1, len(ests)), 4.4), layout="constrained")
     ax1, ax2 = fig.subplots(1, 2, width_ratios=[1.15, 1.0])
@@ -543,25 +564,25 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     ax1.set_ylabel("cross-answer Spearman ρ with grad_norm")
     ax1.legend(fontsize=7, frameon=False, loc="lower right")
     ax1.set_title("Across answers: all vs informative tokens", fontsize=9)
-    sw, swc = stats.get("selection_waste") or {}, stats.get("selection_waste_ci") or {}
+    sw, swc = st.selection_waste, st.selection_waste_ci
     scopes = [sc for sc in ("batch", "group") if sc in sw]
     width = 0.8 / max(1, len(scopes))
     for j, sc in enumerate(scopes):
         for i, s in enumerate(ests):
-            v = _num((sw[sc].get(s) or {}).get(rk))
+            v = _num(sw.at(sc, s, rk))
             if not np.isfinite(v):
                 continue
             x = i - 0.4 + width * (j + 0.5)
             ax2.bar([x], [100 * v], width=width * 0.9, color=_color(s, i), alpha=1.0 if sc == "batch" else 0.45,
                     edgecolor="black", lw=0.4, label=f"{sc} scope" if i == 0 else None, hatch=None if sc == "batch" else "//")
-            b = ((swc.get(sc) or {}).get(s) or {}).get(rk) or {}
-            lo, hi = _num(b.get("ci_low")), _num(b.get("ci_high"))
+            b = swc.at(sc, s, rk)
+            lo, hi = _num(b.ci_low), _num(b.ci_high)
             if np.isfinite(lo) and np.isfinite(hi):
                 ax2.errorbar([x], [100 * v], yerr=[[100 * max(v - lo, 0)], [100 * max(hi - v, 0)]], color="black",
                              capsize=2, lw=0.8)
             ax2.annotate(f"{100 * v:.0f}%", (x, 100 * v), xytext=(0, 2), textcoords="offset points", ha="center",
                          va="bottom", fontsize=6)
-    share = _num((stats.get("zero_advantage") or {}).get("token_share"))
+    share = _num(st.zero_advantage.token_share if st.zero_advantage is not None else None)
     if np.isfinite(share):
         ax2.axhline(100 * share, color="grey", ls="--", lw=0.8, label=f"tokens with ω = 0: {100 * share:.0f}%")
     ax2.set_xticks(range(len(ests)), ests, rotation=20, ha="right", fontsize=8)
@@ -572,21 +593,23 @@ def fig_decomposition(stats: dict, estimators: Sequence[str] = DECOMPOSITION_EST
     return fig
 
 
-def fig_decomposition_slices(stats: dict, section: str | None = None,
+def fig_decomposition_slices(stats: StatsLike, section: str | None = None,
                              estimators: Sequence[str] = ("entropy", "gmts")) -> Figure | None:
     """The decomposition per domain (or per step): for each slice, the share of tokens with
     omega = 0 (bars, right axis) and each estimator's cross-answer Spearman over all tokens (open)
     and over informative tokens (filled), with 95% CIs. None when the run has no slices."""
-    section = section or next((k for k in ("by_domain", "by_step") if stats.get(k)), None)
-    sl = stats.get(section) if section else None
+    st = Statistics.coerce(stats)
+    section = section or next((k for k in ("by_domain", "by_step") if st.slices(k)), None)
+    sl = st.slices(section) if section else None
     if not sl:
         return None
     names = list(sl)
-    ests = [e for e in estimators if e in (stats.get("cross_answer") or {})]
+    ests = [e for e in estimators if e in st.cross_answer]
     fig = Figure(figsize=(2.2 + 1.6 * len(names), 4.2), layout="constrained")
     ax = fig.add_subplot()
     ax2 = ax.twinx()
-    share = [100 * _num((sl[k].get("zero_advantage") or {}).get("token_share")) for k in names]
+    share = [100 * _num(sl[k].zero_advantage.token_share if sl[k].zero_advantage is not None else None)
+             for k in names]
     ax2.bar(range(len(names)), share, width=0.75, color="#dddddd", zorder=0, label="tokens with ω = 0")
     for x, v in enumerate(share):
         if np.isfinite(v):
@@ -600,9 +623,9 @@ def fig_decomposition_slices(stats: dict, section: str | None = None,
     for i, e in enumerate(ests):
         c = _color(e, i)
         for x, k in enumerate(names):
-            _errbar(ax, x + off[2 * i], (sl[k].get("cross_answer") or {}).get(e), "spearman", fmt="o", color=c,
+            _errbar(ax, x + off[2 * i], sl[k].cross_answer.get(e), "spearman", fmt="o", color=c,
                     mfc="white", mec=c, ms=6)
-            _errbar(ax, x + off[2 * i + 1], (sl[k].get("cross_answer_informative") or {}).get(e), "spearman",
+            _errbar(ax, x + off[2 * i + 1], sl[k].cross_answer_informative.get(e), "spearman",
                     fmt="o", color=c, mec="black", ms=6)
         ax.errorbar([], [], fmt="o", color=c, mfc="white", label=f"{e}: all tokens")
         ax.errorbar([], [], fmt="o", color=c, mec="black", label=f"{e}: ω ≠ 0")
@@ -620,7 +643,7 @@ PAIRED_PANELS = (("within_answer", "within answers: mean ρ vs ‖∇ log p‖")
                  ("mass_capture", "gradient mass captured (batch, run's ρ)"))
 
 
-def fig_estimators(tokens: pd.DataFrame, stats: dict, ref: str = "entropy") -> Figure:
+def fig_estimators(tokens: pd.DataFrame, stats: StatsLike, ref: str = "entropy") -> Figure:
     """Every estimator, ranked (``estimators.csv``, ties by paired CI): its paired difference with
     ``ref`` (``paired_difference.<statistic>.<s>.<ref>``, 95% CI from the same group resamples) on
     the within-answer mean, the informative cross-answer Spearman and the mass capture. A CI that
@@ -628,29 +651,30 @@ def fig_estimators(tokens: pd.DataFrame, stats: dict, ref: str = "entropy") -> F
     "=" without an interval. Deterministic: no random jitter."""
     from gmts_analysis.analysis.stats import estimator_table
 
-    table = estimator_table(stats)
+    st = Statistics.coerce(stats)
+    table = estimator_table(st)
     ests = [s for s in table["estimator"] if s != ref]
-    panels = [(k, t) for k, t in PAIRED_PANELS if k in (stats.get("paired_difference") or {})]
+    panels = [(k, t) for k, t in PAIRED_PANELS if k in st.paired_difference]
     fig = Figure(figsize=(3.6 * max(1, len(panels)) + 1.6, 1.3 + 0.36 * max(3, len(ests))), layout="constrained")
     axes = fig.subplots(1, max(1, len(panels)), squeeze=False, sharey=True)[0]
     if not ests or not panels:
         return _empty(fig, axes[0], f"no paired differences with {ref} in stats (run gmts stats)")
     rk = table.set_index("estimator")["rank"]
-    fixed = {e.get("key") for e in stats.get("by_construction") or []}
+    fixed = st.fixed
     for ax, (stat, title) in zip(axes, panels):
-        pdiff = stats["paired_difference"][stat]
+        pdiff = st.paired_difference
         # the axis spans the estimators' intervals; the |omega| baseline (far off) is written at the edge
-        ends = [_num(((pdiff.get(s) or {}).get(ref) or {}).get(k)) for s in ests if s != "abs_omega"
-                for k in ("diff", "ci_low", "ci_high")]
+        ends = [_num(v) for s in ests if s != "abs_omega" and (d := pdiff.get(stat, s, ref)) is not None
+                for v in (d.diff, d.ci_low, d.ci_high)]
         ends = [e for e in ends if np.isfinite(e)] + [0.0]
         pad = 0.08 * (max(ends) - min(ends) or 1e-3)
         x_lo, x_hi = min(ends) - pad, max(ends) + pad
         ax.set_xlim(x_lo, x_hi)
         for i, s in enumerate(ests):
-            d = (pdiff.get(s) or {}).get(ref)
+            d = pdiff.get(stat, s, ref)
             if d is None:
                 continue
-            v, lo, hi = _num(d.get("diff")), _num(d.get("ci_low")), _num(d.get("ci_high"))
+            v, lo, hi = _num(d.diff), _num(d.ci_low), _num(d.ci_high)
             if f"paired_difference.{stat}.{s}.{ref}" in fixed:
                 ax.annotate("= by construction", (0, i), ha="center", va="center", fontsize=6, color="#555555")
                 continue
@@ -671,8 +695,9 @@ def fig_estimators(tokens: pd.DataFrame, stats: dict, ref: str = "entropy") -> F
         ax.tick_params(axis="x", labelsize=7)
     axes[0].set_yticks(range(len(ests)), [f"{int(rk[s])}. {s}" for s in ests], fontsize=8)
     axes[0].set_ylim(len(ests) - 0.5, -0.5)
-    n = (stats.get("meta") or {}).get("n_ci_units")
-    fig.suptitle(f"Estimators vs {ref}: paired differences over {n} resampled {(stats.get('meta') or {}).get('ci_unit', 'group')}s "
+    n = st.meta.n_ci_units
+    unit = st.meta.ci_unit if st.meta.has("ci_unit") else "group"
+    fig.suptitle(f"Estimators vs {ref}: paired differences over {n} resampled {unit}s "
                  "(filled: CI excludes 0; rank ties by paired CI)", fontsize=9)
     return fig
 

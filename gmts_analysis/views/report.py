@@ -23,11 +23,14 @@ import math
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+
+from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +124,7 @@ def _lookup(manifest: Mapping, keys: tuple) -> Any:
     return None
 
 
-def _config_section(manifest: Mapping, stats: Mapping) -> str:
+def _config_section(manifest: Mapping, st: Statistics) -> str:
     rows = []
     for k, v in manifest.items():
         if isinstance(v, Mapping):
@@ -137,11 +140,11 @@ def _config_section(manifest: Mapping, stats: Mapping) -> str:
         for label, keys in SUMMARY_FIELDS
         if (v := _lookup(manifest, keys)) is not None
     )
-    meta = stats.get("meta", {})
+    meta = st.meta
     counts = (
-        f"{_fmt(meta.get('n_answers'))} answers in {_fmt(meta.get('n_groups'))} groups, "
-        f"{_fmt(meta.get('n_tokens'))} response tokens; bootstrap: {_fmt(meta.get('n_boot'))} resamples "
-        f"of {meta.get('ci_unit') or 'answer'}s, seed {_fmt(meta.get('seed'))}"
+        f"{_fmt(meta.n_answers)} answers in {_fmt(meta.n_groups)} groups, "
+        f"{_fmt(meta.n_tokens)} response tokens; bootstrap: {_fmt(meta.n_boot)} resamples "
+        f"of {meta.ci_unit or 'answer'}s, seed {_fmt(meta.seed)}"
     )
     full = (f'<details><summary>Full manifest.json</summary><table class="kv">{"".join(rows)}</table></details>'
             if rows else "<p>No manifest.json in this run.</p>")
@@ -154,22 +157,22 @@ def _short(v: Any, n: int = 300) -> str:
     return s if len(s) <= n else s[: n - 1] + "…"
 
 
-def _findings_section(stats: Mapping) -> str:
+def _findings_section(st: Statistics) -> str:
     """What the run shows, in sentences generated from its stats (:func:`gmts_analysis.analysis.summary.findings`)."""
     from gmts_analysis.analysis.summary import findings
 
-    items = "".join(f"<li>{_e(x)}</li>" for x in findings(stats))
+    items = "".join(f"<li>{_e(x)}</li>" for x in findings(st))
     return f'<section id="findings"><h2>What this run shows</h2><ul class="findings">{items}</ul></section>' if items else ""
 
 
-def _ranking_table(stats: Mapping) -> str:
+def _ranking_table(st: Statistics) -> str:
     """The estimator ranking (the run's estimators.csv) as an HTML table."""
-    from gmts_analysis.analysis.stats import estimator_table, run_rho_key
+    from gmts_analysis.analysis.stats import estimator_table
 
-    t = estimator_table(stats)
+    t = estimator_table(st)
     if t.empty:
         return ""
-    rk = f"{float(run_rho_key(stats)):g}"
+    rk = f"{float(st.rho_key):g}"
     head = ("<tr><th>rank</th><th>estimator</th><th>within answer ρ<br><small>mean [95% CI]</small></th>"
             "<th>across answers, ω ≠ 0<br><small>ρ [95% CI]</small></th><th>across answers, all tokens<br>"
             f"<small>ρ [95% CI]</small></th><th>waste, top-{rk} batch<br><small>[95% CI]</small></th></tr>")
@@ -189,15 +192,15 @@ def _ranking_table(stats: Mapping) -> str:
             f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{body}</tbody></table></div>')
 
 
-def _stats_section(stats: Mapping) -> str:
-    from gmts_analysis.analysis.stats import run_rho_key, stats_table
+def _stats_section(st: Statistics) -> str:
+    from gmts_analysis.analysis.stats import stats_table
 
-    rho_label = f"{float(run_rho_key(stats)):g}"
-    t = stats_table(stats)
+    rho_label = f"{float(st.rho_key):g}"
+    t = stats_table(st)
     if t.empty:
         return '<section id="stats"><h2>Statistics</h2><p>No statistics.</p></section>'
-    meta = stats.get("meta") or {}
-    unit = meta.get("ci_unit") or "answer"
+    unit = st.meta.ci_unit or "answer"
+    min_tokens = st.meta.min_tokens if st.meta.has("min_tokens") else 5
     head = (
         "<tr><th>estimator</th><th>within answer ρ<br><small>median (mean [95% CI])</small></th>"
         "<th>n answers</th><th>across answers ρ<br><small>all tokens [95% CI]</small></th>"
@@ -221,40 +224,38 @@ def _stats_section(stats: Mapping) -> str:
             f"<td>{_fmt(r['waste_batch'])} / {_fmt(r['waste_group'])}</td>"
             f"<td>{_fmt(r['fidelity_cosine'])} / {_fmt(r['fidelity_norm_ratio'])}</td></tr>"
         )
-    fid = stats.get("update_fidelity") or {}
+    fid = st.update_fidelity
     refs = " ".join(
-        f"<b>{_e(k)}</b> {_fmt(fid[k].get('cosine'))} / {_fmt(fid[k].get('norm_ratio'))};"
-        for k in ("all", "oracle", "random") if isinstance(fid.get(k), Mapping)
+        f"<b>{_e(k)}</b> {_fmt(fid[k].cosine)} / {_fmt(fid[k].norm_ratio)};"
+        for k in ("all", "oracle", "random") if k in fid
     )
     fid_note = f"<p>Update fidelity references (cosine / norm ratio): {refs}</p>" if refs else (
         "<p>Update fidelity was not computed for this run (it needs the model).</p>"
     )
-    excl = stats.get("topk_scopes_excluded") or {}
+    excl = st.topk_scopes_excluded
     excl_note = f" {_fmt(excl.get('group'))} groups without any gradient are left out of the group-scope overlap." \
         if excl.get("group") else ""
-    slices = "".join(_slice_table(stats, sec, title) for sec, title in (("by_domain", "domain"), ("by_step", "step")))
+    slices = "".join(_slice_table(st, sec, title) for sec, title in (("by_domain", "domain"), ("by_step", "step")))
     return (
         '<section id="stats"><h2>Statistics</h2>'
         f"<p>Within answer: Spearman ρ(score, ‖∇ log p‖) inside each answer, over the same informative answers "
-        f"(ω ≠ 0, ≥ {_fmt(meta.get('min_tokens', 5))} tokens, non-constant target) for every score. Across answers: "
+        f"(ω ≠ 0, ≥ {_fmt(min_tokens)} tokens, non-constant target) for every score. Across answers: "
         "ρ(score, grad_norm) pooled over all tokens, and over informative tokens (ω ≠ 0) only. CIs: 95% "
         f"percentile cluster bootstrap resampling {_e(unit)}s, never tokens. Overlap: "
         "|S<sub>score</sub> ∩ S<sub>true</sub>| / |S<sub>true</sub>|, S<sub>true</sub> the top "
         f"{rho_label} by grad_norm among tokens with grad_norm &gt; 0 (group scope pooled over groups).{excl_note} "
         "Waste: the share of a selection made of tokens with ω = 0.</p>"
         f'<div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table></div>'
-        f"{fid_note}{_ranking_table(stats)}{slices}</section>"
+        f"{fid_note}{_ranking_table(st)}{slices}</section>"
     )
 
 
-def _slice_table(stats: Mapping, section: str, title: str) -> str:
-    sl = stats.get(section)
-    if not isinstance(sl, Mapping) or not sl:
+def _slice_table(st: Statistics, section: str, title: str) -> str:
+    sl = st.slices(section)
+    if not sl:
         return ""
-    from gmts_analysis.analysis.stats import run_rho_key
-
-    rk = run_rho_key(stats)
-    ests = [s for s in ("entropy", "gmts") if s in stats.get("cross_answer", {})]
+    rk = st.rho_key
+    ests = [s for s in ("entropy", "gmts") if s in st.cross_answer]
     head = f"<tr><th>{_e(title)}</th><th>answers</th><th>tokens with ω = 0</th>" + "".join(
         f"<th>{_e(s)}: within median</th><th>{_e(s)}: across ρ, all [CI]</th><th>{_e(s)}: across ρ, ω ≠ 0 [CI]</th>"
         f"<th>{_e(s)}: top-{rk} overlap / waste</th>" for s in ests
@@ -263,16 +264,16 @@ def _slice_table(stats: Mapping, section: str, title: str) -> str:
     for k, blk in sl.items():
         cells = ""
         for s in ests:
-            wa = blk.get("within_answer", {}).get(s, {})
-            ca = blk.get("cross_answer", {}).get(s, {})
-            ci = (blk.get("cross_answer_informative") or {}).get(s, {})
-            tk = blk.get("topk_overlap", {}).get("batch", {}).get(s, {}).get(rk)
-            wst = (blk.get("selection_waste") or {}).get("batch", {}).get(s, {}).get(rk)
-            cells += (f"<td>{_fmt(wa.get('median'))}</td><td>{_ci(ca.get('spearman'), ca.get('ci_low'), ca.get('ci_high'))}</td>"
-                      f"<td>{_ci(ci.get('spearman'), ci.get('ci_low'), ci.get('ci_high'))}</td>"
+            wa = blk.within_answer.get(s) or WithinEntry()
+            ca = blk.cross_answer.get(s) or CrossEntry()
+            ci = blk.cross_answer_informative.get(s) or CrossEntry()
+            tk = blk.topk_overlap.at("batch", s, rk)
+            wst = blk.selection_waste.at("batch", s, rk)
+            cells += (f"<td>{_fmt(wa.median)}</td><td>{_ci(ca.spearman, ca.ci_low, ca.ci_high)}</td>"
+                      f"<td>{_ci(ci.spearman, ci.ci_low, ci.ci_high)}</td>"
                       f"<td>{_fmt(tk)} / {_fmt(wst)}</td>")
-        share = (blk.get("zero_advantage") or {}).get("token_share")
-        rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.get('n_answers'))}</td><td>{_fmt(share)}</td>{cells}</tr>")
+        share = blk.zero_advantage.token_share if blk.zero_advantage is not None else None
+        rows.append(f"<tr><td>{_e(k)}</td><td>{_fmt(blk.n_answers)}</td><td>{_fmt(share)}</td>{cells}</tr>")
     return f'<h3>By {_e(title)}</h3><div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
@@ -352,80 +353,112 @@ def _pct(s: pd.Series) -> np.ndarray:
     return r.to_numpy(dtype=np.float64)
 
 
-def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = RHO) -> str:
-    from gmts_analysis.core.selection import answer_disagreement, select_top
-    from gmts_analysis.views.plots import display_token
+@dataclass
+class _AuditTokens:
+    """What the audit shows of each token: the table, the hover fields ``(column, data attribute, label,
+    unit)``, the entropy and GMTS selections, grad_norm and the colour levels ``{e, n, m}``."""
 
-    RHO = rho  # noqa: N806 (the run's keep fraction)
+    df: pd.DataFrame
+    extra: list[tuple[str, str, str, str]]
+    sel_e: np.ndarray
+    sel_g: np.ndarray
+    gn: pd.Series
+    level: dict[str, np.ndarray]
+
+
+def _audit_tokens(tokens: pd.DataFrame, rho: float) -> _AuditTokens:
+    """The selections (top ``rho`` of the batch) and colour levels of every token."""
+    from gmts_analysis.core.selection import select_top
+
     df = tokens.reset_index(drop=True)
     extra = [(c, k, label, unit) for c, k, label, unit in (("omega", "om", "omega", ""),
                                                             ("logprob", "lp", "logprob", " nats"),
                                                             *OFF_POLICY_FIELDS) if c in df.columns]
     have_g = "gmts" in df.columns
-    sel_e = select_top(df, "entropy", RHO, "batch")
-    sel_g = select_top(df, "gmts", RHO, "batch") if have_g else np.zeros(len(df), bool)
     gn = df["grad_norm"] if "grad_norm" in df.columns else pd.Series(np.nan, index=df.index)
-    level = {
-        "e": _pct(df["entropy"]),
-        "n": _pct(gn),
-        "m": _pct(df["gmts"]) if have_g else np.zeros(len(df)),
-    }
-    dis = answer_disagreement(df, "entropy", "gmts", RHO, "batch") if have_g else (
+    return _AuditTokens(
+        df=df, extra=extra, sel_e=select_top(df, "entropy", rho, "batch"),
+        sel_g=select_top(df, "gmts", rho, "batch") if have_g else np.zeros(len(df), bool), gn=gn,
+        level={"e": _pct(df["entropy"]), "n": _pct(gn), "m": _pct(df["gmts"]) if have_g else np.zeros(len(df))},
+    )
+
+
+def _token_span(a: _AuditTokens, i: int) -> str:
+    """One token of the audit: its classes (selections), data attributes (hover values) and colour."""
+    from gmts_analysis.views.plots import display_token
+
+    t = a.df.iloc[i]
+    level = a.level
+    cls = "t" + (" se" if a.sel_e[i] else "") + (" sg" if a.sel_g[i] else "")
+    tok = display_token(t.get("token"))
+    if str(t.get("token", "")).endswith("\n"):
+        tok += "\n"
+    return (
+        f'<span class="{cls}" data-pos="{int(t["position"])}" data-tok="{_e(t.get("token"))}" '
+        f'data-en="{_g(t.get("entropy"))}" data-p="{_g(t.get("prob"))}" '
+        f'data-gn="{_g(a.gn.iloc[i])}" data-gm="{_g(t.get("gmts"))}" '
+        + "".join(f'data-{k}="{_flag(t.get(c)) if c == "clipped" else _g(t.get(c))}" '
+                  for c, k, _, _ in a.extra)
+        + f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
+        f'style="background:rgba(31,119,180,{0.85 * level["e"][i]:.3f})">{_e(tok)}</span>'
+    )
+
+
+def _answer_block(a: _AuditTokens, d: Mapping[str, Any], rows: np.ndarray, ans_info: pd.DataFrame | None) -> str:
+    """One answer of the audit (``d``: its row of the disagreement table; ``rows``: its token rows)."""
+    df = a.df
+    aid = d["answer_id"]
+    rows = rows[np.argsort(df["position"].to_numpy()[rows], kind="stable")]
+    n_all = len(rows)
+    rows = rows[:MAX_TOKENS]
+    first = df.iloc[rows[0]]
+    info = ans_info.loc[aid] if ans_info is not None and aid in ans_info.index else None
+    if isinstance(info, pd.DataFrame):
+        info = info.iloc[0]
+    reward = info.get("reward") if info is not None else first.get("reward")
+    prompt = info.get("prompt") if info is not None and "prompt" in info.index else None
+    spans = [_token_span(a, i) for i in rows]
+    cut = f" (first {MAX_TOKENS} of {n_all} tokens)" if n_all > MAX_TOKENS else ""
+    prompt_html = (
+        f'<details><summary>prompt</summary><pre class="prompt">{_e(prompt)}</pre></details>' if prompt else ""
+    )
+    return (
+        f'<div class="answer" data-aid="{_e(aid)}" data-text="{_e(_search_text(aid, first, prompt, df, rows))}">'
+        f'<div class="ahead"><b>answer {_e(aid)}</b> · group {_e(first.get("group_id"))} · '
+        f"reward {_fmt(reward)} · advantage {_fmt(first.get('advantage'))} · {n_all} tokens{_e(cut)} · "
+        f"kept by entropy only: {int(d.get('n_only_entropy', 0))}, by GMTS only: {int(d.get('n_only_gmts', 0))}"
+        f"</div>{prompt_html}<div class=\"toks\">{''.join(spans)}</div></div>"
+    )
+
+
+def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = RHO) -> str:
+    """The audit: the ``max_answers`` answers whose tokens entropy and GMTS select most differently."""
+    from gmts_analysis.core.selection import answer_disagreement
+
+    a = _audit_tokens(tokens, rho)
+    df = a.df
+    dis = answer_disagreement(df, "entropy", "gmts", rho, "batch") if "gmts" in df.columns else (
         pd.DataFrame({"answer_id": df["answer_id"].unique(), "n_disagree": 0, "frac_disagree": 0.0,
                       "n_only_entropy": 0, "n_only_gmts": 0})
     )
     shown = dis.head(max_answers)
     ans_info = answers.set_index("answer_id") if answers is not None and "answer_id" in answers.columns else None
     rows_of = df.groupby("answer_id", sort=False).indices
-    blocks = []
-    for d in shown.to_dict("records"):  # records keep each column's type (ids stay ints)
-        aid = d["answer_id"]
-        rows = rows_of[aid]
-        rows = rows[np.argsort(df["position"].to_numpy()[rows], kind="stable")]
-        n_all = len(rows)
-        rows = rows[:MAX_TOKENS]
-        first = df.iloc[rows[0]]
-        info = ans_info.loc[aid] if ans_info is not None and aid in ans_info.index else None
-        if isinstance(info, pd.DataFrame):
-            info = info.iloc[0]
-        reward = info.get("reward") if info is not None else first.get("reward")
-        prompt = info.get("prompt") if info is not None and "prompt" in info.index else None
-        spans = []
-        for i in rows:
-            t = df.iloc[i]
-            cls = "t" + (" se" if sel_e[i] else "") + (" sg" if sel_g[i] else "")
-            tok = display_token(t.get("token"))
-            if str(t.get("token", "")).endswith("\n"):
-                tok += "\n"
-            spans.append(
-                f'<span class="{cls}" data-pos="{int(t["position"])}" data-tok="{_e(t.get("token"))}" '
-                f'data-en="{_g(t.get("entropy"))}" data-p="{_g(t.get("prob"))}" '
-                f'data-gn="{_g(gn.iloc[i])}" data-gm="{_g(t.get("gmts"))}" '
-                + "".join(f'data-{k}="{_flag(t.get(c)) if c == "clipped" else _g(t.get(c))}" '
-                          for c, k, _, _ in extra)
-                +                 f'data-e="{level["e"][i]:.3f}" data-n="{level["n"][i]:.3f}" data-m="{level["m"][i]:.3f}" '
-                f'style="background:rgba(31,119,180,{0.85 * level["e"][i]:.3f})">{_e(tok)}</span>'
-            )
-        cut = f" (first {MAX_TOKENS} of {n_all} tokens)" if n_all > MAX_TOKENS else ""
-        prompt_html = (
-            f'<details><summary>prompt</summary><pre class="prompt">{_e(prompt)}</pre></details>' if prompt else ""
-        )
-        blocks.append(
-            f'<div class="answer" data-aid="{_e(aid)}" data-text="{_e(_search_text(aid, first, prompt, df, rows))}">'
-            f'<div class="ahead"><b>answer {_e(aid)}</b> · group {_e(first.get("group_id"))} · '
-            f"reward {_fmt(reward)} · advantage {_fmt(first.get('advantage'))} · {n_all} tokens{_e(cut)} · "
-            f"kept by entropy only: {int(d.get('n_only_entropy', 0))}, by GMTS only: {int(d.get('n_only_gmts', 0))}"
-            f"</div>{prompt_html}<div class=\"toks\">{''.join(spans)}</div></div>"
-        )
-    n_total = df["answer_id"].nunique()
+    # records keep each column's type (ids stay ints)
+    blocks = [_answer_block(a, d, rows_of[d["answer_id"]], ans_info) for d in shown.to_dict("records")]
+    return _audit_html(len(shown), df["answer_id"].nunique(), rho, a.extra, blocks)
+
+
+def _audit_html(n_shown: int, n_total: int, rho: float, extra: list, blocks: list[str]) -> str:
+    """The audit section around its answer blocks: explanation, search, pages and colour controls."""
     hover = "".join(f'<span data-k="{k}" data-label="{_e(label)}" data-unit="{_e(unit)}"></span>'
                     for _, k, label, unit in extra)
-    more = (f" The {n_total - len(shown)} least disagreeing answers are not in this file: "
-            "write more with gmts figures RUN_DIR --report --max-answers N." if n_total > len(shown) else "")
+    more = (f" The {n_total - n_shown} least disagreeing answers are not in this file: "
+            "write more with gmts figures RUN_DIR --report --max-answers N." if n_total > n_shown else "")
     return (
         '<section id="audit"><h2>Audit: answers where entropy and GMTS disagree most</h2>'
-        f"<p>{len(shown)} of {n_total} answers, ordered by the number of tokens kept by exactly one of the two "
-        f"selections (top {RHO:g} of the batch), {PAGE_SIZE} a page.{_e(more)} Underline: kept by entropy; "
+        f"<p>{n_shown} of {n_total} answers, ordered by the number of tokens kept by exactly one of the two "
+        f"selections (top {rho:g} of the batch), {PAGE_SIZE} a page.{_e(more)} Underline: kept by entropy; "
         "overline: kept by GMTS. Hover a token for its values, click to pin them.</p>"
         f'<div id="hoverfields" hidden>{hover}</div>'
         '<div class="controls">search: <input type="search" id="search" placeholder="answer id, group or text"> '
@@ -440,7 +473,6 @@ def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answe
         '<div id="details" class="details">click a token</div>'
         f'{"".join(blocks)}</section>'
     )
-
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 80px;color:#222}
@@ -531,17 +563,26 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
 
     run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
     try:
-        return _render_report(run, max_answers)
+        st = Statistics.coerce(run.stats)
+    except GmtsError as e:  # a stats.json not of the shape gmts writes
+        raise _unreadable(run, e) from None
+    try:
+        return _render_report(run, st, max_answers)
     except (ValueError, TypeError, KeyError, AttributeError, IndexError) as e:
-        where = f"{run.path}/stats.json or manifest.json" if run.path is not None else "the run's stats or manifest"
-        why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        raise GmtsError(f"{where}: holds values gmts did not write, the report cannot be drawn "
-                        f"({type(e).__name__}: {why}); rerun gmts stats on the run to rewrite stats.json") from None
+        raise _unreadable(run, e) from None
 
 
-def _render_report(run: Any, max_answers: int) -> str:
-    from gmts_analysis.analysis.stats import run_rho_key
+def _unreadable(run: Any, e: Exception) -> Exception:
+    """The one-line error of a run whose stats or manifest hold values gmts did not write."""
+    from gmts_analysis.errors import GmtsError
 
+    where = f"{run.path}/stats.json or manifest.json" if run.path is not None else "the run's stats or manifest"
+    why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
+    return GmtsError(f"{where}: holds values gmts did not write, the report cannot be drawn "
+                     f"({type(e).__name__}: {why}); rerun gmts stats on the run to rewrite stats.json")
+
+
+def _render_report(run: Any, st: Statistics, max_answers: int) -> str:
     # the probe writes the report inside a staging directory: name the run after its final place
     out = run.manifest.get("config", {}).get("out") if isinstance(run.manifest.get("config"), Mapping) else None
     if run.path is None:
@@ -571,11 +612,11 @@ def _render_report(run: Any, max_answers: int) -> str:
             '<a href="#figures">figures</a> · '
             '<a href="#audit">audit</a></nav>'
         ),
-        _config_section(run.manifest, run.stats),
-        _findings_section(run.stats),
-        _stats_section(run.stats),
+        _config_section(run.manifest, st),
+        _findings_section(st),
+        _stats_section(st),
         _figures_section(run.path, run),
-        _audit_section(run.tokens, run.answers, max_answers, rho=float(run_rho_key(run.stats))),
+        _audit_section(run.tokens, run.answers, max_answers, rho=float(st.rho_key)),
         f"<script>{JS}</script></body></html>",
     ]
     return "\n".join(parts)
