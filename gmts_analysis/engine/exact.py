@@ -380,42 +380,29 @@ class ExactEngine:
         raise RuntimeError("exact engine: the plan did not settle")  # pragma: no cover
 
     def _chunk(self, input_ids, P, s, e, temperature, sub):
-        plan, state, acc = self.plan, self.state, self.acc
-        model = self.model
+        plan, acc = self.plan, self.acc
         c = e - s
         L = response_prefix(P, s, e)
-        prefix = input_ids[:L].unsqueeze(0)
         targets = response_targets(input_ids, P)[s:e]
-        dev = input_ids.device
-
-        probes: dict[str, Tensor] = {}
-        tied_uniq = None
-        for tap in plan.taps:
-            if tap.tied_head:
-                tied_uniq = torch.unique(input_ids[:L])
-                probes[tap.name] = torch.zeros(tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev)
-            else:
-                probes[tap.name] = torch.zeros((), dtype=acc, device=dev)
+        probes, tied_uniq = _zero_probes(plan, input_ids[:L], acc)
         direct = {n: p.detach() for n, p in plan.direct.items()}
-        kwargs = {"input_ids": prefix, "use_cache": False}
+        kwargs = {"input_ids": input_ids[:L].unsqueeze(0), "use_cache": False}
         if self.keep:
             kwargs["logits_to_keep"] = c
+        h, vjp_fn, logits, head_out = self._vjp(_PrefixForward(self.model, self.state, kwargs, c), probes, direct)
+        cf = _closed_forms(plan, h, head_out, logits, targets, temperature, acc)
+        out = _squared_norms(plan, vjp_fn, cf, tied_uniq, c, sub, acc)
+        return out, cf.q
 
-        def f(probes_, direct_):
-            state.probes = probes_
-            if direct_:
-                out = torch.func.functional_call(model, direct_, args=(), kwargs=kwargs)
-            else:
-                out = model(**kwargs)
-            h = state.head_input[0, -c:]
-            z = state.head_output
-            z = z[0, -c:].detach() if isinstance(z, Tensor) else None
-            return h, (out.logits[0, -c:].detach(), z)
-
+    def _vjp(self, forward: _PrefixForward, probes: dict[str, Tensor], direct: dict[str, Tensor]):
+        """``forward`` run once inside ``torch.func.vjp``: ``(h, vjp_fn, logits, head_out)``.
+        Refuses a head called other than once, or a tied embedding called more than once;
+        raises :class:`_Redo` naming any other tap called more than once."""
+        plan, state = self.plan, self.state
         state.calls = {}
         state.active = True
         try:
-            h, vjp_fn, (logits, head_out) = torch.func.vjp(f, probes, direct, has_aux=True)
+            h, vjp_fn, (logits, head_out) = torch.func.vjp(forward, probes, direct, has_aux=True)
         finally:
             state.active = False
             state.probes = {}
@@ -429,48 +416,118 @@ class ExactEngine:
             if any(t.tied_head for t in plan.taps if t.name in many):
                 raise NotImplementedError("the embedding tied to the head is called more than once per forward")
             raise _Redo(many)
+        return h, vjp_fn, logits, head_out
 
-        head = plan.head
-        W = head.weight.detach()
-        hb = head.bias.detach() if head.bias is not None else None
+
+def _zero_probes(plan: Plan, prefix_ids: Tensor, acc: torch.dtype) -> tuple[dict[str, Tensor], Tensor | None]:
+    """The zero probe of every tap (a scalar; for the tied embedding one row per distinct token
+    of the prefix, (U, d)) and those distinct tokens (``None`` without a tied embedding tap)."""
+    dev = prefix_ids.device
+    probes: dict[str, Tensor] = {}
+    tied_uniq = None
+    for tap in plan.taps:
+        if tap.tied_head:
+            tied_uniq = torch.unique(prefix_ids)
+            probes[tap.name] = torch.zeros(tied_uniq.numel(), tap.module.weight.shape[1], dtype=acc, device=dev)
+        else:
+            probes[tap.name] = torch.zeros((), dtype=acc, device=dev)
+    return probes, tied_uniq
+
+
+class _PrefixForward:
+    """The function the chunk's VJP is taken of: ``(probes, direct parameters) -> h`` (c, d), the
+    head's input at the chunk's tokens, with aux ``(logits (c, V), head output or None)``."""
+
+    def __init__(self, model: nn.Module, state: _State, kwargs: dict, c: int) -> None:
+        self.model, self.state, self.kwargs, self.c = model, state, kwargs, c
+
+    def __call__(self, probes_: dict[str, Tensor], direct_: dict[str, Tensor]):
+        state, c = self.state, self.c
+        state.probes = probes_
+        if direct_:
+            out = torch.func.functional_call(self.model, direct_, args=(), kwargs=self.kwargs)
+        else:
+            out = self.model(**self.kwargs)
+        h = state.head_input[0, -c:]
+        z = state.head_output
+        z = z[0, -c:].detach() if isinstance(z, Tensor) else None
+        return h, (out.logits[0, -c:].detach(), z)
+
+
+@dataclass
+class _ClosedForms:
+    """A chunk's closed forms and the cotangents of its batched backward."""
+
+    q: TokenQuantities
+    cvec: Tensor  # (c, V): d logprob / d raw logits, acc dtype
+    ct: Tensor  # (c, c, d): token t's cotangent W^T c_t at row t, zero elsewhere
+    hh: Tensor  # (c, d) head input, acc dtype
+    head_sq: Tensor  # (c,) the head's squared norm ||c_t||^2 (||h_t||^2 + [bias])
+
+
+def _closed_forms(plan: Plan, h: Tensor, head_out: Tensor | None, logits: Tensor, targets: Tensor,
+                  temperature: float, acc: torch.dtype) -> _ClosedForms:
+    """Check the logits are ``lm_head(h)``; the tokens' quantities, the head's closed form and
+    the cotangents at ``h`` of the chunk's ``c`` tokens."""
+    head = plan.head
+    W = head.weight.detach()
+    hb = head.bias.detach() if head.bias is not None else None
+    c = targets.shape[0]
+    with torch.no_grad():
+        check_head_logits(h.detach(), head_out, logits, W, hb)
+        q = token_quantities(logits, targets, temperature, head_input=h.detach(), head_bias=plan.head_bias,
+                             with_logit_grad=True)
+        cvec = q.logit_grad.to(acc)  # (c, V): d logprob / d raw logits
+        q.logit_grad = None
+        ct_h = (cvec @ W.to(acc)).to(h.dtype)  # (c, d)
+        ct = torch.zeros((c,) + tuple(h.shape), dtype=h.dtype, device=targets.device)
+        ar = torch.arange(c, device=targets.device)
+        ct[ar, ar] = ct_h
+        hh = h.detach().to(acc)
+        head_sq = q.head_grad_norm.to(acc).pow(2)
+    return _ClosedForms(q=q, cvec=cvec, ct=ct, hh=hh, head_sq=head_sq)
+
+
+def _squared_norms(plan: Plan, vjp_fn, cf: _ClosedForms, tied_uniq: Tensor | None, c: int, sub: int | None,
+                   acc: torch.dtype) -> dict[str, Tensor]:
+    """Per module, the (c,) squared norms of the chunk's tokens from batched VJPs of ``sub``
+    tokens at a time (default all)."""
+    dev = cf.ct.device
+    out: dict[str, Tensor] = {}
+    sub = c if sub is None else max(1, int(sub))
+    batched = torch.vmap(vjp_fn)
+    for i in range(0, c, sub):
+        j = min(c, i + sub)
+        probe_g, direct_g = batched(cf.ct[i:j])
         with torch.no_grad():
-            check_head_logits(h.detach(), head_out, logits, W, hb)
-            q = token_quantities(logits, targets, temperature, head_input=h.detach(), head_bias=plan.head_bias,
-                                 with_logit_grad=True)
-            cvec = q.logit_grad.to(acc)  # (c, V): d logprob / d raw logits
-            q.logit_grad = None
-            ct_h = (cvec @ W.to(acc)).to(h.dtype)  # (c, d)
-            ct = torch.zeros((c,) + tuple(h.shape), dtype=h.dtype, device=dev)
-            ar = torch.arange(c, device=dev)
-            ct[ar, ar] = ct_h
-            hh = h.detach().to(acc)
-            head_sq = q.head_grad_norm.to(acc).pow(2)
-        out: dict[str, Tensor] = {}
-        sub = c if sub is None else max(1, int(sub))
-        batched = torch.vmap(vjp_fn)
-        for i in range(0, c, sub):
-            j = min(c, i + sub)
-            probe_g, direct_g = batched(ct[i:j])
-            with torch.no_grad():
-                part: dict[str, Tensor] = {}
-                for tap in plan.taps:
-                    val = probe_g[tap.name]
-                    if tap.tied_head:
-                        E = val  # (j-i, U, d)
-                        proj = torch.einsum("cud,cd->cu", E, hh[i:j])  # <E_t[u], h_t>
-                        cross = (proj * cvec[i:j][:, tied_uniq]).sum(-1)
-                        part[tap.name] = E.pow(2).sum((1, 2)) + head_sq[i:j] + 2.0 * cross
-                    else:
-                        part[tap.name] = val.reshape(j - i)
-                if not plan.head_tied:
-                    part[plan.head_name] = head_sq[i:j]
-                for n, g in direct_g.items():
-                    m = plan.direct_module[n]
-                    part[m] = part.get(m, 0) + g.to(acc).reshape(j - i, -1).pow(2).sum(-1)
-                for name, v in part.items():
-                    out.setdefault(name, torch.zeros(c, dtype=acc, device=dev))[i:j] = v
-            del probe_g, direct_g
-        return out, q
+            part = _block_squared_norms(plan, probe_g, direct_g, cf, tied_uniq, i, j, acc)
+            for name, v in part.items():
+                out.setdefault(name, torch.zeros(c, dtype=acc, device=dev))[i:j] = v
+        del probe_g, direct_g, part
+    return out
+
+
+def _block_squared_norms(plan: Plan, probe_g: dict[str, Tensor], direct_g: dict[str, Tensor], cf: _ClosedForms,
+                         tied_uniq: Tensor | None, i: int, j: int, acc: torch.dtype) -> dict[str, Tensor]:
+    """Per module, the (j-i,) squared norms of tokens ``[i, j)`` from their VJP: ghost norms of
+    the taps (the tied embedding with the head's part and their cross term), the untied head in
+    closed form, the fallback's materialized gradients summed per module."""
+    part: dict[str, Tensor] = {}
+    for tap in plan.taps:
+        val = probe_g[tap.name]
+        if tap.tied_head:
+            E = val  # (j-i, U, d)
+            proj = torch.einsum("cud,cd->cu", E, cf.hh[i:j])  # <E_t[u], h_t>
+            cross = (proj * cf.cvec[i:j][:, tied_uniq]).sum(-1)
+            part[tap.name] = E.pow(2).sum((1, 2)) + cf.head_sq[i:j] + 2.0 * cross
+        else:
+            part[tap.name] = val.reshape(j - i)
+    if not plan.head_tied:
+        part[plan.head_name] = cf.head_sq[i:j]
+    for n, g in direct_g.items():
+        m = plan.direct_module[n]
+        part[m] = part.get(m, 0) + g.to(acc).reshape(j - i, -1).pow(2).sum(-1)
+    return part
 
 
 # blocks of the CPU's ``auto`` chunking (see exact_chunks)

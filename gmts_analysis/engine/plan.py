@@ -342,20 +342,48 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
     when ``requires_grad`` has been switched off for the call)."""
     named = trainable_parameters(model) if named is None else named
     first_name = {id(p): n for n, p in named}
-    # every (module, local name) that holds each trainable tensor
+    holders = _holders(model, first_name)
+    head, head_name, emb_name = _output_head(model, calls, first_name, holders)
+    head_param_names = [first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name]
+    if calls.get(head_name, 0) != 1:
+        raise NotImplementedError("the output head must be called exactly once per forward")
+    taps, direct, direct_module = _sort_modules(model, calls, first_name, holders, head, emb_name)
+    plan = Plan(
+        head=head,
+        head_name=head_name,
+        head_tied=emb_name is not None,
+        head_param_names=head_param_names,
+        taps=taps,
+        direct=direct,
+        direct_module=direct_module,
+        all_params=[n for n, _ in named],
+        n_params=sum(p.numel() for _, p in named),
+    )
+    plan.check_complete()
+    return plan
+
+
+def _holders(model: nn.Module, first_name: dict[int, str]) -> dict[int, list[tuple[str, str]]]:
+    """Every ``(module name, local name)`` that holds each trainable tensor, keyed by ``id``."""
     holders: dict[int, list[tuple[str, str]]] = {}
     for mname, mod in model.named_modules(remove_duplicate=False):
         for pname, p in mod._parameters.items():
             if p is not None and id(p) in first_name:
                 holders.setdefault(id(p), []).append((mname, pname))
-    modules = dict(model.named_modules(remove_duplicate=False))
+    return holders
 
+
+def _output_head(model: nn.Module, calls: dict[str, int], first_name: dict[int, str],
+                 holders: dict[int, list[tuple[str, str]]]) -> tuple[nn.Linear, str, str | None]:
+    """The linear output head, its module name and the name of the embedding its weight is
+    tied to (``None``: untied); ``NotImplementedError`` for a head shared any other way (with
+    more than one module, with a module no embedding rule fits, or one called other than once)."""
+    modules = dict(model.named_modules(remove_duplicate=False))
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     if head is None or not isinstance(head, nn.Linear):
         raise NotImplementedError("the exact engine needs a linear output head (get_output_embeddings())")
     head_name = next(n for n, m in model.named_modules() if m is head)
     head_w = head.weight
-    head_tied = False
     emb_name = None
     hw_holders = [h for h in holders.get(id(head_w), []) if h[0] != head_name]
     if id(head_w) in first_name and hw_holders:
@@ -364,14 +392,20 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
             and isinstance(rule_for(modules[hw_holders[0][0]]), EmbeddingRule)
             and calls.get(hw_holders[0][0]) == 1
         ):
-            head_tied = True
             emb_name = hw_holders[0][0]
         else:
             raise NotImplementedError("output head weight is shared in an unsupported way")
-    head_param_names = [first_name[id(p)] for p in head._parameters.values() if p is not None and id(p) in first_name]
-    if calls.get(head_name, 0) != 1:
-        raise NotImplementedError("the output head must be called exactly once per forward")
+    return head, head_name, emb_name
 
+
+def _sort_modules(model: nn.Module, calls: dict[str, int], first_name: dict[int, str],
+                  holders: dict[int, list[tuple[str, str]]], head: nn.Linear, emb_name: str | None
+                  ) -> tuple[list[Tap], dict[str, nn.Parameter], dict[str, str]]:
+    """Every module but the head, in order, with trainable tensors not counted yet: a tap when a
+    ghost rule fits, it is called at most once and owns its tensors alone (the tied embedding
+    shares the head's), else its tensors go to the exact fallback. Returns ``(taps, direct,
+    direct_module)``."""
+    head_w = head.weight
     taps: list[Tap] = []
     direct: dict[str, nn.Parameter] = {}
     direct_module: dict[str, str] = {}
@@ -397,19 +431,7 @@ def make_plan(model: nn.Module, calls: dict[str, int], named: list[tuple[str, nn
                 direct_module[n] = holders[id(p)][0][0]
         for _, p in own:
             done.add(id(p))
-    plan = Plan(
-        head=head,
-        head_name=head_name,
-        head_tied=head_tied,
-        head_param_names=head_param_names,
-        taps=taps,
-        direct=direct,
-        direct_module=direct_module,
-        all_params=[n for n, _ in named],
-        n_params=sum(p.numel() for _, p in named),
-    )
-    plan.check_complete()
-    return plan
+    return taps, direct, direct_module
 
 
 def layer_group(model: nn.Module, module_name: str) -> str:

@@ -23,14 +23,23 @@ tokens present in the input are drawn: cost does not grow with the vocabulary.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from gmts_analysis.core.tokens import compute_dtype, head_grad_sq, response_prefix, response_targets, token_quantities
+from gmts_analysis.core.tokens import (
+    TokenQuantities,
+    compute_dtype,
+    head_grad_sq,
+    response_prefix,
+    response_targets,
+    token_quantities,
+)
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.engine.plan import ScaledEmbeddingRule
 
@@ -60,11 +69,56 @@ def sketch_grad_norms(
     """
     from gmts_analysis.engine import GradNorms, frozen_for_transforms
 
-    named = trainable_parameters(model)
+    layout = _sketch_layout(model)
     acc = compute_dtype(next(model.parameters()).dtype)
     S = int(input_ids.shape[0])
     P = int(prompt_len)
     T = S - P
+    ids = input_ids[: response_prefix(P, 0, T)].unsqueeze(0)  # the last token predicts nothing
+    targets = response_targets(input_ids, P)
+    es = torch.finfo(acc).bits // 8
+    budget = int(max_memory) if max_memory else max(64 << 20, sum(p.numel() for _, p in layout.named) * es)
+    lo_f, hi_f = chi2_interval_factors(probes)
+
+    hooks = _SketchHooks()
+    with frozen_for_transforms(model):
+        try:
+            hooks.install(layout)
+            with torch.no_grad():
+                logits, h = _forward_once(model, layout, hooks, ids, T)
+                head = _closed_form_part(layout, hooks, logits, h, targets, temperature, acc)
+            sum_y2 = _sketched_part(layout, hooks, head, ids, S, T, probes=probes, seed=seed, budget=budget, acc=acc)
+        finally:
+            hooks.remove()
+
+    est_b = (sum_y2 / probes).double().cpu()
+    a2c = head.a2.double().cpu()
+    norms = (a2c + est_b).sqrt()
+    lo = (a2c + est_b * lo_f).sqrt()
+    hi = (a2c + est_b * hi_f).sqrt()
+    return GradNorms(norms=norms, lo=lo, hi=hi, groups=None, method="sketch", quantities=head.q)
+
+
+@dataclass
+class _SketchLayout:
+    """How the sketch reaches each trainable parameter of a model: the head in closed form,
+    embeddings fed by token ids through their outputs, the rest (``rest``) by direct tangents."""
+
+    named: list[tuple[str, nn.Parameter]]  # every trainable parameter
+    base: nn.Module
+    head: nn.Linear
+    head_tied: bool  # the head's weight is also an embedding's weight
+    head_bias: bool  # the head has a trainable bias
+    emb_mods: dict[str, nn.Embedding]  # lookup embeddings of the base, by module name
+    scale: dict[str, float]  # their output scale (``W[ids] * s``)
+    rest: dict[str, nn.Parameter]  # every other trainable parameter of the base
+
+
+def _sketch_layout(model: nn.Module) -> _SketchLayout:
+    """The :class:`_SketchLayout` of ``model``; ``NotImplementedError`` for a model the sketch
+    cannot split (no linear head or base model, a parameter outside both, a head tied to a
+    non-embedding)."""
+    named = trainable_parameters(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", None)
     if not isinstance(head, nn.Linear) or base is None or base is model:
@@ -76,10 +130,20 @@ def sketch_grad_norms(
     for n, p in named:
         if id(p) not in base_ids and p is not head_w and p is not head.bias:
             raise NotImplementedError(f"parameter {n} is neither in the base model nor the head")
+    emb_mods, scale = _lookup_embeddings(base, trainable)
+    emb_weight_ids = {id(m.weight) for m in emb_mods.values()}
+    if head_tied and id(head_w) not in emb_weight_ids:
+        raise NotImplementedError("the head is tied to something other than an embedding")
+    rest = {n: p for n, p in base.named_parameters() if id(p) in trainable and id(p) not in emb_weight_ids}
+    head_bias = head.bias is not None and id(head.bias) in trainable
+    return _SketchLayout(named=named, base=base, head=head, head_tied=head_tied, head_bias=head_bias,
+                        emb_mods=emb_mods, scale=scale, rest=rest)
 
-    # embedding modules of the base whose weight is used only through the lookup ``W[ids]``, or
-    # ``W[ids] * s`` (scale[name] = s), and the tied head; other Embedding subclasses (OPT's offset
-    # positions) take their tangents like any other parameter
+
+def _lookup_embeddings(base: nn.Module, trainable: dict[int, str]) -> tuple[dict[str, nn.Embedding], dict[str, float]]:
+    """Embedding modules of the base whose weight is used only through the lookup ``W[ids]``, or
+    ``W[ids] * s`` (scale[name] = s), with their scales; other Embedding subclasses (OPT's offset
+    positions) take their tangents like any other parameter."""
     emb_mods: dict[str, nn.Embedding] = {}
     scale: dict[str, float] = {}
     scaled = ScaledEmbeddingRule()
@@ -89,150 +153,209 @@ def sketch_grad_norms(
                 emb_mods[mname], scale[mname] = mod, 1.0
             elif scaled.fits(mod):
                 emb_mods[mname], scale[mname] = mod, float(scaled.scale(mod))
-    emb_weight_ids = {id(m.weight) for m in emb_mods.values()}
-    if head_tied and id(head_w) not in emb_weight_ids:
-        raise NotImplementedError("the head is tied to something other than an embedding")
-    rest = {n: p for n, p in base.named_parameters() if id(p) in trainable and id(p) not in emb_weight_ids}
+    return emb_mods, scale
 
-    ids = input_ids[: response_prefix(P, 0, T)].unsqueeze(0)  # the last token predicts nothing
-    targets = response_targets(input_ids, P)
-    head_bias = head.bias is not None and id(head.bias) in trainable
-    keep = "logits_to_keep" in inspect.signature(model.forward).parameters
-    n_params = sum(p.numel() for _, p in named)
-    es = torch.finfo(acc).bits // 8
-    budget = int(max_memory) if max_memory else max(64 << 20, n_params * es)
-    lo_f, hi_f = chi2_interval_factors(probes)
 
-    captured: dict[str, Tensor] = {}
-    emb_inputs: dict[str, Tensor] = {}
-    deltas: dict[str, Tensor] = {}
-    handles = []
+class _SketchHooks:
+    """The forward hooks of one sketch: they capture the head's input, the base's output and the
+    token ids each lookup embedding receives; while ``deltas`` holds a tensor for an embedding,
+    its output gets that tensor added (the carrier of the embedding tangents)."""
 
-    def head_hook(module, args, output):
-        captured["h"] = args[0]
+    def __init__(self) -> None:
+        self.captured: dict[str, Tensor] = {}
+        self.emb_inputs: dict[str, Tensor] = {}
+        self.deltas: dict[str, Tensor] = {}
+        self.handles: list = []
+        self.base_handle = None
 
-    def base_hook(module, args, output):
+    def install(self, layout: _SketchLayout) -> None:
+        self.handles.append(layout.head.register_forward_hook(self._head))
+        self.base_handle = layout.base.register_forward_hook(self._base)
+        self.handles.append(self.base_handle)
+        for name, mod in layout.emb_mods.items():
+            self.handles.append(mod.register_forward_hook(functools.partial(self._embedding, name)))
+
+    def remove(self) -> None:
+        for hd in self.handles:
+            hd.remove()
+
+    def _head(self, module, args, output):
+        self.captured["h"] = args[0]
+
+    def _base(self, module, args, output):
         hs = getattr(output, "last_hidden_state", None)
         if hs is None and isinstance(output, tuple) and output:
             hs = output[0]
-        captured["base"] = hs
+        self.captured["base"] = hs
 
-    def emb_hook(name):
-        def hook(module, args, output):
-            if name in deltas:
-                return output + deltas[name]
-            emb_inputs[name] = args[0].detach()
-            return None
+    def _embedding(self, name, module, args, output):
+        if name in self.deltas:
+            return output + self.deltas[name]
+        self.emb_inputs[name] = args[0].detach()
+        return None
 
-        return hook
 
-    with frozen_for_transforms(model):
+def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, ids: Tensor, T: int
+                  ) -> tuple[Tensor, Tensor]:
+    """One plain forward pass: the response logits (T, V) and the head input ``h`` (T, d),
+    checked to be the base model's last hidden state (``NotImplementedError`` otherwise)."""
+    head = layout.head
+    kw = {"input_ids": ids, "use_cache": False}
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kw["logits_to_keep"] = T
+    logits = model(**kw).logits[0, -T:]
+    hooks.base_handle.remove()
+    h = hooks.captured["h"][0, -T:]
+    hb = hooks.captured.get("base")
+    if (
+        not isinstance(hb, Tensor)
+        or not torch.equal(hb[0, -T:], h)
+        or not torch.allclose(F.linear(h[[0, -1]], head.weight, head.bias).float(), logits[[0, -1]].float(),
+                              rtol=1e-4, atol=1e-5)
+    ):
+        raise NotImplementedError("head input is not the base model's last hidden state")
+    return logits, h
+
+
+@dataclass
+class _ClosedFormPart:
+    """What the sketch knows exactly: the token quantities, ``||a_t||^2`` and what the sketched
+    part ``b_t`` is contracted with."""
+
+    q: TokenQuantities
+    h: Tensor  # (T, d) head input
+    hh: Tensor  # (T, d) head input in the accumulation dtype
+    u: Tensor  # (T, d): d logprob_t / d h_t
+    uniq: dict[str, Tensor]  # embedding rows that can receive gradient, per embedding module
+    inv: dict[str, Tensor]  # each input position's row in ``uniq`` (-1: padding)
+    tied_name: str | None  # the embedding the head is tied to
+    cU: Tensor | None  # (T, U) logit gradient on the tied rows ``uniq[tied_name]``
+    a2: Tensor  # (T,) ||a_t||^2
+
+
+def _closed_form_part(layout: _SketchLayout, hooks: _SketchHooks, logits: Tensor, h: Tensor, targets: Tensor,
+                      temperature: float, acc: torch.dtype) -> _ClosedFormPart:
+    """The token quantities and the head's part ``a_t`` outside the input's rows, in closed form."""
+    head_w = layout.head.weight
+    q = token_quantities(logits, targets, temperature, head_input=h, head_bias=layout.head_bias,
+                         with_logit_grad=True)
+    cvec = q.logit_grad.to(acc)  # (T, V): d logprob_t / d raw logits
+    q.logit_grad = None
+    hh = h.to(acc)
+    u = cvec @ head_w.to(acc)  # (T, d): d logprob_t / d h_t
+    c2 = q.logit_grad_norm.to(acc).pow(2)
+    uniq, inv = _embedding_rows(layout.emb_mods, hooks.emb_inputs)
+    tied_name = next((n for n, m in layout.emb_mods.items() if m.weight is head_w), None) if layout.head_tied else None
+    if tied_name is None:
+        a2 = q.head_grad_norm.to(acc).pow(2)  # the whole head: ||c||^2 (||h||^2 + [bias])
+        cU = None
+    else:
+        cU = cvec[:, uniq[tied_name]]  # (T, U)
+        # the head's weight part on rows outside U (closed form), plus its bias part
+        a2 = head_grad_sq((c2 - cU.pow(2).sum(-1)).clamp_min(0.0), hh, bias=False)
+        if layout.head_bias:
+            a2 = a2 + c2
+    return _ClosedFormPart(q=q, h=h, hh=hh, u=u, uniq=uniq, inv=inv, tied_name=tied_name, cU=cU, a2=a2)
+
+
+def _embedding_rows(emb_mods: dict[str, nn.Embedding], emb_inputs: dict[str, Tensor]
+                    ) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """Per embedding module, the distinct ids it was fed (``uniq``) and each position's index
+    into them (``inv``, -1 where the id is the padding index)."""
+    uniq, inv = {}, {}
+    for name, mod in emb_mods.items():
+        x = emb_inputs[name].reshape(-1)
+        uq, iv = torch.unique(x, return_inverse=True)
+        uniq[name], inv[name] = uq, iv
+        if mod.padding_idx is not None:
+            inv[name] = torch.where(x == mod.padding_idx, torch.full_like(iv, -1), iv)
+    return uniq, inv
+
+
+class _BodyJvp:
+    """The base model's response hidden states as a function of its parameters and of additive
+    embedding-output carriers, and their JVP along one direction."""
+
+    def __init__(self, layout: _SketchLayout, hooks: _SketchHooks, inv: dict[str, Tensor], ids: Tensor, T: int,
+                 primals_rest: dict[str, Tensor], primals_emb: dict[str, Tensor]) -> None:
+        self.base, self.deltas, self.scale, self.inv = layout.base, hooks.deltas, layout.scale, inv
+        self.ids, self.T = ids, T
+        self.primals_rest, self.primals_emb = primals_rest, primals_emb
+
+    def hidden(self, pr: dict[str, Tensor], pe: dict[str, Tensor]) -> Tensor:
+        """(T, d) last hidden states with parameters ``pr`` and embedding carriers ``pe``."""
+        self.deltas.clear()
+        self.deltas.update(pe)
         try:
-            handles.append(head.register_forward_hook(head_hook))
-            base_handle = base.register_forward_hook(base_hook)
-            handles.append(base_handle)
-            for name, mod in emb_mods.items():
-                handles.append(mod.register_forward_hook(emb_hook(name)))
-            with torch.no_grad():
-                kw = {"input_ids": ids, "use_cache": False}
-                if keep:
-                    kw["logits_to_keep"] = T
-                logits = model(**kw).logits[0, -T:]
-                base_handle.remove()
-                h = captured["h"][0, -T:]
-                hb = captured.get("base")
-                if (
-                    not isinstance(hb, Tensor)
-                    or not torch.equal(hb[0, -T:], h)
-                    or not torch.allclose(F.linear(h[[0, -1]], head_w, head.bias).float(), logits[[0, -1]].float(),
-                                          rtol=1e-4, atol=1e-5)
-                ):
-                    raise NotImplementedError("head input is not the base model's last hidden state")
-                q = token_quantities(logits, targets, temperature, head_input=h, head_bias=head_bias,
-                                     with_logit_grad=True)
-                cvec = q.logit_grad.to(acc)  # (T, V): d logprob_t / d raw logits
-                q.logit_grad = None
-                hh = h.to(acc)
-                u = cvec @ head_w.to(acc)  # (T, d): d logprob_t / d h_t
-                c2 = q.logit_grad_norm.to(acc).pow(2)
-                # embedding rows that can receive gradient, per embedding module
-                uniq, inv = {}, {}
-                for name, mod in emb_mods.items():
-                    x = emb_inputs[name].reshape(-1)
-                    uq, iv = torch.unique(x, return_inverse=True)
-                    uniq[name], inv[name] = uq, iv
-                    if mod.padding_idx is not None:
-                        inv[name] = torch.where(x == mod.padding_idx, torch.full_like(iv, -1), iv)
-                tied_name = next((n for n, m in emb_mods.items() if m.weight is head_w), None) if head_tied else None
-                if tied_name is None:
-                    a2 = q.head_grad_norm.to(acc).pow(2)  # the whole head: ||c||^2 (||h||^2 + [bias])
-                    cU = None
-                else:
-                    cU = cvec[:, uniq[tied_name]]  # (T, U)
-                    # the head's weight part on rows outside U (closed form), plus its bias part
-                    a2 = head_grad_sq((c2 - cU.pow(2).sum(-1)).clamp_min(0.0), hh, bias=False)
-                    if head_bias:
-                        a2 = a2 + c2
-
-            # --- the sketch: K forward-mode passes, batched with vmap over directions ---
-            gen = torch.Generator(device="cpu").manual_seed(int(seed))
-            primals_rest = {n: p.detach() for n, p in rest.items()}
-            primals_emb = {
-                n: torch.zeros(ids.shape + (m.weight.shape[1],), dtype=m.weight.dtype, device=ids.device)
-                for n, m in emb_mods.items()
-            }
-            d_model = h.shape[-1]
-            per_probe = es * (sum(p.numel() for p in rest.values()) + 12 * S * max(d_model, 1) * 4)
-            kb = max(1, min(probes, budget // max(1, per_probe)))
-
-            def fn(pr, pe):
-                deltas.clear()
-                deltas.update(pe)
-                try:
-                    out = torch.func.functional_call(base, pr, args=(), kwargs={"input_ids": ids, "use_cache": False})
-                finally:
-                    deltas.clear()
-                return out.last_hidden_state[0, -T:]
-
-            def one(tr, te):
-                tan_e = {}
-                for n, v in te.items():
-                    full = torch.cat([torch.zeros_like(v[:1]), v], 0)[inv[n] + 1]  # padding -> 0
-                    tan_e[n] = full.reshape(primals_emb[n].shape) * scale[n]
-                return torch.func.jvp(fn, (primals_rest, primals_emb), (tr, tan_e))[1]
-
-            sum_y2 = torch.zeros(T, dtype=acc, device=ids.device)
-            done = 0
-            while done < probes:
-                k = min(kb, probes - done)
-                tr = {
-                    n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(device=p.device, dtype=p.dtype)
-                    for n, p in primals_rest.items()
-                }
-                te = {
-                    n: torch.randn((k, uniq[n].numel(), m.weight.shape[1]), generator=gen, dtype=acc).to(
-                        device=m.weight.device, dtype=m.weight.dtype
-                    )
-                    for n, m in emb_mods.items()
-                }
-                hdot = torch.vmap(one)(tr, te)  # (k, T, d)
-                with torch.no_grad():
-                    y = (hdot.to(acc) * u).sum(-1)  # (k, T)
-                    if cU is not None:
-                        vU = te[tied_name].to(acc)  # (k, U, d)
-                        y = y + torch.einsum("td,kud,tu->kt", hh, vU, cU)
-                    sum_y2 += y.pow(2).sum(0)
-                done += k
+            out = torch.func.functional_call(self.base, pr, args=(),
+                                             kwargs={"input_ids": self.ids, "use_cache": False})
         finally:
-            for hd in handles:
-                hd.remove()
+            self.deltas.clear()
+        return out.last_hidden_state[0, -self.T:]
 
-    est_b = (sum_y2 / probes).double().cpu()
-    a2c = a2.double().cpu()
-    norms = (a2c + est_b).sqrt()
-    lo = (a2c + est_b * lo_f).sqrt()
-    hi = (a2c + est_b * hi_f).sqrt()
-    return GradNorms(norms=norms, lo=lo, hi=hi, groups=None, method="sketch", quantities=q)
+    def jvp(self, tr: dict[str, Tensor], te: dict[str, Tensor]) -> Tensor:
+        """(T, d) directional derivative along parameter tangents ``tr`` and embedding-row tangents ``te``."""
+        tan_e = {}
+        for n, v in te.items():
+            full = torch.cat([torch.zeros_like(v[:1]), v], 0)[self.inv[n] + 1]  # padding -> 0
+            tan_e[n] = full.reshape(self.primals_emb[n].shape) * self.scale[n]
+        return torch.func.jvp(self.hidden, (self.primals_rest, self.primals_emb), (tr, tan_e))[1]
+
+
+def _sketched_part(layout: _SketchLayout, hooks: _SketchHooks, head: _ClosedFormPart, ids: Tensor, S: int,
+                   T: int, *, probes: int, seed: int, budget: int, acc: torch.dtype) -> Tensor:
+    """(T,) ``sum_k (v_k . b_t)^2`` over ``probes`` Gaussian directions: K forward-mode passes,
+    batched with vmap over as many directions as ``budget`` bytes allow (``S``: the answer's
+    length in tokens, prompt included; ``T``: its response tokens)."""
+    es = torch.finfo(acc).bits // 8
+    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    primals_rest = {n: p.detach() for n, p in layout.rest.items()}
+    primals_emb = {
+        n: torch.zeros(ids.shape + (m.weight.shape[1],), dtype=m.weight.dtype, device=ids.device)
+        for n, m in layout.emb_mods.items()
+    }
+    d_model = head.h.shape[-1]
+    per_probe = es * (sum(p.numel() for p in layout.rest.values()) + 12 * S * max(d_model, 1) * 4)
+    kb = max(1, min(probes, budget // max(1, per_probe)))
+    body = _BodyJvp(layout, hooks, head.inv, ids, T, primals_rest, primals_emb)
+
+    sum_y2 = torch.zeros(T, dtype=acc, device=ids.device)
+    done = 0
+    while done < probes:
+        k = min(kb, probes - done)
+        tr, te = _directions(gen, k, primals_rest, layout.emb_mods, head.uniq, acc)
+        hdot = torch.vmap(body.jvp)(tr, te)  # (k, T, d)
+        with torch.no_grad():
+            sum_y2 += _projections(hdot, te, head, acc).pow(2).sum(0)
+        done += k
+    return sum_y2
+
+
+def _directions(gen: torch.Generator, k: int, primals_rest: dict[str, Tensor], emb_mods: dict[str, nn.Embedding],
+                uniq: dict[str, Tensor], acc: torch.dtype) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """``k`` Gaussian directions drawn from ``gen``: parameter tangents ``(k, *shape)``, then
+    embedding-row tangents ``(k, U, d)`` on the rows in ``uniq``."""
+    tr = {
+        n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(device=p.device, dtype=p.dtype)
+        for n, p in primals_rest.items()
+    }
+    te = {
+        n: torch.randn((k, uniq[n].numel(), m.weight.shape[1]), generator=gen, dtype=acc).to(
+            device=m.weight.device, dtype=m.weight.dtype
+        )
+        for n, m in emb_mods.items()
+    }
+    return tr, te
+
+
+def _projections(hdot: Tensor, te: dict[str, Tensor], head: _ClosedFormPart, acc: torch.dtype) -> Tensor:
+    """(k, T) ``v_k . b_t``: the body's JVP contracted with ``d logprob_t / d h_t``, plus the tied
+    head's rows in the input, ``sum_{u in U} c_t[u] v_W[u] . h_t``."""
+    y = (hdot.to(acc) * head.u).sum(-1)  # (k, T)
+    if head.cU is not None:
+        vU = te[head.tied_name].to(acc)  # (k, U, d)
+        y = y + torch.einsum("td,kud,tu->kt", head.hh, vU, head.cU)
+    return y
 
 
 __all__ = ["chi2_interval_factors", "math", "sketch_grad_norms"]

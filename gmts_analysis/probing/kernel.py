@@ -154,36 +154,14 @@ def probe_answer(
     ``strict`` (default ``cfg.strict`` when ``cfg`` has it, else False): refuse, with a
     :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
     per-token loop. The column ``grad_norm_method`` says which method gave each answer's norms."""
-    from gmts_analysis.core.tokens import TokenQuantities
-    from gmts_analysis.engine import forward_quantities, grad_norms
-    from gmts_analysis.probing.validate import check_finite, check_finite_scalars
+    from gmts_analysis.probing.validate import check_finite_scalars
 
     where = f"{answer.where}: answer '{answer.answer_id}'"
     check_finite_scalars({"reward": answer.reward, "advantage": coef.advantage, "loss_weight": coef.loss_weight},
                          where)
-    device = next(model.parameters()).device
-    ids = torch.tensor(answer.prompt_ids + answer.response_ids, dtype=torch.long, device=device)
-    P, T = len(answer.prompt_ids), len(answer.response_ids)
-    tau = float(cfg.temperature)
-    gn = None
-    if T == 0:
-        z = torch.zeros(0, dtype=torch.float64)
-        q = TokenQuantities(z, z, z, z, z, head_grad_norm=z)
-    elif cfg.grad_norm == "none":
-        q = forward_quantities(model, ids, P, tau)  # the one forward: closed forms only
-    else:  # the engine's forwards also give the closed forms
-        gn = grad_norms(
-            model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
-            max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
-            probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
-            strict=bool(getattr(cfg, "strict", False) if strict is None else strict),
-            where=f"{answer.where}: answer '{answer.answer_id}'",
-        )
-        q = gn.quantities
-    if not q.finite:
-        raise GmtsError(f"{answer.where}: answer '{answer.answer_id}': the model produced non-finite logits")
+    T = len(answer.response_ids)
+    q, gn = _answer_quantities(model, answer, cfg, strict, where)
     head_gn = q.head_grad_norm if q.head_grad_norm is not None else torch.full((T,), float("nan"))
-
     logprob = q.logprob.double().cpu().numpy()
     om = adv_mod.omega(
         coef.loss_weight, coef.advantage, logprob,
@@ -225,32 +203,78 @@ def probe_answer(
     if gn is None:
         cols["grad_norm_logp"] = np.full(T, np.nan)
     else:
-        cols["grad_norm_logp"] = gn.norms.double().cpu().numpy()
-        if gn.lo is not None:
-            cols["grad_norm_logp_lo"] = gn.lo.double().cpu().numpy()
-            cols["grad_norm_logp_hi"] = gn.hi.double().cpu().numpy()
-        if gn.groups:
-            names = list(gn.groups)
-            sq = np.stack([gn.groups[n].double().cpu().numpy() for n in names], axis=1)  # (T, G)
-            groups_df = pd.DataFrame({
-                "answer_id": [answer.answer_id] * (T * len(names)),
-                "position": np.repeat(np.arange(T), len(names)),
-                "group": names * T,
-                "grad_norm_logp": np.sqrt(sq).reshape(-1),
-            })
+        norm_cols, groups_df = _grad_norm_columns(answer, gn)
+        cols.update(norm_cols)
     cols["grad_norm_method"] = [gn.method if gn is not None else cfg.grad_norm] * T
     cols["grad_norm"] = times_abs_omega(cols["grad_norm_logp"], om)
     for k in ("domain", "step"):
         v = getattr(answer, k)
         if v is not None:
             cols[k] = [v] * T
-    # finite or nothing: a non-finite value in any float column fails the answer (errors.jsonl);
-    # grad_norm_logp (and so grad_norm) is NaN by design under --grad-norm none
+    _check_finite(cols, groups_df, cfg, where)
+    return cols, groups_df
+
+
+def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions, strict: bool | None, where: str):
+    """``(q, gn)``: the answer's :class:`~gmts_analysis.core.tokens.TokenQuantities` and its
+    gradient norms (``None`` under ``--grad-norm none``, where one no-grad forward gives ``q``).
+    Raises :class:`GmtsError` when the model produced non-finite logits."""
+    from gmts_analysis.core.tokens import TokenQuantities
+    from gmts_analysis.engine import forward_quantities, grad_norms
+
+    device = next(model.parameters()).device
+    ids = torch.tensor(answer.prompt_ids + answer.response_ids, dtype=torch.long, device=device)
+    P, T = len(answer.prompt_ids), len(answer.response_ids)
+    tau = float(cfg.temperature)
+    gn = None
+    if T == 0:
+        z = torch.zeros(0, dtype=torch.float64)
+        q = TokenQuantities(z, z, z, z, z, head_grad_norm=z)
+    elif cfg.grad_norm == "none":
+        q = forward_quantities(model, ids, P, tau)  # the one forward: closed forms only
+    else:  # the engine's forwards also give the closed forms
+        gn = grad_norms(
+            model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
+            max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
+            probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
+            strict=bool(getattr(cfg, "strict", False) if strict is None else strict),
+            where=where,
+        )
+        q = gn.quantities
+    if not q.finite:
+        raise GmtsError(f"{where}: the model produced non-finite logits")
+    return q, gn
+
+
+def _grad_norm_columns(answer: Answer, gn) -> tuple[dict[str, np.ndarray], pd.DataFrame | None]:
+    """The columns of the answer's gradient norms ``gn`` (:class:`gmts_analysis.engine.GradNorms`):
+    ``grad_norm_logp`` and the sketch's interval ``_lo``/``_hi``; with ``--grad-groups`` also its
+    rows of the group table (one per token and group, norms not squared)."""
+    T = len(answer.response_ids)
+    cols: dict[str, np.ndarray] = {"grad_norm_logp": gn.norms.double().cpu().numpy()}
+    groups_df = None
+    if gn.lo is not None:
+        cols["grad_norm_logp_lo"] = gn.lo.double().cpu().numpy()
+        cols["grad_norm_logp_hi"] = gn.hi.double().cpu().numpy()
+    if gn.groups:
+        names = list(gn.groups)
+        sq = np.stack([gn.groups[n].double().cpu().numpy() for n in names], axis=1)  # (T, G)
+        groups_df = pd.DataFrame({
+            "answer_id": [answer.answer_id] * (T * len(names)),
+            "position": np.repeat(np.arange(T), len(names)),
+            "group": names * T,
+            "grad_norm_logp": np.sqrt(sq).reshape(-1),
+        })
+    return cols, groups_df
+
+def _check_finite(cols: dict[str, Any], groups_df: pd.DataFrame | None, cfg: ProbeOptions, where: str) -> None:
+    """Finite or nothing: a non-finite value in any float column fails the answer (errors.jsonl);
+    grad_norm_logp (and so grad_norm) is NaN by design under --grad-norm none."""
+    from gmts_analysis.probing.validate import check_finite
+
     check_finite(cols, where, allow_nan=("grad_norm_logp", "grad_norm") if cfg.grad_norm == "none" else ())
     if groups_df is not None:
         check_finite({"grad_norm_logp of a group": groups_df["grad_norm_logp"].to_numpy()}, where)
-    return cols, groups_df
-
 
 def probe_answers(
     model: torch.nn.Module,

@@ -69,6 +69,16 @@ def validate_options(cfg: Any) -> None:
     Fields absent from ``cfg`` are skipped (it may be a :class:`~gmts_analysis.options.config.ProbeOptions`
     or a full :class:`~gmts_analysis.options.config.ProbeConfig`).
     """
+    _check_objective_numbers(cfg)
+    _check_engine_numbers(cfg)
+    _check_selection_numbers(cfg)
+    _check_reader_options(cfg)
+    _check_resolvable(cfg)
+
+
+def _check_objective_numbers(cfg: Any) -> None:
+    """The RL objective's numbers: temperature, the clip range, the dual clip, the KL weight and
+    the vLLM importance-sampling bounds."""
     t = _number(cfg, "temperature")
     if t is not None:
         _check(math.isfinite(t) and t > 0, "temperature", "a finite number > 0", t)
@@ -89,6 +99,10 @@ def validate_options(cfg: Any) -> None:
         _check(math.isfinite(hi) and hi > 0, "vllm_is_max", "a finite number > 0", hi)
         if lo is not None and not lo < hi:
             raise GmtsError(f"--vllm-is-min {lo} must be below --vllm-is-max {hi}")
+
+
+def _check_engine_numbers(cfg: Any) -> None:
+    """Sizes and seed: sketch directions, L_max, memory, answers per chunk, chunk size, seed."""
     p = _integer(cfg, "probes")
     if p is not None:
         _check(2 <= p <= MAX_PROBES, "probes", f"an integer in [2, {MAX_PROBES}] (a sketch needs two directions for "
@@ -107,12 +121,21 @@ def validate_options(cfg: Any) -> None:
     s = _integer(cfg, "seed")
     if s is not None:
         _check(0 <= s <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", s)
+
+
+def _check_selection_numbers(cfg: Any) -> None:
+    """The analysis fractions: the keep fraction rho and the uncertain-token threshold."""
     r = _number(cfg, "rho")
     if r is not None:
         _check(math.isfinite(r) and 0 < r <= 1, "rho", "a keep fraction in (0, 1]", r)
     u = _number(cfg, "uncertain_below")
     if u is not None:
         _check(math.isfinite(u) and 0 < u <= 1, "uncertain_below", "a probability in (0, 1]", u)
+
+
+def _check_reader_options(cfg: Any) -> None:
+    """How rollouts are read: group size, completion length limit, --steps, reward columns and
+    their weights."""
     for name in ("num_generations", "max_completion_length"):
         v = _integer(cfg, name)
         if v is not None:
@@ -126,6 +149,11 @@ def validate_options(cfg: Any) -> None:
 
         cols = _names(getattr(cfg, "reward_columns", None), "--reward-columns")
         _weights(getattr(cfg, "reward_weights", None), None if cols is None else len(cols))
+
+
+def _check_resolvable(cfg: Any) -> None:
+    """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max), the device
+    and the verifier name resolve."""
     if hasattr(cfg, "loss_agg"):  # the loss options together (--loss-type against --loss-agg, dr_grpo's L_max)
         from gmts_analysis.core.objective import settings_of
 

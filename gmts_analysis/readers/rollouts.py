@@ -242,16 +242,53 @@ def _file_rows(files: list, opts: ReaderOptions, state: _ReadState) -> Iterator[
 
 def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, state: _ReadState,
               unit: str) -> Iterator[tuple[str, dict]]:
+    """The normalized rows ``(where, row)`` of one rollouts file: its format checked against
+    the earlier files', each row's step and group set, rows outside ``--steps`` left out, and a
+    TRL file that repeats the previous one skipped."""
     first = next(rows, None)
     if first is None:
         raise GmtsError(f"{rf.path}: no rollouts in the file (empty input)")
     if not rf.columns:
         rf.columns = list(first[1])
+    fmt = _file_format(rf, opts, state)
+    spec = _file_reward_spec(rf, fmt, state)
+    G = opts.num_generations
+    count = 0
+    buffered: list[tuple[str, dict]] = []  # a TRL file (one generation batch) is held to spot repeats
+    for n, row in _chain(first, rows):
+        where = f"{unit} {n}"
+        m = normalize_row(row, fmt, spec, where)
+        step = _row_step(m, rf, state, where)
+        m["step"] = step
+        _set_group(m, row, fmt, step, count, G)
+        count += 1
+        if not _step_wanted(step, state):
+            continue
+        if fmt == "trl":
+            buffered.append((where, m))
+        else:
+            yield where, m
+    if G is not None and count % G:
+        raise GmtsError(f"{rf.path}: {count} rows are not whole groups of --num-generations {G} "
+                        f"({count % G} left over)")
+    if fmt == "trl" and buffered and not _repeats_previous_file(rf, buffered, state):
+        yield from buffered
+
+
+def _file_format(rf: Any, opts: ReaderOptions, state: _ReadState) -> str:
+    """The file's format (``--format``, else detected from its columns); the first file's is
+    every file's."""
     fmt = opts.format if opts.format != "auto" else _detect_keys(rf.columns)
     if state.fmt is None:
         state.fmt = fmt
     elif fmt != state.fmt:
         raise GmtsError(f"{rf.path}: a {fmt} file among {state.fmt} files (one format per rollouts directory)")
+    return fmt
+
+
+def _file_reward_spec(rf: Any, fmt: str, state: _ReadState) -> RewardSpec | None:
+    """Where the file's rewards come from: the verifier, TRL's reward columns (the first file
+    decides them when none are named), or ``--reward-columns``, checked present."""
     spec: RewardSpec | None = state.spec
     if fmt == "trl" and state.verified:  # the verifier's rewards replace the logged ones (kept as columns)
         spec = RewardSpec(None, None, chosen="verifier")
@@ -263,52 +300,54 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
         missing = [c for c in spec.columns if c not in rf.columns]
         if missing:
             raise GmtsError(f"{rf.path}: --reward-columns: no column '{missing[0]}' (columns: {', '.join(rf.columns)})")
-    G = opts.num_generations
-    count = 0
-    buffered: list[tuple[str, dict]] = []  # a TRL file (one generation batch) is held to spot repeats
-    for n, row in _chain(first, rows):
-        where = f"{unit} {n}"
-        m = normalize_row(row, fmt, spec, where)
-        step = check_step(m.get("step"), where)
-        if step is None:
-            step = rf.name_step
-        if step is not None:
-            t = int if isinstance(step, int) else str
-            if state.step_type is None:
-                state.step_type = t
-            elif t is not state.step_type:
-                raise GmtsError(f"{where}: field 'step' is {step!r}, but earlier steps are "
-                                f"{'integers' if state.step_type is int else 'text'} (one type for all steps)")
-        m["step"] = step
-        index_in_file = count
-        count += 1
-        if G is not None and m.get("group_id") is None:
-            m["group_id"] = f"{step}:{index_in_file // G}" if step is not None else index_in_file // G
-            m["_group_from"] = "num_generations"
-        elif m.get("group_id") is not None:
-            m["_group_from"] = "uid" if fmt == "verl" and row.get("uid") is not None else "group_id"
-        if state.wanted is not None:
-            s = step if isinstance(step, int) else int(step) if isinstance(step, str) and step.isdigit() else None
-            if s not in state.wanted:
-                continue
-        if fmt == "trl":
-            buffered.append((where, m))
-        else:
-            yield where, m
-    if G is not None and count % G:
-        raise GmtsError(f"{rf.path}: {count} rows are not whole groups of --num-generations {G} "
-                        f"({count % G} left over)")
-    if fmt == "trl" and buffered:
-        # TRL writes its last generation batch at every logging step: with logging_steps below
-        # steps_per_generation (or num_iterations > 1) consecutive files repeat the same rows
-        digest = _rows_digest(m for _, m in buffered)
-        if digest == state.last_digest:
-            state.repeated_files.append(str(rf.path.name))
-            log.warning("%s repeats the previous file's rows (TRL logs its last generation batch at every logging "
-                        "step): skipped", rf.path.name)
-            return
-        state.last_digest = digest
-        yield from buffered
+    return spec
+
+
+def _row_step(m: dict, rf: Any, state: _ReadState, where: str) -> int | str | None:
+    """The row's training step (its field, else the file name's); one type for all steps."""
+    step = check_step(m.get("step"), where)
+    if step is None:
+        step = rf.name_step
+    if step is not None:
+        t = int if isinstance(step, int) else str
+        if state.step_type is None:
+            state.step_type = t
+        elif t is not state.step_type:
+            raise GmtsError(f"{where}: field 'step' is {step!r}, but earlier steps are "
+                            f"{'integers' if state.step_type is int else 'text'} (one type for all steps)")
+    return step
+
+
+def _set_group(m: dict, row: dict, fmt: str, step: int | str | None, index_in_file: int, G: int | None) -> None:
+    """Without a group id and with ``--num-generations G``: block ``index // G`` of the file (per
+    step); record where the group came from in ``m["_group_from"]``."""
+    if G is not None and m.get("group_id") is None:
+        m["group_id"] = f"{step}:{index_in_file // G}" if step is not None else index_in_file // G
+        m["_group_from"] = "num_generations"
+    elif m.get("group_id") is not None:
+        m["_group_from"] = "uid" if fmt == "verl" and row.get("uid") is not None else "group_id"
+
+
+def _step_wanted(step: int | str | None, state: _ReadState) -> bool:
+    """Whether a row of ``step`` is read under ``--steps`` (always without it)."""
+    if state.wanted is None:
+        return True
+    s = step if isinstance(step, int) else int(step) if isinstance(step, str) and step.isdigit() else None
+    return s in state.wanted
+
+
+def _repeats_previous_file(rf: Any, buffered: list[tuple[str, dict]], state: _ReadState) -> bool:
+    """TRL writes its last generation batch at every logging step: with logging_steps below
+    steps_per_generation (or num_iterations > 1) consecutive files repeat the same rows. True
+    (and a warning) when this file's rows are the previous file's."""
+    digest = _rows_digest(m for _, m in buffered)
+    if digest == state.last_digest:
+        state.repeated_files.append(str(rf.path.name))
+        log.warning("%s repeats the previous file's rows (TRL logs its last generation batch at every logging "
+                    "step): skipped", rf.path.name)
+        return True
+    state.last_digest = digest
+    return False
 
 
 def _rows_digest(rows: Iterable[dict]) -> str:
@@ -331,69 +370,20 @@ def _chain(first: Any, rest: Iterator) -> Iterator:
 
 def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable | None, opts: ReaderOptions,
            state: _ReadState, source: str) -> Rollouts:
+    """The answers of the normalized ``rows``, scored by ``verifier`` where they have no reward,
+    grouped, with unique ids; and the read's report."""
     ctx = Contextualizer(tokenizer, opts.chat_template, opts.max_completion_length, opts.max_tokens, opts.truncate)
     answers: list[Answer] = []
     need_verify: list[int] = []
     raw_for_verifier: list[dict] = []
     group_from: set[str] = set()
     for idx, (where, r) in enumerate(rows):
-        prompt_ids = ctx.prompt_ids(r, where)
-        response_ids = ctx.response_ids(r, where)
-        if not prompt_ids:
-            raise GmtsError(f"{where}: empty prompt (a response needs at least one preceding token)")
-        reward = r.get("reward")
-        if reward is None:
-            if verifier is None:
-                if r.get("_source") == "trl":
-                    raise GmtsError(f"{where}: no reward: the TRL table has no numeric reward column (name them with "
-                                    "--reward-columns, or score answers with --verifier)")
-                name = (r.get("_missing") or {}).get("reward", "reward")
-                raise GmtsError(f"{where}: missing field '{name}' (or name a verifier with --verifier)")
-            need_verify.append(idx)
-            reward = float("nan")
-        else:
-            reward = check_reward(reward, where, (r.get("_missing") or {}).get("reward", "reward"))
-        old, ref, samp = r.get("old_logprobs"), r.get("ref_logprobs"), r.get("sampling_logprobs")
-        prompt, response = r.get("prompt"), r.get("response")
-        extra = {}
-        for k, v in r.items():
-            if k in GMTS_FIELDS or k.startswith("_") or not isinstance(v, (int, float, str, bool)):
-                continue
-            extra[k] = check_text(v, where, k) if isinstance(v, str) else v
-        if r.get("_source") in ("trl", "verl") and r.get("response_ids") is None:
-            extra["eos_restored"] = bool(response_ids) and response_ids[-1] == ctx.report.eos_token_id \
-                and ctx.report.eos_token_id is not None
-        logged = r.get("logged_advantage")
-        if logged is not None:
-            logged = check_reward(logged, where, "advantage")
-            extra["logged_advantage"] = logged
-        domain = r.get("domain")
-        if domain is not None and not isinstance(domain, str):
-            raise GmtsError(f"{where}: field 'domain' must be text, got {type(domain).__name__}")
-        a = Answer(
-            answer_id=r["answer_id"] if r.get("answer_id") is not None else idx,
-            group_id=r.get("group_id"),
-            prompt_ids=prompt_ids,
-            response_ids=response_ids,
-            reward=float(reward),
-            prompt=prompt if isinstance(prompt, str) else _decode(tokenizer, prompt_ids) if prompt is not None else None,
-            response=response if isinstance(response, str) else None,
-            step=r.get("step"),
-            domain=domain,
-            old_logprobs=None if old is None else check_logprobs(old, where, "old_logprobs", len(response_ids)),
-            ref_logprobs=None if ref is None else check_logprobs(ref, where, "ref_logprobs", len(response_ids)),
-            sampling_logprobs=None if samp is None else check_logprobs(samp, where, "sampling_logprobs",
-                                                                       len(response_ids), allow_nan=True),
-            extra=extra,
-            where=where,
-            logged_advantage=logged,
-        )
-        if isinstance(a.answer_id, (list, dict, float)) or isinstance(a.group_id, (list, dict)):
-            raise GmtsError(f"{where}: fields 'answer_id' and 'group_id' must be integers or text")
+        a, unscored = _answer(idx, where, r, ctx, tokenizer, verifier)
         if r.get("_group_from"):
             group_from.add(r["_group_from"])
         answers.append(a)
-        if need_verify and need_verify[-1] == idx:
+        if unscored:
+            need_verify.append(idx)
             raw_for_verifier.append(r)
     if not answers:
         raise GmtsError(f"{source}: no rollouts" + (" at the chosen --steps" if state.wanted is not None else
@@ -403,11 +393,96 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
     if any(a.group_id is None for a in answers):
         group_from.add("prompt")
     _fill_groups(answers)
+    _check_unique_ids(answers, source)
+    state.report.update(_read_report(answers, opts, state, ctx, group_from))
+    out = Rollouts(answers, state.report)
+    return out
+
+
+def _answer(idx: int, where: str, r: dict, ctx: Contextualizer, tokenizer: Any, verifier: Callable | None
+            ) -> tuple[Answer, bool]:
+    """The :class:`Answer` of normalized row ``r`` (``idx``: its index in the read), and whether
+    the verifier must score it (no reward; NaN until then)."""
+    prompt_ids = ctx.prompt_ids(r, where)
+    response_ids = ctx.response_ids(r, where)
+    if not prompt_ids:
+        raise GmtsError(f"{where}: empty prompt (a response needs at least one preceding token)")
+    reward, unscored = _row_reward(r, where, verifier)
+    old, ref, samp = r.get("old_logprobs"), r.get("ref_logprobs"), r.get("sampling_logprobs")
+    prompt, response = r.get("prompt"), r.get("response")
+    extra, logged = _extra_fields(r, where, response_ids, ctx)
+    domain = r.get("domain")
+    if domain is not None and not isinstance(domain, str):
+        raise GmtsError(f"{where}: field 'domain' must be text, got {type(domain).__name__}")
+    a = Answer(
+        answer_id=r["answer_id"] if r.get("answer_id") is not None else idx,
+        group_id=r.get("group_id"),
+        prompt_ids=prompt_ids,
+        response_ids=response_ids,
+        reward=float(reward),
+        prompt=prompt if isinstance(prompt, str) else _decode(tokenizer, prompt_ids) if prompt is not None else None,
+        response=response if isinstance(response, str) else None,
+        step=r.get("step"),
+        domain=domain,
+        old_logprobs=None if old is None else check_logprobs(old, where, "old_logprobs", len(response_ids)),
+        ref_logprobs=None if ref is None else check_logprobs(ref, where, "ref_logprobs", len(response_ids)),
+        sampling_logprobs=None if samp is None else check_logprobs(samp, where, "sampling_logprobs",
+                                                                   len(response_ids), allow_nan=True),
+        extra=extra,
+        where=where,
+        logged_advantage=logged,
+    )
+    if isinstance(a.answer_id, (list, dict, float)) or isinstance(a.group_id, (list, dict)):
+        raise GmtsError(f"{where}: fields 'answer_id' and 'group_id' must be integers or text")
+    return a, unscored
+
+
+def _row_reward(r: dict, where: str, verifier: Callable | None) -> tuple[float, bool]:
+    """``(reward, unscored)``: the row's checked reward, or NaN and True when a verifier will
+    score it; without either, a :class:`GmtsError` naming the missing field."""
+    reward = r.get("reward")
+    if reward is not None:
+        return check_reward(reward, where, (r.get("_missing") or {}).get("reward", "reward")), False
+    if verifier is None:
+        if r.get("_source") == "trl":
+            raise GmtsError(f"{where}: no reward: the TRL table has no numeric reward column (name them with "
+                            "--reward-columns, or score answers with --verifier)")
+        name = (r.get("_missing") or {}).get("reward", "reward")
+        raise GmtsError(f"{where}: missing field '{name}' (or name a verifier with --verifier)")
+    return float("nan"), True
+
+
+def _extra_fields(r: dict, where: str, response_ids: list[int], ctx: Contextualizer) -> tuple[dict, float | None]:
+    """``(extra, logged)``: the row's extra scalar fields (text checked), whether the stop token
+    was restored to a TRL/verl text response (``eos_restored``) and the logged advantage
+    (checked; also returned alone, None without one)."""
+    extra = {}
+    for k, v in r.items():
+        if k in GMTS_FIELDS or k.startswith("_") or not isinstance(v, (int, float, str, bool)):
+            continue
+        extra[k] = check_text(v, where, k) if isinstance(v, str) else v
+    if r.get("_source") in ("trl", "verl") and r.get("response_ids") is None:
+        extra["eos_restored"] = bool(response_ids) and response_ids[-1] == ctx.report.eos_token_id \
+            and ctx.report.eos_token_id is not None
+    logged = r.get("logged_advantage")
+    if logged is not None:
+        logged = check_reward(logged, where, "advantage")
+        extra["logged_advantage"] = logged
+    return extra, logged
+
+
+def _check_unique_ids(answers: list[Answer], source: str) -> None:
+    """A :class:`GmtsError` naming the first ``answer_id`` that appears twice."""
     ids = [str(a.answer_id) for a in answers]
     if len(set(ids)) != len(ids):
         seen: set[str] = set()
         dup = next(i for i in ids if i in seen or seen.add(i))  # type: ignore[func-returns-value]
         raise GmtsError(f"{source}: field 'answer_id' is not unique ('{dup}' appears more than once)")
+
+
+def _read_report(answers: list[Answer], opts: ReaderOptions, state: _ReadState, ctx: Contextualizer,
+                 group_from: set[str]) -> dict:
+    """What the read found and restored (recorded in manifest.json), also logged."""
     report = {
         "format": state.fmt,
         "n_answers": len(answers),
@@ -431,9 +506,7 @@ def _build(rows: Iterable[tuple[str, dict]], tokenizer: Any, verifier: Callable 
     if "prompt" in group_from and state.fmt == "trl":
         log.info("TRL rows grouped by identical (step, prompt); pass --num-generations G to use TRL's "
                  "consecutive blocks of G rows")
-    state.report.update(report)
-    out = Rollouts(answers, state.report)
-    return out
+    return report
 
 
 def _reward_note(state: _ReadState) -> dict:

@@ -129,48 +129,17 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
     try:
         for start in range(0, len(todo), per_chunk):
             chunk = list(todo[start:start + per_chunk])
-            parts: list[dict] = []
-            gparts: list[pd.DataFrame] = []
-            errors: list[dict] = []
-            done: list[int] = []
-            n_tok = 0
-            t0 = time.perf_counter()
+            record = _ChunkRecord(out, run_hash, meta)
             for i in chunk:
-                a = answers[i]
-                try:
-                    cols, g = probe_with_retry(model, a, coefs[i], cfg, token_text)
-                except Exception as e:
-                    reason = _reason(e)
-                    if cfg.strict:
-                        if done:  # keep what this chunk finished
-                            tokens, groups = _tables(parts, gparts)
-                            state.write_chunk(out, run_hash, done, tokens, groups, errors,
-                                              time.perf_counter() - t0, n_tok, meta)
-                        raise GmtsError(f"{a.where}: answer '{a.answer_id}' failed: {reason} "
-                                        "(--strict; without it the answer is skipped)") from e
-                    log.warning("answer '%s' failed and is skipped: %s", a.answer_id, reason)
-                    errors.append({"index": int(i), "answer_id": a.answer_id, "group_id": a.group_id,
-                                   "where": a.where, "reason": reason, "rank": ctx.rank})
-                    _free_memory()
-                else:
-                    n = len(cols["position"])
-                    cols[state.INDEX_COLUMN] = np.full(n, i, dtype=np.int64)
-                    if g is not None:
-                        g[state.INDEX_COLUMN] = np.int64(i)
-                        gparts.append(g)
-                    parts.append(cols)
-                    n_tok += a.length
-                done.append(i)
+                _probe_one(model, answers[i], i, coefs[i], cfg, token_text, record)
                 bar.update(1)
                 if slow:
                     time.sleep(slow)
-            tokens, groups = _tables(parts, gparts)
-            dt = time.perf_counter() - t0
-            state.write_chunk(out, run_hash, chunk, tokens, groups, errors, dt, n_tok, meta)
+            record.write(chunk)
             summary.n_answers += len(chunk)
             summary.n_chunks += 1
-            summary.n_tokens += n_tok
-            summary.n_errors += len(errors)
+            summary.n_tokens += record.n_tok
+            summary.n_errors += len(record.errors)
             elapsed = time.perf_counter() - t_start
             bar.set_postfix(tok_s=f"{summary.n_tokens / max(elapsed, 1e-9):.1f}")
             if fail_after and summary.n_chunks >= fail_after:
@@ -179,3 +148,59 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
         bar.close()
     summary.seconds = time.perf_counter() - t_start
     return summary
+
+
+class _ChunkRecord:
+    """One chunk's results as its answers finish (token columns, group rows, errors, the
+    answers done and their tokens), and its record in the run directory."""
+
+    def __init__(self, out: Path, run_hash: str, meta: dict) -> None:
+        self.out, self.run_hash, self.meta = out, run_hash, meta
+        self.parts: list[dict] = []
+        self.gparts: list[pd.DataFrame] = []
+        self.errors: list[dict] = []
+        self.done: list[int] = []
+        self.n_tok = 0
+        self.t0 = time.perf_counter()
+
+    def add(self, i: int, cols: dict, g: pd.DataFrame | None, n_tokens: int) -> None:
+        """The tables of answer ``i`` (``n_tokens`` response tokens), tagged with its index."""
+        n = len(cols["position"])
+        cols[state.INDEX_COLUMN] = np.full(n, i, dtype=np.int64)
+        if g is not None:
+            g[state.INDEX_COLUMN] = np.int64(i)
+            self.gparts.append(g)
+        self.parts.append(cols)
+        self.n_tok += n_tokens
+
+    def skip(self, i: int, a: Answer, reason: str) -> None:
+        """Answer ``i`` failed: logged, its reason kept for errors.jsonl, memory freed."""
+        log.warning("answer '%s' failed and is skipped: %s", a.answer_id, reason)
+        self.errors.append({"index": int(i), "answer_id": a.answer_id, "group_id": a.group_id,
+                            "where": a.where, "reason": reason, "rank": self.meta["rank"]})
+        _free_memory()
+
+    def write(self, indices: list[int]) -> None:
+        """Record the chunk of answers ``indices`` (:func:`state.write_chunk`)."""
+        tokens, groups = _tables(self.parts, self.gparts)
+        state.write_chunk(self.out, self.run_hash, indices, tokens, groups, self.errors,
+                          time.perf_counter() - self.t0, self.n_tok, self.meta)
+
+
+def _probe_one(model: torch.nn.Module, a: Answer, i: int, coef: Any, cfg: ProbeConfig, token_text: Any,
+               record: _ChunkRecord) -> None:
+    """Probe answer ``a`` (index ``i``) into ``record``. A failure is recorded and the answer
+    skipped; under ``--strict`` the chunk's finished answers are written and a GmtsError raised."""
+    try:
+        cols, g = probe_with_retry(model, a, coef, cfg, token_text)
+    except Exception as e:
+        reason = _reason(e)
+        if cfg.strict:
+            if record.done:  # keep what this chunk finished
+                record.write(record.done)
+            raise GmtsError(f"{a.where}: answer '{a.answer_id}' failed: {reason} "
+                            "(--strict; without it the answer is skipped)") from e
+        record.skip(i, a, reason)
+    else:
+        record.add(i, cols, g, a.length)
+    record.done.append(i)
