@@ -13,7 +13,7 @@ Steps, on every rank unless said:
    this rank's part;
 5. rank 0 waits for every part and finishes the run: :func:`finish_job` (the job's manifest
    entries) -> :func:`merge.write_merged_run` (rows in single-process order, errors, the work
-   area) -> :func:`gmts_analysis.run.finalize.write_run` (statistics, manifest, files).
+   area) -> :func:`gmts_analysis.run.finalize.write_result` (statistics, manifest, files).
 """
 
 from __future__ import annotations
