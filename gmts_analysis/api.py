@@ -11,8 +11,9 @@
 of the job settings, :func:`probe` takes those that mean something in one process
 (:data:`PROBE_SETTINGS`: ``quiet``, ``offline``, ``out`` to save as well); resuming a killed
 job is the CLI's (``gmts probe``, ``gmts run``).
-:func:`probe` runs the same kernel and the same statistics as ``gmts probe``
-(:mod:`gmts_analysis.probing.kernel`, :mod:`gmts_analysis.run.finalize`), in one process, without files.
+:func:`probe` prepares its inputs, runs the kernel and computes the statistics as ``gmts probe`` does
+(:mod:`gmts_analysis.probing.inputs`, :mod:`gmts_analysis.probing.kernel`, :mod:`gmts_analysis.run.finalize`),
+in one process, without files.
 """
 
 from __future__ import annotations
