@@ -11,8 +11,9 @@
 of the job settings, :func:`probe` takes those that mean something in one process
 (:data:`PROBE_SETTINGS`: ``quiet``, ``offline``, ``out`` to save as well); resuming a killed
 job is the CLI's (``gmts probe``, ``gmts run``).
-:func:`probe` runs the same kernel and the same statistics as ``gmts probe``
-(:mod:`gmts_analysis.probing.kernel`, :mod:`gmts_analysis.run.finalize`), in one process, without files.
+:func:`probe` prepares its inputs, runs the kernel and computes the statistics as ``gmts probe`` does
+(:mod:`gmts_analysis.probing.inputs`, :mod:`gmts_analysis.probing.kernel`, :mod:`gmts_analysis.run.finalize`),
+in one process, without files.
 """
 
 from __future__ import annotations
@@ -25,13 +26,24 @@ from typing import TYPE_CHECKING, Any, Sequence
 from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions, options_from_kwargs
-from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN  # noqa: F401 - the API's names
 
 if TYPE_CHECKING:
-    import torch
     from matplotlib.figure import Figure
 
     from gmts_analysis.views.notebook_view import TokenView
+
+#: the sampling worlds' names (:mod:`gmts_analysis.sampling.domains`), given on first use: importing the
+#: sampling package loads torch, and ``import gmts_analysis`` loads neither torch nor pandas
+_SAMPLING_NAMES = ("ALL_DOMAINS", "DEFAULT_DOMAINS", "WORD_DOMAIN")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SAMPLING_NAMES:
+        from gmts_analysis.sampling import domains
+
+        return getattr(domains, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 #: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
 PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")
@@ -111,76 +123,6 @@ def load_run(path: str | os.PathLike) -> Run:
 # ------------------------------------------------------------------------------------ probe
 
 
-def _dtype_name(model: "torch.nn.Module") -> str:
-    from gmts_analysis.readers.models import DTYPES
-
-    dt = next(model.parameters()).dtype
-    names = {v: k for k, v in DTYPES.items()}
-    if dt not in names:
-        raise GmtsError(f"model dtype {dt} is not supported (use one of {', '.join(DTYPES)})")
-    return names[dt]
-
-
-def _model(model: Any, tokenizer: Any, opts: ProbeOptions, given: dict,
-           offline: bool = False) -> tuple[Any, Any, str, ProbeOptions]:
-    """``(model, tokenizer, model_path, options)``: load a name, or take a loaded model as it is
-    (its device and dtype; never moved or cast: ``device``/``dtype`` options must then agree)."""
-    import torch
-
-    from gmts_analysis.readers.models import load_model, resolve_device, resolve_model_path
-
-    if isinstance(model, (str, os.PathLike)):
-        name = os.fspath(model)
-        m, tok = load_model(name, opts.device, opts.dtype, offline=offline)
-        return m, tokenizer if tokenizer is not None else tok, resolve_model_path(name), opts
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
-        raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
-    dev = next(model.parameters()).device
-    want = resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
-    if (want.type, want.index or 0) != (dev.type, dev.index or 0):
-        raise GmtsError(f"option device={given['device']!r}: the model is on {dev} (move it yourself; the "
-                        "probe never moves a loaded model)")
-    dtype = _dtype_name(model)
-    if "dtype" in given and given["dtype"] != dtype:
-        raise GmtsError(f"option dtype={given['dtype']!r}: the model is in {dtype} (cast it yourself)")
-    path = str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "")
-    if tokenizer is None and path and Path(path).exists():
-        try:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, TypeError):
-            tokenizer = None
-    return model, tokenizer, path or "<in-memory model>", dataclasses.replace(opts, device=str(dev), dtype=dtype)
-
-
-def _answers(rollouts: Any, tokenizer: Any, opts: ProbeOptions, max_tokens: int | None = None) -> tuple[list, dict]:
-    """Rollouts (path, DataFrame or list of row dicts) as answers, and a manifest note of the source."""
-    from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
-    from gmts_analysis.readers.verifiers import resolve_verifier
-
-    reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
-
-    verifier = resolve_verifier(opts.verifier)
-    if isinstance(rollouts, (str, os.PathLike)):
-        from gmts_analysis.readers.sources import input_sha256
-
-        p = Path(rollouts)
-        answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
-        return answers, {"path": str(p), "sha256": input_sha256(p), "format": opts.format,
-                         "read": getattr(answers, "report", None)}
-    if hasattr(rollouts, "to_dict") and hasattr(rollouts, "columns"):
-        rows, kind = rollouts.to_dict(orient="records"), "DataFrame"
-    elif isinstance(rollouts, Sequence) and not isinstance(rollouts, (str, bytes)):
-        rows, kind = list(rollouts), "rows"
-    else:
-        raise GmtsError(f"rollouts: expected a path, a DataFrame or a list of row dicts, got {type(rollouts).__name__}")
-    answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=opts.format,
-                                 options=reader_opts)
-    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format,
-                     "read": getattr(answers, "report", None)}
-
-
 def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, threads: int | None = None,
           **options: Any) -> Run:
     """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
@@ -246,11 +188,10 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
            options: dict[str, Any]) -> Run:
     from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
     from gmts_analysis.probing import kernel
-    from gmts_analysis.probing.validate import check_answers, validate_options
-    from gmts_analysis.readers.models import context_length
-    from gmts_analysis.readers.rollouts import validate_against_model
-    from gmts_analysis.run.finalize import finish_result
-    from gmts_analysis.run.sharding.run import truncation_counts
+    from gmts_analysis.probing.inputs import prepare_inputs
+    from gmts_analysis.probing.preflight import check_before_probe
+    from gmts_analysis.probing.validate import validate_options
+    from gmts_analysis.run.finalize import result_tables
 
     options = dict(options)
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
@@ -264,25 +205,20 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
 
         set_threads(threads, "threads=")
     validate_options(opts)
-    model, tokenizer, model_path, opts = _model(model, tokenizer, opts, options, bool(settings.get("offline")))
-    answers, source = _answers(rollouts, tokenizer, opts, context_length(model))
-    check_answers(answers, model_path)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    n_cut = validate_against_model(answers, vocab, context_length(model), opts.truncate)
+    if isinstance(rollouts, (str, os.PathLike)):
+        rollouts = Path(rollouts)  # the manifest names it as a path
+    inputs = prepare_inputs(model, rollouts, opts, tokenizer=tokenizer, given=options,
+                            offline=bool(settings.get("offline")))
+    model, opts, answers = inputs.model, inputs.options, inputs.answers
     was_training = model.training
     model.eval()
     try:
-        if opts.mask_truncated_completions:
-            kernel.mark_unterminated(answers, tokenizer, model)
-        coefs = kernel.answer_coefficients(answers, opts)
-        from gmts_analysis.probing.preflight import check_before_probe
-
         check_before_probe(opts, model, answers, settings.get("out"))
-        result = kernel.probe_answers(model, tokenizer, answers, opts, coefs, progress=progress,
+        result = kernel.probe_answers(model, inputs.tokenizer, answers, opts, inputs.coefs, progress=progress,
                                       strict=bool(settings.get("strict", False)))
-        tables = finish_result(opts, model, model_path, answers, result,
-                               extra={"job": "gmts_analysis.probe", "rollouts": source, "aliases": aliases,
-                                      **truncation_counts(opts, answers, n_cut)})
+        tables = result_tables(opts, model, inputs.model_path, answers, result,
+                               extra={"job": "gmts_analysis.probe", "rollouts": inputs.source, "aliases": aliases,
+                                      **inputs.truncation_counts()})
     finally:
         model.train(was_training)
     run = Run(**{f.name: getattr(tables, f.name) for f in dataclasses.fields(RunTables)})

@@ -355,7 +355,7 @@ def test_manifest_truncation_counts_are_named_apart():
     (TRL's truncated completions), counted only with --mask-truncated-completions."""
     from types import SimpleNamespace
 
-    from gmts_analysis.run.sharding.run import truncation_counts
+    from gmts_analysis.probing.inputs import truncation_counts
 
     ans = [SimpleNamespace(extra={"unterminated": True}), SimpleNamespace(extra={"unterminated": False}),
            SimpleNamespace(extra={})]

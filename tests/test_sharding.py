@@ -154,7 +154,7 @@ def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tm
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(finalize_mod, "write_run", boom)
+    monkeypatch.setattr(finalize_mod, "write_result", boom)
     with pytest.raises(RuntimeError, match="disk full"):
         main(probe_args(model_dir, r, out, *FAST, "--debug"))
     assert (out / "run.json").exists() and not (out / "tokens.parquet").exists()
@@ -305,7 +305,7 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
     def stop(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(merge_mod, "finalize", stop)  # rank 0 dies after every part is written
+    monkeypatch.setattr(merge_mod, "write_merged_run", stop)  # rank 0 dies after every part is written
     assert main(probe_args(model_dir, r, out, *FAST)) == 130
     monkeypatch.undo()
     assert (out / "parts" / "part-00000-of-00001.json").exists()
@@ -322,7 +322,7 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
     monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
     assert main(["merge", str(out2), "--quiet"]) == 2
     assert "15 of 20 answers are not probed yet" in capsys.readouterr().err
-    monkeypatch.setattr(merge_mod, "finalize", stop)
+    monkeypatch.setattr(merge_mod, "write_merged_run", stop)
     assert main(probe_args(model_dir, r, out2, *FAST)) == 130
     monkeypatch.undo()
     for p in (out2 / "parts").iterdir():

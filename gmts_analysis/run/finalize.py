@@ -1,9 +1,15 @@
-"""Finish a probe: statistics, update fidelity and manifest (:func:`analyse`), then a run
-directory with figures and report (:func:`write_run_dir`, docs/definitions.md section 8),
-written atomically: the directory appears complete or not at all.
+"""Finish a probe: from a probe result to the in-memory run, then to a run directory.
 
-The job (:func:`write_run`) and the Python API (:func:`gmts_analysis.api.probe`,
-``Run.save``) both go through these functions.
+1. :func:`result_tables`: statistics and update fidelity (:func:`run_stats`) and the manifest
+   (:func:`build_manifest`) of a :class:`~gmts_analysis.probing.kernel.ProbeResult`, as
+   :class:`~gmts_analysis.analysis.runs.RunTables` (nothing written);
+2. :func:`write_run_dir`: those tables as a run directory with figures and report
+   (docs/definitions.md section 8), written atomically: it appears complete or not at all.
+
+The Python API calls them one at a time (:func:`gmts_analysis.api.probe`, then ``Run.save``);
+the job calls :func:`write_result`, the two in a row, from
+:func:`gmts_analysis.run.sharding.merge.write_merged_run` (after
+:func:`gmts_analysis.run.sharding.run.finish_job`).
 """
 
 from __future__ import annotations
@@ -128,7 +134,7 @@ def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | 
     return n_tokens < 100_000
 
 
-def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult) -> dict:
+def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult) -> dict:
     """The stats.json dict of a probe result: statistics, and update fidelity when enabled
     (:func:`fidelity_enabled`; needs the model). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
     from gmts_analysis.analysis.stats import compute_stats
@@ -147,11 +153,11 @@ def analyse(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer]
     return stats
 
 
-def finish_result(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+def result_tables(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
                   result: ProbeResult, extra: dict | None = None) -> RunTables:
     """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written)."""
     add_answer_methods(cfg, result)
-    stats = analyse(cfg, model, answers, result)
+    stats = run_stats(cfg, model, answers, result)
     manifest = build_manifest(cfg, model, model_path, result, extra)
     return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),
                      manifest=json_normalise(manifest), grad_groups=result.grad_groups)
@@ -185,13 +191,14 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
     return Path(out)
 
 
-def write_run(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
+def write_result(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
               result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
-    """Statistics, fidelity, manifest, figures and report into ``cfg.out``; the directory
+    """:func:`result_tables` then :func:`write_run_dir` into ``cfg.out`` (with ``cfg.figures``,
+    ``cfg.overwrite``): statistics, fidelity, manifest, figures and report; the directory
     appears complete or not at all.
 
     ``extra_files`` maps file names to text written into the run directory too (e.g. the
     sampled ``rollouts.jsonl`` of ``gmts run``).
     """
-    run = finish_result(cfg, model, model_path, answers, result, extra)
+    run = result_tables(cfg, model, model_path, answers, result, extra)
     return write_run_dir(run, cfg.out, figures=cfg.figures, overwrite=cfg.overwrite, extra_files=extra_files)

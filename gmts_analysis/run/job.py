@@ -1,10 +1,13 @@
 """A probe job, end to end: rollouts in, a run directory out (docs/definitions.md section 8).
 
-``run_probe(cfg)`` loads the model, reads the rollouts, probes every answer with
+``run_probe(cfg)`` loads the model and reads the rollouts as the API does
+(:func:`gmts_analysis.probing.inputs.prepare_inputs`), probes every answer with
 :func:`gmts_analysis.probing.kernel.probe_answer` (sharded across torchrun ranks when launched so,
 recorded chunk by chunk so that a killed run resumes, failures in ``errors.jsonl``, the
-run fingerprint in the manifest), and finishes the directory with
-:func:`gmts_analysis.run.finalize.write_run`. ``gmts probe`` calls it.
+run fingerprint in the manifest), and finishes the directory: the job's manifest entries
+(:func:`gmts_analysis.run.sharding.run.finish_job`), the rows merged
+(:func:`gmts_analysis.run.sharding.merge.write_merged_run`), statistics and files
+(:func:`gmts_analysis.run.finalize.write_result`). ``gmts probe`` calls it.
 
 ``sample_and_probe(cfg, sampling)`` is ``gmts run``: it samples the toy domains
 (:func:`gmts_analysis.api.sample`) into a work file beside the run directory, then runs the

@@ -21,6 +21,7 @@ import pandas as pd
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
+from gmts_analysis.probing.inputs import ProbeInputs
 from gmts_analysis.run import finalize as finalize_mod
 from gmts_analysis.run.sharding import state
 from gmts_analysis.util import io
@@ -138,20 +139,22 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
     return gather_chunks(out, records, everything)
 
 
-def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: Sequence[Any], coefs: Sequence[Any],
-             fp: state.Fingerprint, parts: list[dict] | None, timings: dict, extra: dict,
-             extra_files: dict[str, Any] | None = None, work: Path | None = None) -> Path:
-    """Merge the rows and write the final run directory (statistics, manifest, figures, report).
+def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Fingerprint,
+                     parts: list[dict] | None, timings: dict, extra: dict,
+                     extra_files: dict[str, Any] | None = None, work: Path | None = None) -> Path:
+    """Merge the rows and write the final run directory (statistics, manifest, figures, report:
+    :func:`gmts_analysis.run.finalize.write_result`).
 
     ``work`` is the work area (run.json, chunks/, parts/): ``out`` itself (default), or its
     sibling :func:`state.work_area_sibling` for a run started with ``--overwrite``, where the
     previous run stays complete at ``out`` until the finished directory replaces it in one
-    rename (:func:`gmts_analysis.run.finalize.write_run`); any failure leaves it as it was. When
-    every answer failed, ``errors.jsonl`` is written into the work area and a :class:`GmtsError` raised.
+    rename; any failure leaves it as it was. When every answer failed, ``errors.jsonl`` is
+    written into the work area and a :class:`GmtsError` raised.
     """
     from gmts_analysis.core.estimators import add_estimator_columns
 
     t0 = time.perf_counter()
+    model, model_path, answers, coefs = inputs.model, inputs.model_path, inputs.answers, inputs.coefs
     work = out if work is None else work
     tokens, groups, errors = assemble(work, fp.run_hash, len(answers), parts)
     failed = {e["index"] for e in errors}
@@ -176,19 +179,19 @@ def finalize(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: 
     extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
              "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
     if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)
-        finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
-                               extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+        finalize_mod.write_result(cfg, model, model_path, ok_answers, result, extra=extra,
+                                  extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
         shutil.rmtree(work, ignore_errors=True)
     else:
-        # write_run builds the finished directory in a temporary sibling and renames it to ``out``:
+        # write_result builds the finished directory in a temporary sibling and renames it to ``out``:
         # the work area steps aside first (and comes back if anything fails; see recover_work_area)
         if not io.is_ours(out, "work", out):
             io.mark_ours(out, "work", out)
         aside = io.fresh_sibling_name(out, state.WORK_STEM)
         os.replace(out, aside)
         try:
-            finalize_mod.write_run(cfg, model, model_path, ok_answers, result, extra=extra,
-                                   extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+            finalize_mod.write_result(cfg, model, model_path, ok_answers, result, extra=extra,
+                                      extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
         except BaseException:
             if not os.path.lexists(out):
                 os.replace(aside, out)

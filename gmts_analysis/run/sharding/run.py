@@ -5,12 +5,15 @@ Steps, on every rank unless said:
 1. rank 0 fingerprints the run and inspects ``out`` (fresh, resume, complete, or refuse);
    every rank gets its decision;
 2. load the model on this rank's device, read the rollouts, compute advantages and
-   aggregation weights from the whole file (batch-wide values on every rank);
+   aggregation weights from the whole file (batch-wide values on every rank), as the API does
+   (:func:`gmts_analysis.probing.inputs.prepare_inputs`);
 3. rank 0 creates or reopens the work area;
 4. take the length-balanced share of whole groups (:func:`shard_answers`), skip the
    answers some chunk record already holds, probe the rest chunk by chunk, and write
    this rank's part;
-5. rank 0 waits for every part, merges, computes the statistics and writes the run.
+5. rank 0 waits for every part and finishes the run: :func:`finish_job` (the job's manifest
+   entries) -> :func:`merge.write_merged_run` (rows in single-process order, errors, the work
+   area) -> :func:`gmts_analysis.run.finalize.write_result` (statistics, manifest, files).
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
-from gmts_analysis.probing import kernel
-from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.probing.inputs import ProbeInputs, prepare_inputs
 from gmts_analysis.run.sharding import merge, state
 from gmts_analysis.run.sharding.context import (
     DistContext,
@@ -58,33 +60,12 @@ def check_inputs(cfg: ProbeConfig) -> None:
     io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
 
 
-def load_inputs(cfg: ProbeConfig, device: str) -> tuple[Any, Any, str, list, int, float]:
-    """``(model, tokenizer, model_path, answers, n_cut_by_truncate, load_seconds)``: n_cut_by_truncate
-    counts the answers ``--truncate`` cut to the model's context."""
-    from gmts_analysis.probing.validate import check_answers
-    from gmts_analysis.readers.models import context_length, load_model, resolve_model_path
-    from gmts_analysis.readers.rollouts import read_rollouts, validate_against_model
-
-    t0 = time.perf_counter()
-    model_path = resolve_model_path(cfg.model)
-    model, tokenizer = load_model(cfg.model, device, cfg.dtype, offline=bool(getattr(cfg, "offline", False)))
-    t_load = time.perf_counter() - t0
-    from gmts_analysis.readers.rollouts import ReaderOptions
-
-    answers = read_rollouts(Path(cfg.rollouts), tokenizer, cfg.format, resolve_verifier(cfg.verifier),
-                            options=ReaderOptions.from_config(cfg, max_tokens=context_length(model)))
-    check_answers(answers, cfg.model)
-    vocab = model.get_input_embeddings().weight.shape[0]
-    n_cut = validate_against_model(answers, vocab, context_length(model), cfg.truncate)
-    if n_cut:
-        log.warning("%d answer(s) truncated to the model's context", n_cut)
-    if getattr(cfg, "mask_truncated_completions", False):
-        from gmts_analysis.probing.kernel import mark_unterminated
-
-        n_open = mark_unterminated(answers, tokenizer, model)
-        log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
-                 n_open, len(answers))
-    return model, tokenizer, model_path, answers, n_cut, t_load
+def load_inputs(cfg: ProbeConfig, device: str, rollouts_sha256: str | None = None) -> ProbeInputs:
+    """The job's inputs on this rank (:func:`gmts_analysis.probing.inputs.prepare_inputs`): ``cfg.model``
+    loaded on ``device``, ``cfg.rollouts`` read (``rollouts_sha256``: the fingerprint's, not hashed
+    again), answers checked, coefficients computed; truncation counts logged."""
+    return prepare_inputs(cfg.model, cfg.rollouts, cfg, offline=bool(getattr(cfg, "offline", False)), device=device,
+                          rollouts_sha256=rollouts_sha256, log=log)
 
 
 @contextlib.contextmanager
@@ -148,8 +129,8 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
                         out)
             return out
         device = rank_device(ctx, cfg.device)
-        model, tokenizer, model_path, answers, n_cut, t_load = load_inputs(cfg, device)
-        coefs = kernel.answer_coefficients(answers, cfg)
+        inputs = load_inputs(cfg, device, fp.rollouts_sha256)
+        model, answers = inputs.model, inputs.answers
         from gmts_analysis.probing.preflight import check_before_probe
 
         # every need knowable before the model runs (memory, disk): checked once, refused on every rank
@@ -169,49 +150,34 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
                      sum(a.length for a in answers), type(model).__name__, device,
                      f", {ctx.world_size} ranks" if ctx.distributed else "",
                      f"; resuming: {n_done} answers already done" if n_done else "")
-        summary = probe_share(model, tokenizer, answers, coefs, todo, cfg, work, fp.run_hash, ctx, attempt,
-                              progress=ctx.is_main and not cfg.quiet)
+        summary = probe_share(model, inputs.tokenizer, answers, inputs.coefs, todo, cfg, work, fp.run_hash, ctx,
+                              attempt, progress=ctx.is_main and not cfg.quiet)
         merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
                          {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
                           "n_tokens_probed": summary.n_tokens, "device": device})
         if not ctx.is_main:
             return out
         parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
-        return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
-                      time.perf_counter() - t_start, ctx.world_size, extra, extra_files, work=work)
+        return finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size, extra,
+                          extra_files, work=work)
 
 
-def truncation_counts(cfg: Any, answers: list, n_cut: int) -> dict[str, int | None]:
-    """The manifest's two truncation counts, which are different things:
-
-    ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
-    ``n_unterminated``: answers whose response does not end with a stop token (EOS or pad), TRL's
-    "truncated completions" (they hit the trainer's length limit); counted with
-    ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
-    """
-    n_open = None
-    if getattr(cfg, "mask_truncated_completions", False):
-        n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
-    return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
-
-
-def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: list, coefs: list,
-           fp: state.Fingerprint, parts: list[dict] | None, n_cut: int, t_load: float, wall_s: float,
-           world_size: int, more: dict | None = None, extra_files: dict[str, Path] | None = None,
-           work: Path | None = None) -> Path:
-    """Merge and write the final directory, with the manifest's timings and distribution record
+def finish_job(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Fingerprint, parts: list[dict] | None,
+               wall_s: float, world_size: int, more: dict | None = None,
+               extra_files: dict[str, Path] | None = None, work: Path | None = None) -> Path:
+    """The job's last step (rank 0): its manifest entries (timings, truncation counts, the rollouts
+    note, the distribution record, then ``more``), then :func:`merge.write_merged_run` writes the run
     (``work``: the work area, ``out`` unless the run replaces a previous one: :func:`state.work_area`)."""
     work = out if work is None else work
     records = state.read_chunks(work, fp.run_hash)
     n_tok = sum(r.n_tokens for r in records)
     probe_s = sum(r.seconds for r in records)
     st = state.read_state(work)
-    timings = {"load_s": t_load, "probe_s": probe_s, "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"),
-               "wall_s": wall_s}
+    timings = {"load_s": inputs.load_s, "probe_s": probe_s,
+               "tokens_per_s": n_tok / probe_s if probe_s > 0 else float("nan"), "wall_s": wall_s}
     extra = {
-        **truncation_counts(cfg, answers, n_cut),
-        "rollouts": {"path": str(cfg.rollouts), "sha256": fp.rollouts_sha256, "format": cfg.format,
-                     "read": getattr(answers, "report", None)},
+        **inputs.truncation_counts(),
+        "rollouts": inputs.source,
         "distributed": {
             "world_size": world_size,
             "attempts": st.get("attempts", []),
@@ -222,8 +188,7 @@ def finish(cfg: ProbeConfig, out: Path, model: Any, model_path: str, answers: li
         },
     }
     extra.update(more or {})
-    return merge.finalize(cfg, out, model, model_path, answers, coefs, fp, parts, timings, extra, extra_files,
-                          work=work)
+    return merge.write_merged_run(cfg, out, inputs, fp, parts, timings, extra, extra_files, work=work)
 
 
 def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
@@ -256,12 +221,10 @@ def _merge_locked(cfg: ProbeConfig, out: Path, st: dict, device: str) -> Path:
         why = "; ".join(fp.differences(st.get("fingerprint") or {}))
         raise GmtsError(f"{out}: the model or rollouts changed since the run started ({why})")
     t0 = time.perf_counter()
-    model, _, model_path, answers, n_cut, t_load = load_inputs(cfg, rank_device(DistContext(), device))
-    coefs = kernel.answer_coefficients(answers, cfg)
+    inputs = load_inputs(cfg, rank_device(DistContext(), device), fp.rollouts_sha256)
     attempts = st.get("attempts") or [{}]
     world = int(attempts[-1].get("world_size", 1))
     parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))
     done = st.get("finish") or {}
-    return finish(cfg, out, model, model_path, answers, coefs, fp, parts, n_cut, t_load,
-                  time.perf_counter() - t0, world, done.get("extra"),
-                  {k: Path(v) for k, v in (done.get("extra_files") or {}).items()})
+    return finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t0, world, done.get("extra"),
+                      {k: Path(v) for k, v in (done.get("extra_files") or {}).items()})

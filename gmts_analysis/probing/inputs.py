@@ -1,0 +1,184 @@
+"""A probe's inputs, prepared once for the Python API (:func:`gmts_analysis.api.probe`) and the job
+(:mod:`gmts_analysis.run.sharding.run`, ``gmts probe``/``gmts run``/``gmts merge``).
+
+:func:`prepare_inputs` turns a model (a name or a loaded causal LM) and rollouts (a path, a DataFrame
+or row dicts) into what the kernel needs: the model and tokenizer, the answers read with the options'
+reader settings and checked against the model's vocabulary and context, the unterminated marks of
+``--mask-truncated-completions``, the per-answer advantages and aggregation weights, and the
+manifest's notes of the input (:meth:`ProbeInputs.manifest_notes`).
+
+Options are validated by the callers at their entry (:func:`gmts_analysis.probing.validate.validate_options`,
+before any model is loaded); the pre-flight checks (:mod:`gmts_analysis.probing.preflight`) come after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
+
+from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:
+    import torch
+
+    from gmts_analysis.options.config import ProbeOptions
+    from gmts_analysis.probing.kernel import AnswerCoefficients
+    from gmts_analysis.readers.rollouts import Answer
+
+
+@dataclass
+class ProbeInputs:
+    """Everything a probe reads, prepared (:func:`prepare_inputs`)."""
+
+    model: Any  #: the causal LM, as loaded (or as given: never moved or cast)
+    tokenizer: Any  #: its tokenizer, or None (ids-only rollouts)
+    model_path: str  #: the resolved path or hub id; ``<in-memory model>`` when a loaded model names none
+    options: "ProbeOptions"  #: the options; for a loaded model with its ``device`` and ``dtype`` filled in
+    answers: list["Answer"]  #: in input order (a :class:`~gmts_analysis.readers.rollouts.Rollouts` list)
+    coefs: list["AnswerCoefficients"]  #: advantage and loss weight of each answer, from the whole batch
+    n_cut: int  #: answers ``--truncate`` cut to the model's context
+    n_unterminated: int | None  #: answers without a stop token (``--mask-truncated-completions``), else None
+    source: dict  #: the manifest's ``rollouts`` note (path, sha256, format, read report; or the in-memory kind)
+    load_s: float  #: seconds spent loading the model (0 for a loaded model)
+
+    def truncation_counts(self) -> dict[str, int | None]:
+        """The manifest's two truncation counts (:func:`truncation_counts`)."""
+        return truncation_counts(self.options, self.answers, self.n_cut)
+
+
+def truncation_counts(cfg: Any, answers: Sequence[Any], n_cut: int) -> dict[str, int | None]:
+    """The manifest's two truncation counts, which are different things:
+
+    ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
+    ``n_unterminated``: answers whose response does not end with a stop token (EOS or pad), TRL's
+    "truncated completions" (they hit the trainer's length limit); counted with
+    ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
+    """
+    n_open = None
+    if getattr(cfg, "mask_truncated_completions", False):
+        n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
+    return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
+
+
+def _dtype_name(model: "torch.nn.Module") -> str:
+    """The ``--dtype`` name of a loaded model's parameters (refused when the probe has none for it)."""
+    from gmts_analysis.readers.models import DTYPES
+
+    dt = next(model.parameters()).dtype
+    names = {v: k for k, v in DTYPES.items()}
+    if dt not in names:
+        raise GmtsError(f"model dtype {dt} is not supported (use one of {', '.join(DTYPES)})")
+    return names[dt]
+
+
+def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict | None = None,
+                  offline: bool = False, device: str | None = None) -> tuple[Any, Any, str, "ProbeOptions"]:
+    """``(model, tokenizer, model_path, options)``: load a name on ``device`` (default ``opts.device``)
+    in ``opts.dtype``, or take a loaded model as it is (its device and dtype; never moved or cast:
+    the ``device``/``dtype`` options named in ``given``, the caller's keywords, must then agree).
+    ``tokenizer``, when given, replaces the checkpoint's."""
+    import torch
+
+    from gmts_analysis.readers.models import load_model, resolve_device, resolve_model_path
+
+    given = given or {}
+    if isinstance(model, (str, os.PathLike)):
+        name = os.fspath(model)
+        path = resolve_model_path(name)
+        m, tok = load_model(name, opts.device if device is None else device, opts.dtype, offline=offline)
+        return m, tokenizer if tokenizer is not None else tok, path, opts
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
+        raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
+    dev = next(model.parameters()).device
+    want = resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
+    if (want.type, want.index or 0) != (dev.type, dev.index or 0):
+        raise GmtsError(f"option device={given['device']!r}: the model is on {dev} (move it yourself; the "
+                        "probe never moves a loaded model)")
+    dtype = _dtype_name(model)
+    if "dtype" in given and given["dtype"] != dtype:
+        raise GmtsError(f"option dtype={given['dtype']!r}: the model is in {dtype} (cast it yourself)")
+    path = str(getattr(model, "name_or_path", "") or getattr(model.config, "_name_or_path", "") or "")
+    if tokenizer is None and path and Path(path).exists():
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except (OSError, ValueError, TypeError):
+            tokenizer = None
+    return model, tokenizer, path or "<in-memory model>", dataclasses.replace(opts, device=str(dev), dtype=dtype)
+
+
+def read_answers(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", max_tokens: int | None = None,
+                 rollouts_sha256: str | None = None) -> tuple[list, dict]:
+    """``(answers, note)``: rollouts (a path, a DataFrame or a list of row dicts) as answers, read with
+    the options' reader settings (``max_tokens``: the model's context), and the manifest's note of the
+    source. A path's note names it as given (``str(rollouts)``) with its sha256 (``rollouts_sha256``
+    when the caller has it already, else computed here)."""
+    from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
+    from gmts_analysis.readers.verifiers import resolve_verifier
+
+    reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
+    verifier = resolve_verifier(opts.verifier)
+    if isinstance(rollouts, (str, os.PathLike)):
+        from gmts_analysis.readers.sources import input_sha256
+
+        p = Path(rollouts)
+        answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
+        sha = rollouts_sha256 if rollouts_sha256 is not None else input_sha256(p)
+        return answers, {"path": os.fspath(rollouts), "sha256": sha, "format": opts.format,
+                         "read": getattr(answers, "report", None)}
+    if hasattr(rollouts, "to_dict") and hasattr(rollouts, "columns"):
+        rows, kind = rollouts.to_dict(orient="records"), "DataFrame"
+    elif isinstance(rollouts, Sequence) and not isinstance(rollouts, (str, bytes)):
+        rows, kind = list(rollouts), "rows"
+    else:
+        raise GmtsError(f"rollouts: expected a path, a DataFrame or a list of row dicts, got {type(rollouts).__name__}")
+    answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=opts.format,
+                                 options=reader_opts)
+    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format,
+                     "read": getattr(answers, "report", None)}
+
+
+def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer: Any = None,
+                   given: dict | None = None, offline: bool = False, device: str | None = None,
+                   rollouts_sha256: str | None = None, log: logging.Logger | None = None) -> ProbeInputs:
+    """Load (or take) the model, read and check the answers, mark unterminated answers, and compute
+    every answer's coefficients: the one preparation of ``gmts probe`` and ``gmts.probe``.
+
+    model: a name (path, hub id, ``tiny``/``small``/``smollm2``) loaded on ``device`` (default
+    ``opts.device``; never downloaded when ``offline``), or a loaded causal LM kept as it is
+    (:func:`resolve_model`; ``given`` holds the caller's option keywords). rollouts: a path, a
+    DataFrame or a list of row dicts (:func:`read_answers`). log: where the job reports the
+    answers ``--truncate`` cut and those without a stop token (nothing is logged without it).
+    Raises :class:`GmtsError` for a model or answers that cannot be probed.
+    """
+    from gmts_analysis.probing import kernel
+    from gmts_analysis.probing.validate import check_answers
+    from gmts_analysis.readers.models import context_length
+    from gmts_analysis.readers.rollouts import validate_against_model
+
+    t0 = time.perf_counter()
+    name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
+    model, tokenizer, model_path, opts = resolve_model(model, tokenizer, opts, given, offline, device)
+    load_s = 0.0 if name is None else time.perf_counter() - t0
+    context = context_length(model)
+    answers, source = read_answers(rollouts, tokenizer, opts, context, rollouts_sha256)
+    check_answers(answers, model_path if name is None else name)  # the model as the caller named it
+    vocab = model.get_input_embeddings().weight.shape[0]
+    n_cut = validate_against_model(answers, vocab, context, opts.truncate)
+    if n_cut and log is not None:
+        log.warning("%d answer(s) truncated to the model's context", n_cut)
+    n_open = None
+    if getattr(opts, "mask_truncated_completions", False):
+        n_open = kernel.mark_unterminated(answers, tokenizer, model)
+        if log is not None:
+            log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
+                     n_open, len(answers))
+    coefs = kernel.answer_coefficients(answers, opts)
+    return ProbeInputs(model=model, tokenizer=tokenizer, model_path=model_path, options=opts, answers=answers,
+                       coefs=coefs, n_cut=n_cut, n_unterminated=n_open, source=source, load_s=load_s)
