@@ -54,10 +54,8 @@ def test_each_concept_has_one_name_everywhere(parsers):
             if isinstance(a, argparse._StoreFalseAction) and flag == "--no-" + a.dest.replace("_", "-"):
                 continue  # the off switch of a concept (--no-figures)
             assert flag == "--" + a.dest.replace("_", "-"), f"gmts {cmd}: {flag} sets {a.dest}"
-            # an alias name is never a primary one (probe's --steps, the logged steps to read, is the one
-            # documented exception: the old --steps of rl/toy-train is --max-steps; docs/cli.md)
-            assert a.dest not in ALIAS_BY_NAME or (cmd, a.dest) == ("probe", "steps"), \
-                f"gmts {cmd}: {flag} is an alias name, not a primary one"
+            # an alias name is never a primary one
+            assert a.dest not in ALIAS_BY_NAME, f"gmts {cmd}: {flag} is an alias name, not a primary one"
             names.setdefault(a.dest, set()).add(flag)
     for dest, flags in names.items():
         assert len(flags) == 1, f"{dest} is spelled {sorted(flags)}"
