@@ -50,7 +50,6 @@ use ``exp(d_t)``, sequence modes ``exp(sum_t d_t)`` for every token; ``*_truncat
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -429,8 +428,3 @@ def omega_tensor(
             kl = -W * ratio * (gk + k)
         om = om + s.kl_beta * kl
     return torch.where(m > 0, om, torch.zeros_like(om))
-
-
-def with_fields(settings: LossSettings, **changes: Any) -> LossSettings:
-    """A copy of ``settings`` with some fields changed (validated again)."""
-    return dataclasses.replace(settings, **changes)

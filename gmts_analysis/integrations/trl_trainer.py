@@ -90,15 +90,6 @@ class SelectiveGRPOConfig(GRPOConfig):
     )
 
 
-def loss_agg_of(loss_type: str) -> str:
-    """The aggregation (docs/definitions.md section 3) whose token weights ``w`` match TRL's ``loss_type``."""
-    if loss_type in _SEQ_MEAN:
-        return "seq-mean-token-mean"
-    if loss_type == "dr_grpo":
-        return "seq-mean-token-sum-norm"
-    return "token-mean"
-
-
 class SelectiveGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose policy loss keeps only the tokens chosen by ``args.token_selection``."""
 

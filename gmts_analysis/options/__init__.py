@@ -567,12 +567,3 @@ def resolve_aliases(kwargs: dict[str, Any], names: Sequence[str]) -> dict[str, A
                     a.dest == dest and a.name in kwargs for a in ALIASES):
                 out[dest] = v
     return out
-
-
-def alias_table_markdown() -> str:
-    """The alias table as markdown (docs/cli.md)."""
-    lines = ["| name | our option | from |", "|---|---|---|"]
-    for a in ALIASES:
-        vals = f" ({', '.join(f'{k} -> {v}' for k, v in a.values.items())})" if a.values else ""
-        lines.append(f"| `--{a.name}` | `--{a.dest.replace('_', '-')}`{vals} | {a.origin} |")
-    return "\n".join(lines)
