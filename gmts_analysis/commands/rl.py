@@ -12,6 +12,10 @@ EXAMPLES = """examples:
   gmts rl --selection entropy gmts --seed 0 1 --threads 1 -q"""
 
 
+#: RLConfig fields spelled otherwise on the command line (errors of the trainer name the field)
+KEYWORD_FLAGS = {"policy": "--model", "steps": "--max-steps"}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from gmts_analysis.options.config import add_offline_flag
     from gmts_analysis.rl.config import ALL_DOMAINS, DEFAULT_ARMS, SELECTION_ARMS, RLConfig

@@ -264,7 +264,7 @@ def _policy_spec(size: str | PolicySpec) -> PolicySpec:
         return SIZES[size]
     from gmts_analysis.errors import GmtsError
 
-    raise GmtsError(f"--size: unknown size '{size}' (choose from {', '.join(SIZES)})")
+    raise GmtsError(f"size: unknown size '{size}' (choose from {', '.join(SIZES)})")
 
 
 def _start_model(spec: PolicySpec, vocab_size: int, seed: int, init_model: torch.nn.Module | None,
