@@ -265,7 +265,8 @@ def test_formula_errors_name_the_keyword_in_the_api_and_the_flag_in_the_cli(tmp_
     argv = ["probe", "--model", "tiny", "--rollouts", str(rollouts), "--out", str(tmp_path / "p"), "--device", "cpu",
             "--grad-norm", "none", "--fidelity", "off", "--no-figures", "--quiet", *cli_flags]
     assert main(argv) == 2
-    assert capsys.readouterr().err.strip() == f"gmts: error: {cli_msg}"
+    errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("gmts: error:")]
+    assert errors == [f"gmts: error: {cli_msg}"]
 
 
 def test_trainer_errors_name_the_field_and_the_cli_its_flag():
