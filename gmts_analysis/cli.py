@@ -80,6 +80,48 @@ def os_error_message(e: OSError) -> str | None:
     return f"{where}: {what}" if where else what
 
 
+def keyword_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
+    """``{keyword: flag}`` of subcommand ``command``: each option's field name (its dest) and the names
+    the lower layers give the same setting (TRL/verl aliases, the toy API's ``domain``, and the
+    ``KEYWORD_FLAGS`` of the subcommand's module, e.g. ``gmts rl``'s ``steps`` -> ``--max-steps``)."""
+    from gmts_analysis.options import ALIAS_BY_NAME
+
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    flags = {}
+    for a in sub._actions:
+        own = "--" + a.dest.replace("_", "-")
+        if own in a.option_strings:
+            flags[a.dest] = own
+    for name, al in ALIAS_BY_NAME.items():
+        if al.dest in flags:
+            flags.setdefault(name, flags[al.dest])
+    if "domains" in flags:
+        flags.setdefault("domain", flags["domains"])
+    module = importlib.import_module(f"gmts_analysis.commands.{command.replace('-', '_')}")
+    flags.update(getattr(module, "KEYWORD_FLAGS", {}))
+    return flags
+
+
+def flag_spelling(message: str, flags: dict[str, str]) -> str:
+    """``message`` of a lower layer, which names a setting by its keyword (``kl_beta=0.5: ...``, ``pass
+    max_len=``, or ``loss_agg: ...`` at the start), with each keyword of ``flags`` written as its
+    command-line flag (``--kl-beta 0.5: ...``, ``pass --max-len``, ``--loss-agg: ...``); the inverse of
+    :func:`gmts_analysis.api.api_spelling`."""
+    import re
+
+    def keyword_value(m: "re.Match[str]") -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group(0)
+        value, tail = m.group(2), ""
+        while value and value[-1] in ":;,)":
+            value, tail = value[:-1], value[-1] + tail
+        return f"{flag} {value}{tail}" if value else flag + tail
+
+    message = re.sub(r"^([a-z][a-z0-9_]*)(?=:)", lambda m: flags.get(m.group(1), m.group(0)), message)
+    return re.sub(r"(?<![\w.'/-])([a-z][a-z0-9_]*)=(\S*)", keyword_value, message)
+
+
 def as_spelled(message: str, argv: Sequence[str]) -> str:
     """``message`` with each of our flags written as the caller spelled it on the command line
     (``--num-generations`` -> ``--group_size`` when that is what was typed)."""
@@ -134,7 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GmtsError as e:
         if debug:
             raise
-        print(f"gmts: error: {_one_line(as_spelled(str(e), sys.argv[1:] if argv is None else argv))}",
+        message = flag_spelling(str(e), keyword_flags(parser, args.command))
+        print(f"gmts: error: {_one_line(as_spelled(message, sys.argv[1:] if argv is None else argv))}",
               file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -331,20 +331,24 @@ def test_device_defaults_to_auto_everywhere():
             assert "cuda if available, else cpu" in a.help, name
 
 
-def test_max_steps_and_its_deprecated_alias(capsys):
-    """`--max-steps` (TRL's max_steps) counts training steps in gmts rl and toy-train; `--steps` there is a
-    deprecated alias with one warning line; `gmts probe --steps` keeps selecting logged steps."""
+def test_max_steps_counts_training_steps(capsys):
+    """`--max-steps` (TRL's max_steps) counts training steps in gmts rl and toy-train; the names of gmts
+    before 0.2 (`--steps`, `--policy`) are gone (`--domain` is only argparse's prefix of `--domains`);
+    `gmts probe --steps` keeps selecting logged steps."""
     p = build_parser()
     for cmd in (["rl"], ["toy-train", "--size", "tiny"]):
         assert p.parse_args([*cmd, "--max-steps", "7"]).max_steps == 7
         assert p.parse_args([*cmd, "--max_steps", "7"]).max_steps == 7
         assert capsys.readouterr().err == ""
-        a = p.parse_args([*cmd, "--steps", "5"])
-        assert a.max_steps == 5 and not hasattr(a, "steps")
-        err = capsys.readouterr().err.strip().splitlines()
-        assert err == ["gmts: warning: --steps is deprecated; use --max-steps"], cmd
-        text = _sub(cmd[0]).format_help()  # the old name is hidden (mentioned in --max-steps' help only)
-        assert "[--steps" not in text and not re.search(r"^\s+--steps\b", text, re.M), cmd
+        with pytest.raises(SystemExit):
+            p.parse_args([*cmd, "--steps", "5"])
+        assert "unrecognized arguments: --steps 5" in capsys.readouterr().err, cmd
+        text = _sub(cmd[0]).format_help()
+        assert "--steps" not in text, cmd
+    for argv in (["rl", "--policy", "tiny"], ["run", "--policy", "tiny"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(argv)
+        assert "unrecognized arguments" in capsys.readouterr().err, argv
     assert p.parse_args(["rl"]).max_steps == 100 and p.parse_args(["toy-train", "--size", "tiny"]).max_steps is None
     a = parse("--steps", "10-20")
     assert a.steps == "10-20" and not getattr(a, "aliases", None) and capsys.readouterr().err == ""

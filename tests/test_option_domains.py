@@ -113,7 +113,7 @@ def test_option_domains_shared_by_the_api():
 
     for kw, needle in (({"rho": 0.0}, "--rho"), ({"rho": 1.5}, "--rho"), ({"num_generations": 0}, "--num-generations"),
                        ({"max_completion_length": 0}, "--max-completion-length"), ({"steps": "a"}, "--steps"),
-                       ({"reward_weights": "1"}, "--reward-weights"), ({"loss_type": "cispo"}, "--loss-type")):
+                       ({"reward_weights": "1"}, "--reward-weights"), ({"loss_type": "cispo"}, "loss_type=cispo")):  # core's check: the keyword
         with pytest.raises(GmtsError, match=needle):
             validate_options(ProbeOptions(**kw))
 

@@ -84,13 +84,6 @@ def test_gmts_run_killed_mid_probe_resumes_to_the_same_rows(tmp_path, monkeypatc
     assert "different" in capsys.readouterr().err
 
 
-def test_policy_is_a_deprecated_alias_of_model(tmp_path, capsys):
-    rc = main(["run", "--policy", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
-    assert rc == 2
-    err = capsys.readouterr().err
-    assert "poetry" in err and "--policy is deprecated; use --model" in err
-
-
 def test_gmts_run_rejects_unknown_domain(tmp_path, capsys):
     rc = main(["run", "--model", "tiny", "--out", str(tmp_path / "r"), "--domains", "arithmetic,poetry", "--quiet"])
     assert rc == 2

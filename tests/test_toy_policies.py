@@ -81,7 +81,7 @@ def test_cli_sample_with_shipped_tiny(tmp_path):
     from gmts_analysis.cli import main
 
     out = tmp_path / "r.jsonl"
-    argv = ["sample", "--model", "tiny", "--domain", "arithmetic", "--num-prompts", "4", "--group-size", "4",
+    argv = ["sample", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "4", "--group-size", "4",
             "--max-new-tokens", "64", "--seed", "0", "--out", str(out), "--quiet"]
     assert main(argv) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]

@@ -127,7 +127,7 @@ def test_cli_sample_end_to_end(tmp_path, policy_dir):
     outs = []
     for name in ("a.jsonl", "b.jsonl"):
         out = tmp_path / name
-        argv = ["sample", "--model", str(policy_dir), "--domain", "program", "--num-prompts", "3",
+        argv = ["sample", "--model", str(policy_dir), "--domains", "program", "--num-prompts", "3",
                 "--group-size", "2", "--temperature", "1.0", "--max-new-tokens", "16", "--seed", "3",
                 "--out", str(out), "--quiet"]
         assert main(argv) == 0
@@ -138,12 +138,12 @@ def test_cli_sample_end_to_end(tmp_path, policy_dir):
                                "answer_id", "domain"} <= set(rows[0])
 
 
-@pytest.mark.parametrize("bad", [["--domain", "chess"], ["--num-prompts", "0"], ["--temperature", "-1"],
+@pytest.mark.parametrize("bad", [["--domains", "chess"], ["--num-prompts", "0"], ["--temperature", "-1"],
                                  ["--model", "/no/such/dir"], ["--difficulty", "7"]])
 def test_cli_sample_bad_input(tmp_path, policy_dir, bad, capsys):
     from gmts_analysis.cli import main
 
-    argv = ["sample", "--model", str(policy_dir), "--domain", "logic", "--out", str(tmp_path / "x.jsonl"),
+    argv = ["sample", "--model", str(policy_dir), "--domains", "logic", "--out", str(tmp_path / "x.jsonl"),
             "--quiet"]
     argv += bad
     assert main(argv) == 2

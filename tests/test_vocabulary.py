@@ -54,10 +54,8 @@ def test_each_concept_has_one_name_everywhere(parsers):
             if isinstance(a, argparse._StoreFalseAction) and flag == "--no-" + a.dest.replace("_", "-"):
                 continue  # the off switch of a concept (--no-figures)
             assert flag == "--" + a.dest.replace("_", "-"), f"gmts {cmd}: {flag} sets {a.dest}"
-            # an alias name is never a primary one (probe's --steps, the logged steps to read, is the one
-            # documented exception: the old --steps of rl/toy-train is --max-steps; docs/cli.md)
-            assert a.dest not in ALIAS_BY_NAME or (cmd, a.dest) == ("probe", "steps"), \
-                f"gmts {cmd}: {flag} is an alias name, not a primary one"
+            # an alias name is never a primary one
+            assert a.dest not in ALIAS_BY_NAME, f"gmts {cmd}: {flag} is an alias name, not a primary one"
             names.setdefault(a.dest, set()).add(flag)
     for dest, flags in names.items():
         assert len(flags) == 1, f"{dest} is spelled {sorted(flags)}"
@@ -241,3 +239,56 @@ def test_intervals_from_few_groups_warn(caplog):
     assert "from 2 group(s), fewer than 10" in caplog.text
     assert not warn_few_groups({"meta": {"n_groups": 24, "n_boot": 1000}})
     assert not warn_few_groups({"meta": {"n_groups": 2, "n_boot": 0}})  # no intervals, nothing to warn about
+
+
+@pytest.mark.parametrize("api_kw, cli_flags, api_msg, cli_msg", [
+    ({"loss_type": "dr_grpo"}, ["--loss-type", "dr_grpo"],
+     "loss_type=dr_grpo divides by TRL's max_completion_length: pass max_completion_length= (or max_len=)",
+     "--loss-type dr_grpo divides by TRL's max_completion_length: pass --max-completion-length (or --max-len)"),
+    ({"advantage": "logged"}, ["--advantage", "logged"],
+     "advantage=logged: 4 answer(s) have no finite logged advantage (first: row 0)",
+     "--advantage logged: 4 answer(s) have no finite logged advantage (first: row 0)"),
+])
+def test_formula_errors_name_the_keyword_in_the_api_and_the_flag_in_the_cli(tmp_path, capsys, api_kw, cli_flags,
+                                                                           api_msg, cli_msg):
+    """The formula code (core/) names a setting by its keyword; the same bad value names the keyword through
+    the API and the flag through the CLI."""
+    from conftest import make_rollouts
+
+    import gmts_analysis as gmts
+    from gmts_analysis.errors import GmtsError
+
+    rollouts = make_rollouts(tmp_path / "r.jsonl", n_groups=2, group_size=2, seed=1)
+    with pytest.raises(GmtsError) as e:
+        gmts.probe("tiny", str(rollouts), progress=False, grad_norm="none", fidelity="off", **api_kw)
+    assert str(e.value) == api_msg
+    argv = ["probe", "--model", "tiny", "--rollouts", str(rollouts), "--out", str(tmp_path / "p"), "--device", "cpu",
+            "--grad-norm", "none", "--fidelity", "off", "--no-figures", "--quiet", *cli_flags]
+    assert main(argv) == 2
+    errors = [x for x in capsys.readouterr().err.splitlines() if x.startswith("gmts: error:")]
+    assert errors == [f"gmts: error: {cli_msg}"]
+
+
+def test_trainer_errors_name_the_field_and_the_cli_its_flag():
+    """gmts rl's trainer configuration (rl/config) names its fields; the CLI layer writes gmts rl's flags for them
+    (steps is --max-steps, policy --model, group_size --num-generations)."""
+    from gmts_analysis.cli import flag_spelling, keyword_flags
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.rl.config import RLConfig
+
+    flags = keyword_flags(build_parser(), "rl")
+    for cfg, api_msg, cli_msg in [
+        (RLConfig(rho=1.5), "rho=1.5: must be in (0, 1]", "--rho 1.5: must be in (0, 1]"),
+        (RLConfig(steps=-1), "steps=-1: must be >= 0", "--max-steps -1: must be >= 0"),
+        (RLConfig(group_size=1), "group_size=1: must be >= 2", "--num-generations 1: must be >= 2"),
+        (RLConfig(selection="best"), "selection: unknown 'best' (choose from ",
+         "--selection: unknown 'best' (choose from "),
+    ]:
+        with pytest.raises(GmtsError) as e:
+            cfg.check()
+        assert str(e.value).startswith(api_msg) and "--" not in str(e.value)
+        assert flag_spelling(str(e.value), flags).startswith(cli_msg)
+    assert flag_spelling("policy=x: the checkpoint ships no tokenizer", flags) == \
+        "--model x: the checkpoint ships no tokenizer"
+    assert flag_spelling("see TRL's max_completion_length: rho and a=b", flags) == \
+        "see TRL's max_completion_length: rho and a=b"  # only keywords, only as keywords

@@ -12,6 +12,10 @@ EXAMPLES = """examples:
   gmts rl --selection entropy gmts --seed 0 1 --threads 1 -q"""
 
 
+#: RLConfig fields spelled otherwise on the command line (errors of the trainer name the field)
+KEYWORD_FLAGS = {"policy": "--model", "steps": "--max-steps"}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     from gmts_analysis.core.scores import MASKED_ARMS
     from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES
@@ -37,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    f"x 1[omega != 0]) (default: {' '.join(DEFAULT_ARMS)})")
     p.add_argument("--seed", nargs="+", type=int, default=[0, 1, 2], help="one or more seeds (default: 0 1 2)")
     p.add_argument("--max-steps", type=int, default=d.steps,
-                   help=f"optimizer steps per run (TRL's max_steps; --steps is a deprecated alias) "
+                   help=f"optimizer steps per run (TRL's max_steps) "
                    f"(default: {d.steps})")
     p.add_argument("--domains", nargs="+", default=list(ALL_DOMAINS), help="toy domains, space- or comma-separated (default: all three)")
     p.add_argument("--rho", type=float, default=d.rho, help=f"fraction of tokens kept (default: {d.rho})")

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of initialisation and training data (default 0)")
     p.add_argument("--out", default=None, help="output directory (default data/policies/<size>)")
     p.add_argument("--max-steps", type=int, default=None,
-                   help="optimizer steps (TRL's max_steps; --steps is a deprecated alias) (default: the size's recipe)")
+                   help="optimizer steps (TRL's max_steps) (default: the size's recipe)")
     p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2, as the shipped runs)")
     p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts per domain for the card (default 200)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")

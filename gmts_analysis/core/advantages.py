@@ -55,13 +55,13 @@ def compute_advantages(
         raise ValueError(f"advantage mode {mode!r}; choose from {ADVANTAGE_MODES}")
     if mode == "logged":
         if logged is None:
-            raise GmtsError("--advantage logged: the rollouts have no logged advantage (TRL's 'advantage' column)")
+            raise GmtsError("advantage=logged: the rollouts have no logged advantage (TRL's 'advantage' column)")
         vals = np.asarray([np.nan if v is None else float(v) for v in logged], dtype=np.float64)
         if len(vals) != len(group_ids):
             raise ValueError(f"{len(vals)} logged advantages for {len(group_ids)} answers")
         bad = np.flatnonzero(~np.isfinite(vals))
         if len(bad):
-            raise GmtsError(f"--advantage logged: {len(bad)} answer(s) have no finite logged advantage "
+            raise GmtsError(f"advantage=logged: {len(bad)} answer(s) have no finite logged advantage "
                             f"(first: row {int(bad[0])})")
         return vals
     r = np.asarray(rewards, dtype=np.float64)

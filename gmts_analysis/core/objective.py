@@ -50,7 +50,6 @@ use ``exp(d_t)``, sequence modes ``exp(sum_t d_t)`` for every token; ``*_truncat
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -105,18 +104,18 @@ class LossSettings:
 
     def __post_init__(self) -> None:
         if self.loss_agg not in LOSS_AGGS:
-            raise GmtsError(f"--loss-agg: unknown aggregation '{self.loss_agg}' (choose from {', '.join(LOSS_AGGS)})")
+            raise GmtsError(f"loss_agg: unknown aggregation '{self.loss_agg}' (choose from {', '.join(LOSS_AGGS)})")
         if self.importance_sampling_level not in IS_LEVELS:
-            raise GmtsError(f"--importance-sampling-level: unknown '{self.importance_sampling_level}' "
+            raise GmtsError(f"importance_sampling_level: unknown '{self.importance_sampling_level}' "
                             f"(choose from {', '.join(IS_LEVELS)})")
         if self.vllm_is_mode is not None and self.vllm_is_mode not in VLLM_IS_MODES:
-            raise GmtsError(f"--vllm-is-mode: unknown '{self.vllm_is_mode}' (choose from {', '.join(VLLM_IS_MODES)})")
+            raise GmtsError(f"vllm_is_mode: unknown '{self.vllm_is_mode}' (choose from {', '.join(VLLM_IS_MODES)})")
         if not (self.clip_low >= 0 and self.clip_high >= 0):
-            raise GmtsError(f"--clip-low and --clip-high must be >= 0, got {self.clip_low}, {self.clip_high}")
+            raise GmtsError(f"clip_low={self.clip_low}, clip_high={self.clip_high}: both must be >= 0")
         if self.clip_ratio_c is not None and not self.clip_ratio_c > 1.0:
-            raise GmtsError(f"--clip-ratio-c must be > 1 (verl's dual clip), got {self.clip_ratio_c}")
+            raise GmtsError(f"clip_ratio_c={self.clip_ratio_c}: must be > 1 (verl's dual clip)")
         if self.max_len is not None and self.max_len < 1:
-            raise GmtsError(f"--max-len must be >= 1, got {self.max_len}")
+            raise GmtsError(f"max_len={self.max_len}: must be >= 1")
 
 
 def loss_settings(
@@ -136,16 +135,16 @@ def loss_settings(
     agg = loss_agg
     if loss_type is not None:
         if loss_type in REFUSED_LOSS_TYPES:
-            raise GmtsError(f"--loss-type {loss_type}: TRL's '{loss_type}' loss is not modelled by omega "
+            raise GmtsError(f"loss_type={loss_type}: TRL's '{loss_type}' loss is not modelled by omega "
                             f"(modelled: {', '.join(LOSS_TYPES)})")
         if loss_type not in TRL_LOSS_AGG:
-            raise GmtsError(f"--loss-type: unknown loss type '{loss_type}' (choose from {', '.join(LOSS_TYPES)})")
+            raise GmtsError(f"loss_type: unknown loss type '{loss_type}' (choose from {', '.join(LOSS_TYPES)})")
         agg = TRL_LOSS_AGG[loss_type]
         if loss_agg not in (None, agg):
-            raise GmtsError(f"--loss-type {loss_type} aggregates as '{agg}', but --loss-agg {loss_agg} was given")
+            raise GmtsError(f"loss_type={loss_type} aggregates as '{agg}', but loss_agg={loss_agg} was given")
         if loss_type == "dr_grpo" and not fields.get("max_len"):
-            raise GmtsError("--loss-type dr_grpo divides by TRL's max_completion_length: "
-                            "pass --max-completion-length (or --max-len)")
+            raise GmtsError("loss_type=dr_grpo divides by TRL's max_completion_length: "
+                            "pass max_completion_length= (or max_len=)")
     if kl_bias_correction in ("auto", None):
         bias = loss_type is not None
     elif kl_bias_correction in ("on", True):
@@ -153,7 +152,7 @@ def loss_settings(
     elif kl_bias_correction in ("off", False):
         bias = False
     else:
-        raise GmtsError(f"--kl-bias-correction: expected auto, on or off, got '{kl_bias_correction}'")
+        raise GmtsError(f"kl_bias_correction: expected auto, on or off, got '{kl_bias_correction}'")
     return LossSettings(loss_agg=agg or "token-mean", kl_bias_correction=bias, **fields)
 
 
@@ -440,7 +439,7 @@ def omega_tensor(
     om = pol
     if s.kl_beta:
         if ref_logprobs is None:
-            raise GmtsError(f"--kl-beta {s.kl_beta}: the KL term of omega needs ref_logprobs for every answer")
+            raise GmtsError(f"kl_beta={s.kl_beta}: the KL term of omega needs ref_logprobs for every answer")
         x = f64(ref_logprobs) - lp
         kl_live = torch.ones_like(m)
         if s.log_ratio_clamp is not None:
@@ -459,8 +458,3 @@ def omega_tensor(
             kl = -W * ratio * (gk + k)
         om = om + s.kl_beta * kl
     return torch.where(m > 0, om, torch.zeros_like(om))
-
-
-def with_fields(settings: LossSettings, **changes: Any) -> LossSettings:
-    """A copy of ``settings`` with some fields changed (validated again)."""
-    return dataclasses.replace(settings, **changes)

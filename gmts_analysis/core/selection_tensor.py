@@ -140,14 +140,6 @@ def select_tokens(
     return out.view(B, T)
 
 
-def _as_token_tensor(x: Tensor, like: Tensor) -> Tensor:
-    """``(B,)`` or ``(B, 1)`` broadcast to ``(B, T)``; ``(B, T)`` kept."""
-    x = x.to(device=like.device)
-    if x.dim() == 1:
-        x = x.unsqueeze(1)
-    return x.expand_as(like)
-
-
 def loss_weight_tensor(mask: Tensor, loss_agg: str = "token-mean", max_len: int | None = None) -> Tensor:
     """``(B, T)`` aggregation weight ``w`` of each real token (docs/definitions.md section 3), 0 on padding.
 

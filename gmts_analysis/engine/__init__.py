@@ -96,9 +96,9 @@ def _check_args(model, input_ids, prompt_len, temperature, method, groups, probe
     if not temperature > 0:
         raise GmtsError(f"temperature must be > 0 (got {temperature})")
     if method == "sketch" and int(probes) < 2:
-        raise GmtsError(f"--probes must be >= 2 (got {probes})")
+        raise GmtsError(f"probes={probes}: must be >= 2")
     if method == "sketch" and groups is not None:
-        raise GmtsError("grad groups need exact norms (--grad-norm exact), not the sketch")
+        raise GmtsError("grad groups need the exact norms, not the sketch")
 
 
 def _head_has_bias(head: torch.nn.Module | None) -> bool:

@@ -67,12 +67,6 @@ def fidelity_selections(
     return sels
 
 
-def fidelity_memory_bytes(model: torch.nn.Module, n_selections: int) -> int:
-    """Bytes of the float32 accumulators for ``n_selections`` gradients of ``model``."""
-    n_params = sum(p.numel() for _, p in trainable_parameters(model))
-    return int(n_selections) * n_params * 4
-
-
 def selection_gradients(
     model: torch.nn.Module,
     batches: Iterable[tuple[object, torch.Tensor, int]],

@@ -95,11 +95,6 @@ class SelectiveGRPOConfig(GRPOConfig):
     )
 
 
-def loss_agg_of(loss_type: str) -> str:
-    """The aggregation (docs/definitions.md section 3) whose token weights ``w`` match TRL's ``loss_type``."""
-    return TRL_AGGREGATION.get(loss_type, "token-mean")
-
-
 class SelectiveGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose policy loss keeps only the tokens chosen by ``args.token_selection``."""
 

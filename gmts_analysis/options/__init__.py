@@ -79,9 +79,6 @@ ALIASES: tuple[Alias, ...] = (
     Alias("group_size", "num_generations", "gmts 0.1 (sample / run / rl); TRL's num_generations is the name"),
     Alias("max_new_tokens", "max_completion_length",
           "gmts 0.1 and transformers generate() (sample / run / rl); TRL's max_completion_length is the name"),
-    Alias("policy", "model", "gmts before 0.2 (gmts run / gmts rl)"),
-    Alias("domain", "domains", "gmts before 0.2 (gmts sample / gmts rl)"),
-    Alias("steps", "max_steps", "gmts before 0.2 (gmts rl / gmts toy-train)"),
 )
 ALIAS_BY_NAME = {a.name: a for a in ALIASES}
 #: our options whose name is also TRL's (GRPOConfig): spelled TRL's way (``--loss_type``, or the API
@@ -221,11 +218,6 @@ class _Spelling(argparse.Action):
             t(parser, namespace, converted, option_string)
         if self.alias is not None:
             _record(namespace, option_string or self.option_strings[0], t.dest)
-            if self.alias.origin.startswith("gmts before"):  # our own old name: say so once, on stderr
-                import sys
-
-                print(f"gmts: warning: {option_string or self.option_strings[0]} is deprecated; use "
-                      f"{t.option_strings[-1] if t.option_strings else t.dest}", file=sys.stderr)
 
 
 def _record(namespace: argparse.Namespace, name: str, dest: str) -> None:
@@ -534,10 +526,6 @@ def _rename_required(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[
         if isinstance(a, _Spelling) and a.alias is not None and a.target.required and a.alias.values is None:
             out.append(a.target.option_strings[-1] + (eq + val if eq else ""))
             renamed[name] = a.target.dest
-            if a.alias.origin.startswith("gmts before"):
-                import sys
-
-                print(f"gmts: warning: {name} is deprecated; use {a.target.option_strings[-1]}", file=sys.stderr)
             continue
         out.append(tok)
     return out, renamed
@@ -579,12 +567,3 @@ def resolve_aliases(kwargs: dict[str, Any], names: Sequence[str]) -> dict[str, A
                     a.dest == dest and a.name in kwargs for a in ALIASES):
                 out[dest] = v
     return out
-
-
-def alias_table_markdown() -> str:
-    """The alias table as markdown (docs/cli.md)."""
-    lines = ["| name | our option | from |", "|---|---|---|"]
-    for a in ALIASES:
-        vals = f" ({', '.join(f'{k} -> {v}' for k, v in a.values.items())})" if a.values else ""
-        lines.append(f"| `--{a.name}` | `--{a.dest.replace('_', '-')}`{vals} | {a.origin} |")
-    return "\n".join(lines)

@@ -51,22 +51,22 @@ class RLConfig:
         from gmts_analysis.toy.domains import DOMAINS
 
         if self.selection not in SELECTION_ARMS:
-            raise GmtsError(f"--selection: unknown '{self.selection}' (choose from {', '.join(SELECTION_ARMS)})")
+            raise GmtsError(f"selection: unknown '{self.selection}' (choose from {', '.join(SELECTION_ARMS)})")
         for d in self.domains:
             if d not in DOMAINS:
-                raise GmtsError(f"--domain: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
+                raise GmtsError(f"domains: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
         if not 0.0 < self.rho <= 1.0:
-            raise GmtsError(f"--rho must be in (0, 1], got {self.rho}")
+            raise GmtsError(f"rho={self.rho}: must be in (0, 1]")
         if self.scope not in SCOPES:
-            raise GmtsError(f"--scope must be {' or '.join(SCOPES)}, got '{self.scope}'")
+            raise GmtsError(f"scope={self.scope}: must be {' or '.join(SCOPES)}")
         if self.normalizer not in NORMALIZERS:
-            raise GmtsError(f"--normalizer must be {' or '.join(NORMALIZERS)}, got '{self.normalizer}'")
-        if self.steps < 0 or self.group_size < 2 or self.prompts_per_domain < 1:
-            raise GmtsError("--max-steps must be >= 0, --group-size >= 2 and --prompts-per-domain >= 1")
+            raise GmtsError(f"normalizer={self.normalizer}: must be {' or '.join(NORMALIZERS)}")
+        for name, least in (("steps", 0), ("group_size", 2), ("prompts_per_domain", 1), ("eval_every", 1),
+                            ("eval_prompts", 1), ("diag_every", 0), ("final_eval_prompts", 0)):
+            if getattr(self, name) < least:
+                raise GmtsError(f"{name}={getattr(self, name)}: must be >= {least}")
         if self.lr <= 0:
-            raise GmtsError(f"--lr must be > 0, got {self.lr}")
-        if self.eval_every < 1 or self.eval_prompts < 1 or self.diag_every < 0 or self.final_eval_prompts < 0:
-            raise GmtsError("--eval-every and --eval-prompts must be >= 1, --diag-every and --final-eval-prompts >= 0")
+            raise GmtsError(f"lr={self.lr}: must be > 0")
 
     @property
     def final_prompts(self) -> int:

@@ -17,6 +17,7 @@ import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -95,54 +96,18 @@ def run_experiment(
     of ``base.policy`` on ``base.device``, no hub download when ``offline``); every run starts from the
     same weights.
     """
-    from gmts_analysis.util.io import atomic_write_json, read_json
+    from gmts_analysis.util.io import atomic_write_json
 
     out = Path(out)
     if load is None:
-        from gmts_analysis.readers.models import load_model
-
-        def load():
-            model, tok = load_model(base.policy, base.device, offline=offline)
-            if tok is None:
-                raise GmtsError(f"--model {base.policy}: the checkpoint ships no tokenizer")
-            return model, tok
-
+        load = partial(_load_policy, base.policy, base.device, offline)
     for sel in selections:
         replace(base, selection=sel).check()
     t0 = time.perf_counter()
     shared = to_json(_shared(asdict(base)))
-    init_path = out.with_suffix("").with_name(out.stem + ".runs") / "initial.json"
-    initial = None
-    if init_path.exists():
-        rec = read_json(init_path)
-        if rec.get("config") == shared:
-            initial = rec["pass1"]
-    if initial is None:
-        model, tok = load()
-        te = time.perf_counter()
-        initial = evaluate(model, tok, base)
-        atomic_write_json(init_path, to_json({"config": shared, "pass1": initial, "eval_s": time.perf_counter() - te}))
-        del model
-    runs = []
-    for seed in seeds:
-        for sel in selections:
-            cfg = replace(base, selection=sel, seed=int(seed))
-            p = run_path(out, sel, int(seed))
-            if p.exists():
-                rec = read_json(p)
-                if rec.get("config") == to_json(asdict(cfg)):
-                    log.info("run %s seed %d: found %s, kept", sel, seed, p)
-                    runs.append(rec)
-                    continue
-                log.warning("run %s seed %d: %s has another configuration; redoing it", sel, seed, p)
-            model, tok = load()
-            log.info("run %s seed %d: %d steps", sel, seed, cfg.steps)
-            rec = train(model, tok, cfg, initial_eval=initial, progress=progress, reward_fn=reward_fn)
-            rec["versions"] = _versions()
-            rec = to_json(rec)
-            atomic_write_json(p, rec)
-            runs.append(rec)
-            del model
+    initial = _initial_pass1(base, shared, out, load)
+    runs = [_one_run(replace(base, selection=sel, seed=int(seed)), out, initial, load, progress, reward_fn)
+            for seed in seeds for sel in selections]
     result = {
         "config": shared,
         "selections": list(selections),
@@ -159,6 +124,59 @@ def run_experiment(
     result = to_json(result)
     atomic_write_json(out, result)
     return result
+
+
+def _load_policy(policy: str, device: str, offline: bool = False) -> tuple:
+    """``(model, tokenizer)`` of ``policy`` (a shipped policy name or a checkpoint) on ``device``; refuses a
+    checkpoint without a tokenizer."""
+    from gmts_analysis.readers.models import load_model
+
+    model, tok = load_model(policy, device, offline=offline)
+    if tok is None:
+        raise GmtsError(f"policy={policy}: the checkpoint ships no tokenizer")
+    return model, tok
+
+
+def _initial_pass1(base: RLConfig, shared: dict, out: Path, load: Callable[[], tuple]) -> dict[str, float]:
+    """pass@1 of the untrained policy, read from ``<out stem>.runs/initial.json`` when its configuration is
+    ``shared``, else measured once and written there."""
+    from gmts_analysis.util.io import atomic_write_json, read_json
+
+    init_path = out.with_suffix("").with_name(out.stem + ".runs") / "initial.json"
+    if init_path.exists():
+        rec = read_json(init_path)
+        if rec.get("config") == shared:
+            return rec["pass1"]
+    model, tok = load()
+    te = time.perf_counter()
+    initial = evaluate(model, tok, base)
+    atomic_write_json(init_path, to_json({"config": shared, "pass1": initial, "eval_s": time.perf_counter() - te}))
+    del model
+    return initial
+
+
+def _one_run(cfg: RLConfig, out: Path, initial: dict[str, float], load: Callable[[], tuple], progress: bool,
+             reward_fn: Callable[[dict], float] | None) -> dict:
+    """The run record of ``cfg``: its file under ``<out stem>.runs/`` when it holds the same configuration,
+    else a fresh training run from ``load()``, written there as soon as it ends."""
+    from gmts_analysis.util.io import atomic_write_json, read_json
+
+    sel, seed = cfg.selection, cfg.seed
+    p = run_path(out, sel, seed)
+    if p.exists():
+        rec = read_json(p)
+        if rec.get("config") == to_json(asdict(cfg)):
+            log.info("run %s seed %d: found %s, kept", sel, seed, p)
+            return rec
+        log.warning("run %s seed %d: %s has another configuration; redoing it", sel, seed, p)
+    model, tok = load()
+    log.info("run %s seed %d: %d steps", sel, seed, cfg.steps)
+    rec = train(model, tok, cfg, initial_eval=initial, progress=progress, reward_fn=reward_fn)
+    rec["versions"] = _versions()
+    rec = to_json(rec)
+    atomic_write_json(p, rec)
+    del model
+    return rec
 
 
 def load_experiment(out: str | Path) -> dict:

@@ -38,8 +38,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+import warnings
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -245,6 +246,56 @@ def _rows_for_step(model, tokenizer, cfg: RLConfig, step: int, reward_fn=None) -
     return rows
 
 
+@dataclass
+class _Run:
+    """What the steps of one :func:`train` call share: the policy, its optimizer and the running logs
+    (``evals``, ``steps``) and clocks (``t_eval``, ``t_diag``, seconds)."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    cfg: RLConfig
+    params: list[torch.nn.Parameter]
+    opt: torch.optim.Optimizer
+    pad: int
+    device: torch.device
+    on_eval: Callable[[int, dict], None] | None
+    reward_fn: Callable[[dict], float] | None
+    evals: list[dict] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    t_eval: float = 0.0
+    t_diag: float = 0.0
+
+
+@dataclass
+class _Batch:
+    """One step's kept rollout rows and their tensors: ``rewards`` and ``adv_np`` ``(B,)`` float64,
+    ``adv`` ``(B,)`` float32 on the policy's device, ``tensors`` of :func:`collate` (``mask`` ``(B, T)``)."""
+
+    rows: list[dict]
+    rewards: np.ndarray
+    adv_np: np.ndarray
+    adv: torch.Tensor
+    group_ids: list
+    tensors: dict[str, torch.Tensor]
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.tensors["mask"]
+
+
+@dataclass
+class _Update:
+    """What one optimizer step leaves for the step record: the loss, the clipped gradient's norm, the
+    entropies ``(B, T)``, the trained selection ``(B, T)`` bool, every compared selection and the diagnostics."""
+
+    loss: torch.Tensor
+    grad_norm: float
+    entropy: torch.Tensor
+    selected: torch.Tensor
+    selections: dict[str, torch.Tensor]
+    diagnostics: dict[str, Any]
+
+
 def train(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -260,147 +311,202 @@ def train(
     evaluates it once for every arm); otherwise it is measured. reward_fn: replaces the
     domain verifier's reward of each training rollout row (tests; evaluation keeps the verifier).
     """
-    import warnings
-
-    from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
-    from gmts_analysis.core.selection import aggregate_loss, selection_mask, selection_overlap, token_omega
-    from gmts_analysis.engine.params import trainable_parameters
-
-    cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.core.seeding)
-    named = trainable_parameters(model)
-    params = [p for _, p in named]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
-    model.eval()  # no dropout in the toy policies; keeps sampling and training identical
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
-
-    t_eval = t_diag = 0.0
+    run = _start(model, tokenizer, cfg, on_eval, reward_fn)
     t0 = time.perf_counter()
-    evals = []
     if initial_eval is None:
-        te = time.perf_counter()
-        initial_eval = evaluate(model, tokenizer, cfg)
-        t_eval += time.perf_counter() - te
-    evals.append({"step": 0, "pass1": dict(initial_eval), "pass1_mean": float(np.mean(list(initial_eval.values())))})
-    if on_eval:
-        on_eval(0, evals[-1])
-    steps_log = []
-
-    def _maybe_eval(step: int) -> None:
-        nonlocal t_eval
-        if step % cfg.eval_every == 0 or step == cfg.steps:
-            te = time.perf_counter()
-            ev = evaluate(model, tokenizer, cfg)
-            t_eval += time.perf_counter() - te
-            evals.append({"step": step, "pass1": ev, "pass1_mean": float(np.mean(list(ev.values())))})
-            if on_eval:
-                on_eval(step, evals[-1])
-            log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
-                     " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
-
+        initial_eval = _timed_eval(run)
+    _record_eval(run, 0, dict(initial_eval))
     it = range(1, cfg.steps + 1)
     if progress:
         from tqdm import tqdm
 
         it = tqdm(it, desc=f"rl {cfg.selection} s{cfg.seed}", unit="step", leave=False)
     for step in it:
-        ts = time.perf_counter()
-        rows = _rows_for_step(model, tokenizer, cfg, step, reward_fn)
-        t_sample = time.perf_counter() - ts
-        zero_std = _zero_std_groups(rows)
-        n_groups = len({r["group_id"] for r in rows})
-        if cfg.dynamic_sampling:  # DAPO: groups with all-equal rewards leave the batch (not refilled)
-            rows = [r for r in rows if r["group_id"] not in zero_std]
-            if not rows:
-                steps_log.append({"step": step, "n_groups": n_groups, "n_groups_kept": 0,
-                                  "frac_groups_zero_std": 1.0, "skipped": True, "sample_s": t_sample,
-                                  "step_s": time.perf_counter() - ts})
-                _maybe_eval(step)
-                continue
-        rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", SingletonGroupWarning)
-            adv_np = compute_advantages(rewards, [r["group_id"] for r in rows], cfg.advantage)
-        batch = collate(rows, pad, device)
-        adv = torch.tensor(adv_np, dtype=torch.float32, device=device)
-        mask = batch["mask"]
-        group_ids = [r["group_id"] for r in rows]
-        with torch.enable_grad():
-            lp, ent, lgn = policy_forward(model, batch, cfg.temperature, with_lgn=True)
-            gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
-            sel_kw = {"rho": cfg.rho, "scope": cfg.scope, "group_ids": group_ids, "loss_agg": cfg.loss_agg}
-            sels = {
-                "entropy": selection_mask("entropy", ent, adv, mask, **sel_kw),
-                "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
-                "gmts_lgn": selection_mask("gmts_lgn", ent, adv, mask, logit_grad_norm=lgn, **sel_kw),
-            }
-            if cfg.selection not in sels and cfg.selection != "all":  # any other arm of the registry
-                sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, generator=gen, token_logprobs=lp,
-                                                     logit_grad_norm=lgn, **sel_kw)
-            selected = mask.bool() if cfg.selection == "all" else sels[cfg.selection]
-            ratio = torch.exp(lp - lp.detach())
-            per_token = -adv[:, None] * ratio
-            loss = aggregate_loss(per_token, mask, selected, cfg.normalizer, cfg.loss_agg)
-            rec: dict[str, Any] = {}
-            if cfg.diag_every and step % cfg.diag_every == 0:
-                td = time.perf_counter()
-                om = token_omega(adv, mask, loss_agg=cfg.loss_agg).float()
-                fsel = dict(sels)
-                if "random" not in fsel:
-                    g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
-                    fsel["random"] = selection_mask("random", ent, adv, mask, generator=g2, **sel_kw)
-                rec["fidelity"] = batch_fidelity(lp, om, fsel, params)
-                rec["mass_capture"] = mass_capture(model, rows, om.detach(), mask, fsel, cfg, group_ids)
-                rec["grad_norm_corr"] = _correlations(model, rows, adv_np, ent, om, mask, cfg, step, lgn)
-                t_diag += time.perf_counter() - td
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-        gnorm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
-        opt.step()
-        m = mask.bool()
-        n_tok = int(m.sum())
-        zero_adv = torch.from_numpy(adv_np == 0).to(device)[:, None].expand_as(m)
-        rec.update(
-            {
-                "step": step,
-                "reward_mean": float(rewards.mean()),
-                "frac_groups_zero_std": len(zero_std) / n_groups,
-                "n_groups": n_groups,
-                "n_groups_kept": len({r["group_id"] for r in rows}),
-                "loss": float(loss.detach()),
-                "grad_norm": gnorm,
-                "entropy_mean": float(ent[m].mean()) if n_tok else float("nan"),
-                "response_len_mean": n_tok / len(rows),
-                "n_tokens": n_tok,
-                "n_selected": int(selected.sum()),
-                "overlap_entropy_gmts": selection_overlap(sels["entropy"], sels["gmts"]),
-                "overlap_entropy_gmts_lgn": selection_overlap(sels["entropy"], sels["gmts_lgn"]),
-                "overlap_gmts_gmts_lgn": selection_overlap(sels["gmts"], sels["gmts_lgn"]),
-                "frac_tokens_zero_adv": float(zero_adv[m].float().mean()) if n_tok else float("nan"),
-                "waste": {k: float((v & zero_adv).sum()) / max(int(v.sum()), 1) for k, v in sels.items()},
-                "frac_selected_zero_adv": float((selected & zero_adv).sum()) / max(int(selected.sum()), 1),
-                "sample_s": t_sample,
-                "step_s": time.perf_counter() - ts,
-            }
-        )
-        steps_log.append(rec)
-        _maybe_eval(step)
-    final = evals[-1]["pass1"]
-    if cfg.final_prompts != cfg.eval_prompts:  # the final pass@1 on its own, larger prompt set
-        te = time.perf_counter()
-        final = evaluate(model, tokenizer, cfg, cfg.final_prompts)
-        t_eval += time.perf_counter() - te
-        log.info("%s seed %d final pass@1 on %d prompts per domain: %s", cfg.selection, cfg.seed,
-                 cfg.final_prompts, " ".join(f"{k}={v:.4f}" for k, v in final.items()))
+        run.steps.append(_train_step(run, step))
+        _maybe_eval(run, step)
+    final = _final_pass1(run)
     total = time.perf_counter() - t0
     return {
         "config": asdict(cfg),
-        "steps": steps_log,
-        "evals": evals,
+        "steps": run.steps,
+        "evals": run.evals,
         "final_pass1": final,
         "final_eval_prompts": cfg.final_prompts,
-        "timing_s": {"total": total, "eval": t_eval, "diagnostics": t_diag, "train": total - t_eval - t_diag},
+        "timing_s": {"total": total, "eval": run.t_eval, "diagnostics": run.t_diag,
+                     "train": total - run.t_eval - run.t_diag},
     }
+
+
+def _start(model: torch.nn.Module, tokenizer: Any, cfg: RLConfig, on_eval, reward_fn) -> _Run:
+    """Check ``cfg``, build the AdamW optimizer over the trainable parameters, put the policy in eval mode."""
+    from gmts_analysis.engine.params import trainable_parameters
+
+    cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.core.seeding)
+    params = [p for _, p in trainable_parameters(model)]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    model.eval()  # no dropout in the toy policies; keeps sampling and training identical
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    return _Run(model, tokenizer, cfg, params, opt, pad, device, on_eval, reward_fn)
+
+
+def _timed_eval(run: _Run, n_prompts: int | None = None) -> dict[str, float]:
+    """:func:`evaluate` on ``n_prompts`` (default ``cfg.eval_prompts``) prompts per domain, its time counted."""
+    te = time.perf_counter()
+    ev = evaluate(run.model, run.tokenizer, run.cfg, n_prompts)
+    run.t_eval += time.perf_counter() - te
+    return ev
+
+
+def _record_eval(run: _Run, step: int, pass1: dict[str, float]) -> None:
+    run.evals.append({"step": step, "pass1": pass1, "pass1_mean": float(np.mean(list(pass1.values())))})
+    if run.on_eval:
+        run.on_eval(step, run.evals[-1])
+
+
+def _maybe_eval(run: _Run, step: int) -> None:
+    """pass@1 every ``cfg.eval_every`` steps and after the last one."""
+    cfg = run.cfg
+    if step % cfg.eval_every == 0 or step == cfg.steps:
+        ev = _timed_eval(run)
+        _record_eval(run, step, ev)
+        log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
+                 " ".join(f"{k}={v:.3f}" for k, v in ev.items()))
+
+
+def _final_pass1(run: _Run) -> dict[str, float]:
+    """The last evaluation's pass@1, or a fresh one on ``cfg.final_prompts`` prompts when that set differs."""
+    cfg = run.cfg
+    final = run.evals[-1]["pass1"]
+    if cfg.final_prompts != cfg.eval_prompts:  # the final pass@1 on its own, larger prompt set
+        final = _timed_eval(run, cfg.final_prompts)
+        log.info("%s seed %d final pass@1 on %d prompts per domain: %s", cfg.selection, cfg.seed,
+                 cfg.final_prompts, " ".join(f"{k}={v:.4f}" for k, v in final.items()))
+    return final
+
+
+def _train_step(run: _Run, step: int) -> dict[str, Any]:
+    """Sample the step's groups, leave out all-equal groups under ``cfg.dynamic_sampling`` (DAPO; a batch
+    left empty is logged as skipped), take one optimizer step; returns the step's log record."""
+    from gmts_analysis.core.selection import selection_overlap
+
+    cfg = run.cfg
+    ts = time.perf_counter()
+    rows = _rows_for_step(run.model, run.tokenizer, cfg, step, run.reward_fn)
+    t_sample = time.perf_counter() - ts
+    zero_std = _zero_std_groups(rows)
+    n_groups = len({r["group_id"] for r in rows})
+    if cfg.dynamic_sampling:  # DAPO: groups with all-equal rewards leave the batch (not refilled)
+        rows = [r for r in rows if r["group_id"] not in zero_std]
+        if not rows:
+            return {"step": step, "n_groups": n_groups, "n_groups_kept": 0, "frac_groups_zero_std": 1.0,
+                    "skipped": True, "sample_s": t_sample, "step_s": time.perf_counter() - ts}
+    b = _batch(run, rows)
+    u = _update(run, step, b)
+    m = b.mask.bool()
+    n_tok = int(m.sum())
+    zero_adv = torch.from_numpy(b.adv_np == 0).to(run.device)[:, None].expand_as(m)
+    rec = u.diagnostics
+    rec.update(
+        {
+            "step": step,
+            "reward_mean": float(b.rewards.mean()),
+            "frac_groups_zero_std": len(zero_std) / n_groups,
+            "n_groups": n_groups,
+            "n_groups_kept": len({r["group_id"] for r in rows}),
+            "loss": float(u.loss.detach()),
+            "grad_norm": u.grad_norm,
+            "entropy_mean": float(u.entropy[m].mean()) if n_tok else float("nan"),
+            "response_len_mean": n_tok / len(rows),
+            "n_tokens": n_tok,
+            "n_selected": int(u.selected.sum()),
+            "overlap_entropy_gmts": selection_overlap(u.selections["entropy"], u.selections["gmts"]),
+            "overlap_entropy_gmts_lgn": selection_overlap(u.selections["entropy"], u.selections["gmts_lgn"]),
+            "overlap_gmts_gmts_lgn": selection_overlap(u.selections["gmts"], u.selections["gmts_lgn"]),
+            "frac_tokens_zero_adv": float(zero_adv[m].float().mean()) if n_tok else float("nan"),
+            "waste": {k: float((v & zero_adv).sum()) / max(int(v.sum()), 1) for k, v in u.selections.items()},
+            "frac_selected_zero_adv": float((u.selected & zero_adv).sum()) / max(int(u.selected.sum()), 1),
+            "sample_s": t_sample,
+            "step_s": time.perf_counter() - ts,
+        }
+    )
+    return rec
+
+
+def _batch(run: _Run, rows: list[dict]) -> _Batch:
+    """Group advantages (``cfg.advantage``; singleton groups get 0 without a warning) and the collated tensors."""
+    from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
+
+    rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SingletonGroupWarning)
+        adv_np = compute_advantages(rewards, [r["group_id"] for r in rows], run.cfg.advantage)
+    tensors = collate(rows, run.pad, run.device)
+    adv = torch.tensor(adv_np, dtype=torch.float32, device=run.device)
+    return _Batch(rows, rewards, adv_np, adv, [r["group_id"] for r in rows], tensors)
+
+
+def _update(run: _Run, step: int, b: _Batch) -> _Update:
+    """One forward, the selections, the loss ``aggregate_loss(-A * ratio, ...)`` of the trained selection,
+    the diagnostics every ``cfg.diag_every`` steps (before the backward, on the same graph), one clipped
+    AdamW step."""
+    from gmts_analysis.core.selection import aggregate_loss
+
+    cfg, mask = run.cfg, b.mask
+    with torch.enable_grad():
+        lp, ent, lgn = policy_forward(run.model, b.tensors, cfg.temperature, with_lgn=True)
+        sel_kw = {"rho": cfg.rho, "scope": cfg.scope, "group_ids": b.group_ids, "loss_agg": cfg.loss_agg}
+        sels = _selections(cfg, step, ent, b.adv, mask, lp, lgn, sel_kw)
+        selected = mask.bool() if cfg.selection == "all" else sels[cfg.selection]
+        ratio = torch.exp(lp - lp.detach())
+        per_token = -b.adv[:, None] * ratio
+        loss = aggregate_loss(per_token, mask, selected, cfg.normalizer, cfg.loss_agg)
+        diag: dict[str, Any] = {}
+        if cfg.diag_every and step % cfg.diag_every == 0:
+            diag = _diagnostics(run, step, b, lp, ent, lgn, sels, sel_kw)
+        run.opt.zero_grad(set_to_none=True)
+        loss.backward()
+    gnorm = float(torch.nn.utils.clip_grad_norm_(run.params, cfg.max_grad_norm))
+    run.opt.step()
+    return _Update(loss, gnorm, ent, selected, sels, diag)
+
+
+def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict) -> dict[str, torch.Tensor]:
+    """``{name: (B, T) bool}``: entropy, gmts and gmts_lgn on every step, and the trained arm when it is
+    another arm of the registry (random with its seeded generator, a masked baseline, a registered score)."""
+    from gmts_analysis.core.selection import selection_mask
+
+    gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
+    sels = {
+        "entropy": selection_mask("entropy", ent, adv, mask, **sel_kw),
+        "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
+        "gmts_lgn": selection_mask("gmts_lgn", ent, adv, mask, logit_grad_norm=lgn, **sel_kw),
+    }
+    if cfg.selection not in sels and cfg.selection != "all":  # any other arm of the registry
+        sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, generator=gen, token_logprobs=lp,
+                                             logit_grad_norm=lgn, **sel_kw)
+    return sels
+
+
+def _diagnostics(run: _Run, step: int, b: _Batch, lp, ent, lgn, sels: dict, sel_kw: dict) -> dict[str, Any]:
+    """Update fidelity and mass capture of every selection (a seeded random one added when not trained) and
+    the grad-norm correlations; their time counted in ``run.t_diag``."""
+    from gmts_analysis.core.selection import selection_mask, token_omega
+
+    cfg, mask = run.cfg, b.mask
+    td = time.perf_counter()
+    om = token_omega(b.adv, mask, loss_agg=cfg.loss_agg).float()
+    fsel = dict(sels)
+    if "random" not in fsel:
+        g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
+        fsel["random"] = selection_mask("random", ent, b.adv, mask, generator=g2, **sel_kw)
+    rec = {
+        "fidelity": batch_fidelity(lp, om, fsel, run.params),
+        "mass_capture": mass_capture(run.model, b.rows, om.detach(), mask, fsel, cfg, b.group_ids),
+        "grad_norm_corr": _correlations(run.model, b.rows, b.adv_np, ent, om, mask, cfg, step, lgn),
+    }
+    run.t_diag += time.perf_counter() - td
+    return rec
 
 
 def _zero_std_groups(rows: list[dict]) -> set:

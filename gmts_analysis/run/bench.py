@@ -236,10 +236,6 @@ def run_bench(
     progress: Callable[[str], None] = lambda s: None,
 ) -> dict:
     """Run the benchmark; returns a JSON-able dict with ``rows``, ``machine`` and ``accuracy``."""
-    from gmts_analysis.core.rank import spearman
-    from gmts_analysis.engine import grad_norms
-    from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
-
     mem = PeakMemory(device)
     rows: list[Row] = []
     accuracy: list[dict] = []
@@ -254,110 +250,15 @@ def run_bench(
             device=device,
         )
         labels[mname] = {"label": bm.label, "n_params": bm.n_params, "context": bm.context}
-        model = bm.model
         for T in lengths:
-            ids = sample_answer(model, prompt_len, T, derive_seed(seed, "bench-answer", T), device)
-            note_ctx = f"beyond context {bm.context}" if bm.context and prompt_len + T > bm.context else ""
-            progress(f"{mname} T={T}: fwd+bwd")
-            _, secs, peak = _timed(mem, partial(_fwd_bwd, model, ids, prompt_len), device)
-            rows.append(Row(mname, T, "fwd+bwd (1x, reference)", float("nan"), secs, peak / 2**20, 0, note_ctx))
-            fb_peak = peak
-            if T <= full_reference_max_t:
-                subset = list(range(T))
-                note = ""
-            else:
-                k = min(naive_tokens, T)
-                subset = sorted({round(i * (T - 1) / max(1, k - 1)) for i in range(k)})
-                note = f"extrapolated from {len(subset)} tokens"
-            progress(f"{mname} T={T}: naive ({len(subset)} tokens)")
-            naive, secs, peak = _timed(mem, partial(naive_grad_norms, model, ids, prompt_len, tokens=subset), device)
-            rows.append(
-                Row(
-                    mname,
-                    T,
-                    "naive loop (fwd+bwd per token)",
-                    len(subset) / secs,
-                    secs * T / len(subset),
-                    peak / 2**20,
-                    len(subset),
-                    note,
-                )
-            )
-            progress(f"{mname} T={T}: shared-forward loop ({len(subset)} tokens)")
-            loop, secs, peak = _timed(mem, partial(loop_grad_norms, model, ids, prompt_len, tokens=subset), device)
-            rows.append(
-                Row(
-                    mname,
-                    T,
-                    "shared-forward loop",
-                    len(subset) / secs,
-                    secs * T / len(subset),
-                    peak / 2**20,
-                    len(subset),
-                    note,
-                )
-            )
-            progress(f"{mname} T={T}: exact engine")
-            ex, secs, peak = _timed(mem, partial(grad_norms, model, ids, prompt_len, max_memory=max_memory), device)
-            exact = ex.norms
-            rel = float(((exact[subset] - loop) / loop).abs().max())
-            rel_naive = float(((exact[subset] - naive) / naive).abs().max())
-            rows.append(
-                Row(
-                    mname,
-                    T,
-                    "exact engine",
-                    T / secs,
-                    secs,
-                    peak / 2**20,
-                    T,
-                    "",
-                    {"peak_vs_fwd_bwd": peak / max(1, fb_peak)},
-                )
-            )
-            acc = {
-                "model": mname,
-                "T": T,
-                "exact_max_rel_err_vs_loop": rel,
-                "exact_max_rel_err_vs_naive": rel_naive,
-                "n_checked": len(subset),
-            }
+            ids = sample_answer(bm.model, prompt_len, T, derive_seed(seed, "bench-answer", T), device)
+            subset, note = _timed_tokens(T, naive_tokens, full_reference_max_t)
+            run = _BenchRun(mem, bm, ids, prompt_len, T, device, max_memory, progress)
+            exact, acc = _reference_rows(run, subset, note, rows)
             for K in probes:
-                progress(f"{mname} T={T}: sketch K={K}")
-                sk, secs, peak = _timed(
-                    mem,
-                    partial(
-                        grad_norms,
-                        model,
-                        ids,
-                        prompt_len,
-                        method="sketch",
-                        probes=K,
-                        seed=derive_seed(seed, "bench-sketch", K),
-                        max_memory=max_memory,
-                    ),
-                    device,
-                )
-                cover = float(((sk.lo <= exact) & (exact <= sk.hi)).double().mean())
-                rho = spearman(sk.norms.numpy(), exact.numpy())
-                rows.append(
-                    Row(
-                        mname,
-                        T,
-                        f"sketch K={K}",
-                        T / secs,
-                        secs,
-                        peak / 2**20,
-                        T,
-                        "",
-                        {"spearman_vs_exact": rho, "coverage_95": cover},
-                    )
-                )
-                acc[f"sketch{K}_spearman"] = rho
-                acc[f"sketch{K}_coverage"] = cover
-                acc[f"sketch{K}_n_tokens"] = T
+                acc.update(_sketch_row(run, exact, K, derive_seed(seed, "bench-sketch", K), rows))
             accuracy.append(acc)
-        model = bm = None
+        bm = run = None
         gc.collect()
     return {
         "machine": machine_info(device),
@@ -368,6 +269,78 @@ def run_bench(
         "rows": [asdict(r) for r in rows],
         "accuracy": accuracy,
     }
+
+
+@dataclass
+class _BenchRun:
+    """One model and one sampled answer (``ids``: ``prompt_len + T`` token ids) of the benchmark."""
+
+    mem: PeakMemory
+    bm: BenchModel
+    ids: torch.Tensor
+    prompt_len: int
+    T: int
+    device: torch.device
+    max_memory: int | None
+    progress: Callable[[str], None]
+
+    def time(self, what: str, fn: Callable[..., object], *args, **kwargs) -> tuple[object, float, int]:
+        """``(result, seconds, peak bytes)`` of ``fn(model, ids, prompt_len, *args, **kwargs)``."""
+        self.progress(f"{self.bm.name} T={self.T}: {what}")
+        return _timed(self.mem, partial(fn, self.bm.model, self.ids, self.prompt_len, *args, **kwargs), self.device)
+
+
+def _timed_tokens(T: int, naive_tokens: int, full_reference_max_t: int) -> tuple[list[int], str]:
+    """The tokens the per-token references are timed on (all ``T`` up to ``full_reference_max_t``, else
+    ``naive_tokens`` evenly spaced ones) and the table's note on them."""
+    if T <= full_reference_max_t:
+        return list(range(T)), ""
+    k = min(naive_tokens, T)
+    subset = sorted({round(i * (T - 1) / max(1, k - 1)) for i in range(k)})
+    return subset, f"extrapolated from {len(subset)} tokens"
+
+
+def _reference_rows(run: _BenchRun, subset: list[int], note: str, rows: list[Row]) -> tuple[torch.Tensor, dict]:
+    """Time fwd+bwd, the naive and shared-forward loops (on ``subset``) and the exact engine, appending
+    their rows; returns the exact norms ``(T,)`` and the accuracy record of the answer."""
+    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
+
+    mname, T = run.bm.name, run.T
+    ctx = run.bm.context
+    note_ctx = f"beyond context {ctx}" if ctx and run.prompt_len + T > ctx else ""
+    _, secs, fb_peak = run.time("fwd+bwd", _fwd_bwd)
+    rows.append(Row(mname, T, "fwd+bwd (1x, reference)", float("nan"), secs, fb_peak / 2**20, 0, note_ctx))
+    naive, secs, peak = run.time(f"naive ({len(subset)} tokens)", naive_grad_norms, tokens=subset)
+    rows.append(Row(mname, T, "naive loop (fwd+bwd per token)", len(subset) / secs, secs * T / len(subset),
+                    peak / 2**20, len(subset), note))
+    loop, secs, peak = run.time(f"shared-forward loop ({len(subset)} tokens)", loop_grad_norms, tokens=subset)
+    rows.append(Row(mname, T, "shared-forward loop", len(subset) / secs, secs * T / len(subset),
+                    peak / 2**20, len(subset), note))
+    ex, secs, peak = run.time("exact engine", grad_norms, max_memory=run.max_memory)
+    exact = ex.norms
+    rel = float(((exact[subset] - loop) / loop).abs().max())
+    rel_naive = float(((exact[subset] - naive) / naive).abs().max())
+    rows.append(Row(mname, T, "exact engine", T / secs, secs, peak / 2**20, T, "",
+                    {"peak_vs_fwd_bwd": peak / max(1, fb_peak)}))
+    acc = {"model": mname, "T": T, "exact_max_rel_err_vs_loop": rel, "exact_max_rel_err_vs_naive": rel_naive,
+           "n_checked": len(subset)}
+    return exact, acc
+
+
+def _sketch_row(run: _BenchRun, exact: torch.Tensor, K: int, seed: int, rows: list[Row]) -> dict:
+    """Time the sketch with ``K`` directions, append its row; returns its accuracy fields (Spearman
+    against the exact norms, coverage of their 95% intervals)."""
+    from gmts_analysis.core.rank import spearman
+    from gmts_analysis.engine import grad_norms
+
+    sk, secs, peak = run.time(f"sketch K={K}", grad_norms, method="sketch", probes=K, seed=seed,
+                              max_memory=run.max_memory)
+    cover = float(((sk.lo <= exact) & (exact <= sk.hi)).double().mean())
+    rho = spearman(sk.norms.numpy(), exact.numpy())
+    rows.append(Row(run.bm.name, run.T, f"sketch K={K}", run.T / secs, secs, peak / 2**20, run.T, "",
+                    {"spearman_vs_exact": rho, "coverage_95": cover}))
+    return {f"sketch{K}_spearman": rho, f"sketch{K}_coverage": cover, f"sketch{K}_n_tokens": run.T}
 
 
 def machine_info(device: torch.device) -> dict:

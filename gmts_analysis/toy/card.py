@@ -74,13 +74,21 @@ def evaluate_pass_at_1(
 
 def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
     """Write ``card.json`` and ``README.md`` into ``out_dir``; returns the card dict."""
-    import transformers
-
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
 
     out_dir = Path(out_dir)
+    card = _card(train_info, evaluation)
+    atomic_write_json(out_dir / "card.json", card)
+    atomic_write_text(out_dir / "README.md", "\n".join(_readme_lines(card, train_info, evaluation)))
+    return card
+
+
+def _card(train_info: dict, evaluation: dict) -> dict:
+    """The ``card.json`` dict: name, parameters, pass@1 per domain, evaluation, training, versions, reproduce."""
+    import transformers
+
     spec = train_info["spec"]
-    card = {
+    return {
         "name": spec["name"],
         "architecture": "Qwen2ForCausalLM (tied embeddings)",
         "parameters": train_info["parameters"],
@@ -96,7 +104,11 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
         "reproduce": f"gmts toy-train --size {spec['name']} --seed {train_info['seed']} "
                      f"--max-steps {train_info['steps']}",
     }
-    atomic_write_json(out_dir / "card.json", card)
+
+
+def _readme_lines(card: dict, train_info: dict, evaluation: dict) -> list[str]:
+    """The model card ``README.md``, one line per element (architecture, training, evaluation table)."""
+    spec = train_info["spec"]
     s = evaluation["settings"]
     lines = [
         f"# Toy policy `{spec['name']}`",
@@ -140,8 +152,7 @@ def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
         lines.append(f"| {d} | {v['pass_at_1']:.3f} | {lv} | {v['mixed_group_share']:.2f} | "
                      f"{v['truncated_share']:.3f} | {v['mean_response_tokens']:.1f} |")
     lines += ["", f"Versions: torch {card['versions']['torch']}, transformers {card['versions']['transformers']}.", ""]
-    atomic_write_text(out_dir / "README.md", "\n".join(lines))
-    return card
+    return lines
 
 
 def _restart_lines(spec: dict, steps: int) -> list[str]:

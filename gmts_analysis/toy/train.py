@@ -206,26 +206,12 @@ def train_policy(
     """
     from gmts_analysis.toy.tokenizer import build_char_tokenizer
 
-    if isinstance(size, PolicySpec):
-        spec = size
-    elif size in SIZES:
-        spec = SIZES[size]
-    else:
-        from gmts_analysis.errors import GmtsError
-
-        raise GmtsError(f"--size: unknown size '{size}' (choose from {', '.join(SIZES)})")
+    spec = _policy_spec(size)
     total = spec.steps if steps is None else int(steps)
     if threads:  # only when asked (gmts toy-train asks for 2, as the shipped runs)
         torch.set_num_threads(threads)
     tokenizer = build_char_tokenizer()
-    if init_model is None:
-        if start_step:
-            raise ValueError("start_step needs init_model")
-        model = build_policy(spec, len(tokenizer), seed)
-    else:
-        if start_step not in spec.restart_steps:
-            raise ValueError(f"can only continue at a warm restart {spec.restart_steps}, not {start_step}")
-        model = init_model
+    model = _start_model(spec, len(tokenizer), seed, init_model, start_step)
     model.train()
     opt = _optimizer(model, spec)
     switches = tuple((r * spec.batch_size, w) for r, w in zip(spec.restart_steps, spec.restart_weights) if w)
@@ -242,16 +228,7 @@ def train_policy(
     for step in it:
         if step in spec.restart_steps and step > start_step:
             opt = _optimizer(model, spec)
-        batch = [next(stream) for _ in range(spec.batch_size)]
-        enc = encode_batch(tokenizer, [(p, r) for _, p, r in batch])
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, spec)
-        loss = model(**enc).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        running += loss.detach().item()
+        running += _sgd_step(model, opt, tokenizer, [next(stream) for _ in range(spec.batch_size)], lr_at(step, spec))
         if (step + 1) % log_every == 0 or step + 1 == total:
             n = min(step - start_step, step % log_every) + 1
             elapsed = time.perf_counter() - t0 - t_callback
@@ -277,3 +254,41 @@ def train_policy(
         "start_step": start_step,
     }
     return model, tokenizer, info
+
+
+def _policy_spec(size: str | PolicySpec) -> PolicySpec:
+    """The spec of ``size``: a name in :data:`SIZES`, or a spec itself."""
+    if isinstance(size, PolicySpec):
+        return size
+    if size in SIZES:
+        return SIZES[size]
+    from gmts_analysis.errors import GmtsError
+
+    raise GmtsError(f"size: unknown size '{size}' (choose from {', '.join(SIZES)})")
+
+
+def _start_model(spec: PolicySpec, vocab_size: int, seed: int, init_model: torch.nn.Module | None,
+                 start_step: int) -> torch.nn.Module:
+    """A fresh seeded policy, or ``init_model`` when continuing at the warm restart ``start_step``."""
+    if init_model is None:
+        if start_step:
+            raise ValueError("start_step needs init_model")
+        return build_policy(spec, vocab_size, seed)
+    if start_step not in spec.restart_steps:
+        raise ValueError(f"can only continue at a warm restart {spec.restart_steps}, not {start_step}")
+    return init_model
+
+
+def _sgd_step(model: torch.nn.Module, opt: torch.optim.Optimizer, tokenizer: Any,
+              batch: list[tuple[str, str, str]], lr: float) -> float:
+    """One AdamW step at learning rate ``lr`` on ``(domain, prompt, response)`` examples (gradient clipped
+    to norm 1); returns the batch's loss."""
+    enc = encode_batch(tokenizer, [(p, r) for _, p, r in batch])
+    for g in opt.param_groups:
+        g["lr"] = lr
+    loss = model(**enc).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    return loss.detach().item()

@@ -349,18 +349,6 @@ def _uid() -> int | None:
     return os.getuid() if hasattr(os, "getuid") else None
 
 
-def remove_ours(d: str | os.PathLike, role: str, out: str | os.PathLike) -> bool:
-    """``rmtree(d)`` when :func:`is_ours` says so; anything else is left alone (and logged)."""
-    d = Path(d)
-    if not os.path.lexists(d):
-        return False
-    if not is_ours(d, role, out):
-        log.warning("%s: looks like a gmts %s directory but does not carry its marker; left alone", d, role)
-        return False
-    shutil.rmtree(d, ignore_errors=True)
-    return True
-
-
 def ours_beside(out: str | os.PathLike, role: str, stem: str) -> list[Path]:
     """Directories beside ``out`` named ``.<out name>.<stem>`` or ``.<out name>.<stem>-<8 hex>`` that
     carry our marker for ``role`` (:func:`is_ours`), oldest name first; look-alikes are skipped."""
@@ -380,18 +368,6 @@ def fresh_sibling_name(out: str | os.PathLike, stem: str) -> Path:
         p = out.parent / f".{out.name}.{stem}-{secrets.token_hex(4)}"
         if not os.path.lexists(p):
             return p
-
-
-def new_ours(out: str | os.PathLike, role: str, stem: str) -> Path:
-    """Create a directory :func:`fresh_sibling_name` beside ``out`` carrying our marker for ``role``."""
-    while True:
-        p = fresh_sibling_name(out, stem)
-        try:
-            p.mkdir()
-        except FileExistsError:
-            continue
-        mark_ours(p, role, out)
-        return p
 
 
 _STAGING = re.compile(r"^\.(?P<name>.+)\.[A-Za-z0-9_]{8}\.partial$")

@@ -398,10 +398,3 @@ def part_stem(rank: int, world_size: int) -> str:
 def read_part_meta(out: Path, rank: int, world_size: int) -> dict | None:
     p = out / PARTS / f"{part_stem(rank, world_size)}.json"
     return _read_json_or_none(p) if p.exists() else None
-
-
-def remove_file(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

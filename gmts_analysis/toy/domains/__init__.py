@@ -25,7 +25,7 @@ def get_domain(name: str) -> Domain:
     from gmts_analysis.errors import GmtsError
 
     if name not in DOMAINS:
-        raise GmtsError(f"--domain: unknown domain '{name}' (choose from {', '.join(DOMAINS)})")
+        raise GmtsError(f"domain: unknown domain '{name}' (choose from {', '.join(DOMAINS)})")
     return DOMAINS[name]
 
 
@@ -49,7 +49,7 @@ def generate_problems(
     if split not in SPLITS:
         raise GmtsError(f"split must be one of {SPLITS}, got '{split}'")
     if difficulty is not None and difficulty not in dom.difficulties:
-        raise GmtsError(f"--difficulty: {domain} has levels {dom.difficulties}, got {difficulty}")
+        raise GmtsError(f"difficulty: {domain} has levels {dom.difficulties}, got {difficulty}")
     rng = random.Random(f"gmts-toy/{domain}/{split}/{seed}")
     out: list[Problem] = []
     seen: set[str] = set()
