@@ -56,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"answers per prompt G (TRL's num_generations) (default: {d.group_size})")
     p.add_argument("--max-completion-length", type=int, default=d.max_new_tokens,
                    help=f"generation budget in tokens (TRL's max_completion_length) (default: {d.max_new_tokens})")
+    _evaluation_and_output_options(p, d)
+    p.set_defaults(func=run)
+
+
+def _evaluation_and_output_options(p: argparse.ArgumentParser, d) -> None:
+    """gmts rl's evaluation, diagnostics, device and output options (``d``: the RLConfig defaults)."""
     p.add_argument("--eval-every", type=int, default=d.eval_every, help=f"steps between evaluations (default: {d.eval_every})")
     p.add_argument("--eval-prompts", type=int, default=d.eval_prompts,
                    help=f"held-out prompts per domain for pass@1 (default: {d.eval_prompts})")
@@ -79,7 +85,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--figures", default="figures", help="directory for rl_<stem>_curves.png and "
                    "rl_<stem>_diagnostics.png ('none' to skip) (default: figures)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
-    p.set_defaults(func=run)
 
 
 def _is_rl_result(path) -> bool:

@@ -288,113 +288,142 @@ def _expand(plan: dict, complete: dict[str, bool]) -> list[dict]:
 # ----------------------------------------------------------------------------- the report
 
 
-def build_report(data_dir: str | Path, plan_path: str | Path | None = None) -> dict:
-    """Everything ``gmts rl-report`` writes, as one JSON-ready dict (see the module docstring):
-    ``generator``, ``plan`` (its path, title, metric, seeds, alpha, correction), ``settings``
-    (status ``complete`` | ``cut``, missing run files, arms with per-seed final pass@1 and evaluation
-    SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``)."""
-    from gmts_analysis.analysis.paired import holm, paired_contrast
+def _rel(p: Path, data_dir: Path) -> str:
+    """``p`` relative to the data directory when it lies under it (the report names files portably)."""
+    try:
+        return p.relative_to(data_dir).as_posix()
+    except ValueError:
+        return p.as_posix()
+
+
+def _read_records(plan: dict, data_dir: Path, plan_path: Path) -> dict[tuple[str, str, int], dict | None]:
+    """``{(setting, arm, seed): record or None}``: every run file the plan names, read and checked once
+    against the plan (a borrowed ``all`` is read where it lives)."""
     from gmts_analysis.rl.config import run_path
     from gmts_analysis.util.io import read_json
 
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise GmtsError(f"{data_dir}: not a directory (give the directory holding plan.json and the settings' runs)")
-    plan_path = Path(plan_path) if plan_path is not None else data_dir / "plan.json"
-    plan = load_plan(plan_path)
-    seeds = list(plan["seeds"])
-    by_name = {s["name"]: s for s in plan["settings"]}
-
-    def rel(p: Path) -> str:
-        try:
-            return p.relative_to(data_dir).as_posix()
-        except ValueError:
-            return p.as_posix()
-
-    # every run file the plan names, read and checked once (a borrowed `all` is read where it lives)
     records: dict[tuple[str, str, int], dict | None] = {}
     for s in plan["settings"]:
         want = expected_config(plan, s)
         for arm in s["arms"]:
-            for seed in seeds:
+            for seed in plan["seeds"]:
                 p = run_path(data_dir / s["file"], arm, seed)
                 rec = None
                 if p.is_file():
                     rec = read_json(p)
                     check_run(rec, p, want, arm, seed, plan_path)
                 records[(s["name"], arm, seed)] = rec
+    return records
 
-    def source(s: dict, arm: str) -> dict:
+
+def _arm_result(source: str, runs: list[dict], seeds: list[int]) -> dict[str, Any]:
+    """One arm of a complete setting: per-seed final pass@1 and evaluation SE, their mean, SD over seeds,
+    the evaluation SE of one run (RMS) and of the mean, and the per-domain means."""
+    fin = [run_final_pass1(r) for r in runs]
+    se = [run_eval_se(r) for r in runs]
+    return {
+        "source": source, "seeds": seeds, "final_pass1": fin, "eval_se": se,
+        "mean": float(np.mean(fin)), "sd": float(np.std(fin, ddof=1)) if len(fin) > 1 else float("nan"),
+        "eval_se_run": float(math.sqrt(np.mean(np.square(se)))),
+        "eval_se_mean": float(math.sqrt(np.sum(np.square(se))) / len(se)),
+        "per_domain": {d: float(np.mean([r["final_pass1"][d] for r in runs])) for d in runs[0]["config"]["domains"]},
+        "final_eval_prompts": final_prompts(runs[0]["config"]),
+    }
+
+
+def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path) -> dict[str, Any]:
+    """A setting of the report: ``cut`` with its missing run files, or ``complete`` with every arm's
+    results and mechanism (a borrowed ``all`` from the setting its ``all_from`` names)."""
+    from gmts_analysis.rl.config import run_path
+
+    by_name = {x["name"]: x for x in plan["settings"]}
+    seeds = list(plan["seeds"])
+
+    def source(arm: str) -> dict:
         return by_name[s["all_from"]] if arm == "all" and s.get("all_from") else s
 
-    settings_out, complete, finals = [], {}, {}
-    for s in plan["settings"]:
-        arms = setting_arms(s)
-        missing = [rel(run_path(data_dir / source(s, a)["file"], a, seed)) for a in arms for seed in seeds
-                   if records[(source(s, a)["name"], a, seed)] is None]
-        n_exp = len(arms) * len(seeds)
-        block: dict[str, Any] = {"name": s["name"], "role": s["role"], "file": s["file"],
-                                 **{k: s[k] for k in SETTING_FIELDS}, "all_from": s.get("all_from"),
-                                 "arms": arms, "n_runs_expected": n_exp, "n_runs_found": n_exp - len(missing),
-                                 "missing": missing}
-        complete[s["name"]] = not missing
-        if missing:
-            block["status"] = "cut"
-            settings_out.append(block)
-            continue
-        block["status"] = "complete"
-        block["results"], block["mechanism"] = {}, {}
-        for a in arms:
-            src = source(s, a)
-            runs = [records[(src["name"], a, seed)] for seed in seeds]
-            fin = [run_final_pass1(r) for r in runs]
-            se = [run_eval_se(r) for r in runs]
-            finals[(s["name"], a)] = (fin, se)
-            doms = runs[0]["config"]["domains"]
-            block["results"][a] = {
-                "source": src["name"], "seeds": seeds, "final_pass1": fin, "eval_se": se,
-                "mean": float(np.mean(fin)), "sd": float(np.std(fin, ddof=1)) if len(fin) > 1 else float("nan"),
-                "eval_se_run": float(math.sqrt(np.mean(np.square(se)))),
-                "eval_se_mean": float(math.sqrt(np.sum(np.square(se))) / len(se)),
-                "per_domain": {d: float(np.mean([r["final_pass1"][d] for r in runs])) for d in doms},
-                "final_eval_prompts": final_prompts(runs[0]["config"]),
-            }
-            block["mechanism"][a] = mechanism(runs)
-        settings_out.append(block)
+    arms = setting_arms(s)
+    missing = [_rel(run_path(data_dir / source(a)["file"], a, seed), data_dir) for a in arms for seed in seeds
+               if records[(source(a)["name"], a, seed)] is None]
+    n_exp = len(arms) * len(seeds)
+    block: dict[str, Any] = {"name": s["name"], "role": s["role"], "file": s["file"],
+                             **{k: s[k] for k in SETTING_FIELDS}, "all_from": s.get("all_from"),
+                             "arms": arms, "n_runs_expected": n_exp, "n_runs_found": n_exp - len(missing),
+                             "missing": missing}
+    if missing:
+        block["status"] = "cut"
+        return block
+    block["status"] = "complete"
+    block["results"], block["mechanism"] = {}, {}
+    for a in arms:
+        runs = [records[(source(a)["name"], a, seed)] for seed in seeds]
+        block["results"][a] = _arm_result(source(a)["name"], runs, seeds)
+        block["mechanism"][a] = mechanism(runs)
+    return block
 
-    contrasts = []
-    for c in _expand(plan, complete):
-        row: dict[str, Any] = dict(c)
-        if not complete[c["setting"]]:
-            row["status"] = "cut"
-            contrasts.append(row)
-            continue
-        (fa, sa), (fb, sb) = finals[(c["setting"], c["a"])], finals[(c["setting"], c["b"])]
-        row["status"] = "reported"
-        row.update(paired_contrast(fa, fb))
-        row["differences"] = [x - y for x, y in zip(fa, fb)]
-        pair_var = [x * x + y * y for x, y in zip(sa, sb)]
-        row["eval_se_diff"] = float(math.sqrt(np.mean(pair_var)))  # one seed's difference, RMS over seeds
-        row["eval_se_mean_diff"] = float(math.sqrt(np.sum(pair_var)) / len(pair_var))
-        row["p_holm"] = None
-        contrasts.append(row)
+
+def _contrast_row(c: dict, settings: dict[str, dict]) -> dict[str, Any]:
+    """One contrast ``a - b``: ``cut`` when its setting is, else the paired statistics over seeds and the
+    evaluation SE of one seed's difference (RMS over seeds) and of the mean difference."""
+    from gmts_analysis.analysis.paired import paired_contrast
+
+    row: dict[str, Any] = dict(c)
+    s = settings[c["setting"]]
+    if s["status"] != "complete":
+        row["status"] = "cut"
+        return row
+    ra, rb = s["results"][c["a"]], s["results"][c["b"]]
+    (fa, sa), (fb, sb) = (ra["final_pass1"], ra["eval_se"]), (rb["final_pass1"], rb["eval_se"])
+    row["status"] = "reported"
+    row.update(paired_contrast(fa, fb))
+    row["differences"] = [x - y for x, y in zip(fa, fb)]
+    pair_var = [x * x + y * y for x, y in zip(sa, sb)]
+    row["eval_se_diff"] = float(math.sqrt(np.mean(pair_var)))  # one seed's difference, RMS over seeds
+    row["eval_se_mean_diff"] = float(math.sqrt(np.sum(pair_var)) / len(pair_var))
+    row["p_holm"] = None
+    return row
+
+
+def _judge(contrasts: list[dict], alpha: float) -> int:
+    """Holm over every planned primary contrast (one whose setting is cut counts with p = 1:
+    conservative), then each reported contrast's verdict and sentence; returns the number of primary
+    contrasts."""
+    from gmts_analysis.analysis.paired import holm
+
     primary = [r for r in contrasts if r["family"] == "primary"]
-    # Holm over every planned primary contrast: one whose setting is cut counts with p = 1 (conservative)
     adj = holm([r.get("p", 1.0) if r["status"] == "reported" else 1.0 for r in primary])
     for r, p in zip(primary, adj):
         if r["status"] == "reported":
             r["p_holm"] = p
     for r in contrasts:
         if r["status"] == "reported":
-            r["verdict"], r["words"] = verdict(r["a"], r["b"], r, r["family"], plan["alpha"])
+            r["verdict"], r["words"] = verdict(r["a"], r["b"], r, r["family"], alpha)
             r["sentence"] = contrast_sentence(r)
+    return len(primary)
+
+
+def build_report(data_dir: str | Path, plan_path: str | Path | None = None) -> dict:
+    """Everything ``gmts rl-report`` writes, as one JSON-ready dict (see the module docstring):
+    ``generator``, ``plan`` (its path, title, metric, seeds, alpha, correction), ``settings``
+    (status ``complete`` | ``cut``, missing run files, arms with per-seed final pass@1 and evaluation
+    SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise GmtsError(f"{data_dir}: not a directory (give the directory holding plan.json and the settings' runs)")
+    plan_path = Path(plan_path) if plan_path is not None else data_dir / "plan.json"
+    plan = load_plan(plan_path)
+    records = _read_records(plan, data_dir, plan_path)
+    settings = {s["name"]: _setting_block(s, plan, records, data_dir) for s in plan["settings"]}
+    complete = {name: b["status"] == "complete" for name, b in settings.items()}
+    contrasts = [_contrast_row(c, settings) for c in _expand(plan, complete)]
+    n_primary = _judge(contrasts, plan["alpha"])
     return {
         "generator": GENERATOR,
         "plan": {"path": plan_path.as_posix(), "title": plan.get("title"), "metric": plan.get("metric"),
-                 "seeds": seeds, "alpha": plan["alpha"], "correction": plan.get("correction", "holm"),
-                 "n_primary": len(primary)},
+                 "seeds": list(plan["seeds"]), "alpha": plan["alpha"], "correction": plan.get("correction", "holm"),
+                 "n_primary": n_primary},
         "data_dir": data_dir.as_posix(),
-        "settings": settings_out,
+        "settings": list(settings.values()),
         "contrasts": contrasts,
     }
 
@@ -448,10 +477,8 @@ def _contrast_table(rows: list[dict], with_holm: bool) -> list[str]:
     return out
 
 
-def report_markdown(report: dict, short: bool = False) -> str:
-    """The generated text of a report: settings and their status, the planned contrasts (sentences and a
-    table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table.
-    short: only the settings and the planned contrasts (a README block: ``<!-- TAG:begin short -->``)."""
+def _settings_lines(report: dict) -> list[str]:
+    """The report's opening paragraph and one line per setting (complete, or cut with its missing runs)."""
     plan = report["plan"]
     seeds = plan["seeds"]
     lines = [
@@ -474,8 +501,13 @@ def report_markdown(report: dict, short: bool = False) -> str:
                                                                      if len(s["missing"]) > 6 else "")
             lines.append(f"- {s['name']} ({s['role']}; {cfg}): **cut**, {s['n_runs_found']} of "
                          f"{s['n_runs_expected']} runs found (missing {shown}); not reported.")
+    return lines
+
+
+def _planned_lines(report: dict) -> list[str]:
+    """The planned contrasts: one sentence each (or "not reported" for a cut setting), then the tables."""
     planned = [r for r in report["contrasts"] if not r["expanded"]]
-    lines += ["", "**Planned contrasts** (final pass@1, paired over seeds)", ""]
+    lines = ["", "**Planned contrasts** (final pass@1, paired over seeds)", ""]
     for r in planned:
         if r["status"] == "cut":
             lines.append(f"- {r['a']} - {r['b']} ({r['setting']}, {r['family']}): not reported, the setting is cut.")
@@ -488,13 +520,13 @@ def report_markdown(report: dict, short: bool = False) -> str:
     expl = [r for r in done if r["family"] != "primary"]
     if expl:
         lines += ["", *_contrast_table(expl, False)]
-    if short:
-        return "\n".join(lines) + "\n"
-    if not any(s["status"] == "complete" for s in report["settings"]):
-        lines += ["", "No setting is complete: no final pass@1, contrast or mechanism is reported yet."]
-        return "\n".join(lines) + "\n"
-    lines += ["", "**Final pass@1 per arm** (mean over domains; SD over seeds; evaluation SE of one run)", "",
-              "| setting | arm | mean | SD | min | max | eval SE (run) | per domain |", "|---|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _results_lines(report: dict) -> list[str]:
+    """Final pass@1 per setting and arm, then every other pair of arms (collapsed)."""
+    lines = ["", "**Final pass@1 per arm** (mean over domains; SD over seeds; evaluation SE of one run)", "",
+             "| setting | arm | mean | SD | min | max | eval SE (run) | per domain |", "|---|---|---|---|---|---|---|---|"]
     for s in report["settings"]:
         for a, res in (s.get("results") or {}).items():
             dom = ", ".join(f"{d} {v:.3f}" for d, v in res["per_domain"].items())
@@ -505,14 +537,33 @@ def report_markdown(report: dict, short: bool = False) -> str:
     if others:
         lines += ["", f"<details><summary>Every other pair of arms ({len(others)} exploratory contrasts, "
                   "unadjusted)</summary>", "", *_contrast_table(others, False), "", "</details>"]
-    lines += ["", "**Mechanism** (mean over seeds; shares over every training step; mass capture and fidelity of "
-              "the arm's own selection at the last diagnostic step)", "",
-              "| setting | arm | zero-adv groups | zero-adv tokens | waste | groups kept | mass capture | cosine | "
-              "norm ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    return lines
+
+
+def _mechanism_lines(report: dict) -> list[str]:
+    """The mechanism table: zero-advantage shares, waste, groups kept, mass capture and fidelity per arm."""
+    lines = ["", "**Mechanism** (mean over seeds; shares over every training step; mass capture and fidelity of "
+             "the arm's own selection at the last diagnostic step)", "",
+             "| setting | arm | zero-adv groups | zero-adv tokens | waste | groups kept | mass capture | cosine | "
+             "norm ratio |", "|---|---|---|---|---|---|---|---|---|"]
     for s in report["settings"]:
         for a, m in (s.get("mechanism") or {}).items():
             kept = _f(m["groups_kept"]) if s["dynamic_sampling"] else "-"
             lines.append(f"| {s['name']} | {a} | {_f(m['zero_adv_groups'])} | {_f(m['zero_adv_tokens'])} | "
                          f"{_f(m['waste'])} | {kept} | {_f(m['mass_capture'])} | {_f(m['cosine'])} | "
                          f"{_f(m['norm_ratio'])} |")
+    return lines
+
+
+def report_markdown(report: dict, short: bool = False) -> str:
+    """The generated text of a report: settings and their status, the planned contrasts (sentences and a
+    table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table.
+    short: only the settings and the planned contrasts (a README block: ``<!-- TAG:begin short -->``)."""
+    lines = _settings_lines(report) + _planned_lines(report)
+    if short:
+        return "\n".join(lines) + "\n"
+    if not any(s["status"] == "complete" for s in report["settings"]):
+        lines += ["", "No setting is complete: no final pass@1, contrast or mechanism is reported yet."]
+        return "\n".join(lines) + "\n"
+    lines += _results_lines(report) + _mechanism_lines(report)
     return "\n".join(lines) + "\n"
