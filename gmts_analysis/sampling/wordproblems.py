@@ -115,22 +115,15 @@ def generate(n: int, seed: int = 0, difficulty: int | None = None) -> list[WordP
         raise GmtsError(f"word problems: need n >= 1, got {n}")
     if difficulty is not None and difficulty not in DIFFICULTIES:
         raise GmtsError(f"--difficulty: word problems have levels {DIFFICULTIES}, got {difficulty}")
+    from gmts_analysis.toy.domains import draw_distinct
+
     rng = random.Random(f"gmts-word/{seed}")
     names = list(TEMPLATES)
-    out: list[WordProblem] = []
-    seen: set[str] = set()
-    tries = 0
-    while len(out) < n:
-        tries += 1
-        if tries > 100 * n + 1000:
-            raise GmtsError(f"word problems: cannot draw {n} distinct problems")
-        level = difficulty if difficulty is not None else rng.choice(DIFFICULTIES)
-        p = TEMPLATES[names[len(out) % len(names)]](rng, level)
-        if p.text in seen:
-            continue
-        seen.add(p.text)
-        out.append(p)
-    return out
+    return draw_distinct(
+        n, 100 * n + 1000,
+        draw=lambda i: TEMPLATES[names[i % len(names)]](rng, difficulty if difficulty is not None else rng.choice(DIFFICULTIES)),
+        key=lambda p: p.text, error=f"word problems: cannot draw {n} distinct problems",
+    )
 
 
 #: worked examples shown before the problem (a 135M model follows the format only after seeing it)

@@ -7,11 +7,15 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import TypeVar
 
 from gmts_analysis.toy.domains.arithmetic import ARITHMETIC
 from gmts_analysis.toy.domains.base import ANSWER_MARKER, Domain, Problem, final_answer, split_of
 from gmts_analysis.toy.domains.logic import LOGIC
 from gmts_analysis.toy.domains.program import PROGRAM
+
+T = TypeVar("T")
 
 DOMAINS: dict[str, Domain] = {d.name: d for d in (ARITHMETIC, PROGRAM, LOGIC)}
 SPLITS = ("train", "heldout")
@@ -51,17 +55,40 @@ def generate_problems(
     if difficulty is not None and difficulty not in dom.difficulties:
         raise GmtsError(f"difficulty: {domain} has levels {dom.difficulties}, got {difficulty}")
     rng = random.Random(f"gmts-toy/{domain}/{split}/{seed}")
-    out: list[Problem] = []
+    return draw_distinct(
+        n, 200 * n + 10_000,
+        draw=lambda i: dom.generate(rng, difficulty if difficulty is not None else rng.choice(dom.difficulties)),
+        key=lambda p: p.prompt, keep=lambda p: split_of(domain, p.prompt) == split, unique=unique,
+        error=f"{domain}: cannot draw {n} distinct {split} prompts at difficulty {difficulty}",
+    )
+
+
+def draw_distinct(
+    n: int,
+    max_tries: int,
+    draw: Callable[[int], T],
+    key: Callable[[T], str],
+    error: str,
+    keep: Callable[[T], bool] = lambda item: True,
+    unique: bool = True,
+) -> list[T]:
+    """``n`` items from ``draw(i)`` (``i``: how many are kept so far), skipping those ``keep`` refuses and,
+    with ``unique``, those whose ``key`` was kept before; a GmtsError ``error`` after ``max_tries`` draws.
+    The one loop behind the toy domains' and the word problems' prompt streams (each draw consumes the
+    caller's random stream in the same order as before)."""
+    from gmts_analysis.errors import GmtsError
+
+    out: list[T] = []
     seen: set[str] = set()
     tries = 0
     while len(out) < n:
         tries += 1
-        if tries > 200 * n + 10_000:
-            raise GmtsError(f"{domain}: cannot draw {n} distinct {split} prompts at difficulty {difficulty}")
-        level = difficulty if difficulty is not None else rng.choice(dom.difficulties)
-        p = dom.generate(rng, level)
-        if split_of(domain, p.prompt) != split or (unique and p.prompt in seen):
+        if tries > max_tries:
+            raise GmtsError(error)
+        item = draw(len(out))
+        k = key(item)
+        if not keep(item) or (unique and k in seen):
             continue
-        seen.add(p.prompt)
-        out.append(p)
+        seen.add(k)
+        out.append(item)
     return out
