@@ -97,7 +97,7 @@ def test_fresh_kernel_shows_figures_and_one_line_bars(run_dir, monkeypatch, tmp_
     nb.cells = [nbformat.v4.new_code_cell(src) for src in (
         f"import gmts_analysis as gmts\nrun = gmts.load_run({str(run_dir)!r})",
         "run.figure('within_vs_cross')",
-        "from gmts_analysis import plots\nplots.fig_decomposition(run.stats)",
+        "from gmts_analysis.views import plots\nplots.fig_decomposition(run.stats)",
         "from gmts_analysis.util.progress import tqdm\nfor _ in tqdm(range(50), desc='work', mininterval=0): pass",
         "import transformers  # imports tqdm.auto: no IProgress warning after import gmts_analysis",
     )]
