@@ -312,6 +312,17 @@ def test_update_file_without_markers_is_refused_before_anything_is_written(tmp_p
     assert good.read_text().endswith("\nx\n<!-- gmts-rl-referee:end -->\n") and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("kind", ["missing", "directory"])
+def test_unreadable_update_file_is_one_line_before_anything_is_written(tmp_path, kind):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)
+    target = tmp_path / "doc.md"
+    if kind == "directory":
+        target.mkdir()
+    assert_one_line_error(*run_cli(["rl-report", str(data), "--out", str(tmp_path / "o"), "--update", str(target)]),
+                          "--update", "doc.md", "no such file" if kind == "missing" else "is a directory")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("name", ["rl_report.json", "rl_report.md", "rl_forest.png"])
 def test_foreign_output_file_is_refused(tmp_path, name):
     data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _constant_gain)

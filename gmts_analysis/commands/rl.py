@@ -102,10 +102,11 @@ def _check_targets(out, figures) -> None:
     import re
 
     from gmts_analysis.errors import GmtsError
+    from gmts_analysis.rl.config import runs_dir
     from gmts_analysis.util.io import check_output_file
 
     check_output_file(out, "--out", _is_rl_result, overwrite=None)
-    runs = out.with_suffix("").with_name(out.stem + ".runs")
+    runs = runs_dir(out)
     if runs.exists():
         if not runs.is_dir() or runs.is_symlink():
             raise GmtsError(f"--out {out}: {runs} exists and is not a directory of run records; choose another --out")

@@ -99,14 +99,12 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.rl.plots import plot_forest
-    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, report_markdown
+    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, check_data_dir, report_markdown
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
     from gmts_analysis.util.markers import block_note, replace_body
 
     log = logging.getLogger("gmts")
-    data = Path(args.data_dir)
-    if not data.is_dir():
-        raise GmtsError(f"{data}: not a directory (give the directory holding plan.json and the settings' runs)")
+    data = check_data_dir(args.data_dir)
     out = Path(args.out) if args.out is not None else data
     if out.exists() and not out.is_dir():
         raise GmtsError(f"--out {out}: is a file; give a directory")
@@ -119,9 +117,10 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / OUTPUTS[1], f"{MD_HEADER}\n# {title}\n\n{body}")
     plot_forest(report, out / OUTPUTS[2])
     log.info("wrote %s", ", ".join(str(out / n) for n in OUTPUTS))
+    notes = {p: block_note(text, BLOCK_TAG) for p, text in texts.items()}  # "short": the contrasts only
+    short_body = report_markdown(report, short=True) if "short" in notes.values() else ""
     for p, text in texts.items():
-        short = block_note(text, BLOCK_TAG) == "short"  # <!-- gmts-rl-referee:begin short -->: the contrasts only
-        atomic_write_text(p, replace_body(text, BLOCK_TAG, report_markdown(report, short=True) if short else body))
+        atomic_write_text(p, replace_body(text, BLOCK_TAG, short_body if notes[p] == "short" else body))
         log.info("updated the generated block of %s", p)
     for s in report["settings"]:
         if s["status"] == "cut":

@@ -81,6 +81,11 @@ def stable_seed(*key: object) -> int:
     return derive_seed(*key, bits=31)
 
 
+def runs_dir(out: Path) -> Path:
+    """The folder of the run records of the experiment ``out`` (``<out stem>.runs`` beside it)."""
+    return out.with_suffix("").with_name(out.stem + ".runs")
+
+
 def run_path(out: Path, selection: str, seed: int) -> Path:
     """The run record of ``selection`` and ``seed`` of the experiment ``out`` (``<out stem>.runs/<selection>-s<seed>.json``)."""
-    return out.with_suffix("").with_name(out.stem + ".runs") / f"{selection}-s{seed}.json"
+    return runs_dir(out) / f"{selection}-s{seed}.json"

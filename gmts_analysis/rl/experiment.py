@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rl.config import run_path
+from gmts_analysis.rl.config import run_path, runs_dir
 from gmts_analysis.rl.trainer import RLConfig, evaluate, train
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ def _initial_pass1(base: RLConfig, shared: dict, out: Path, load: Callable[[], t
     ``shared``, else measured once and written there."""
     from gmts_analysis.util.io import atomic_write_json, read_json
 
-    init_path = out.with_suffix("").with_name(out.stem + ".runs") / "initial.json"
+    init_path = runs_dir(out) / "initial.json"
     if init_path.exists():
         rec = read_json(init_path)
         if rec.get("config") == shared:
@@ -187,7 +187,7 @@ def load_experiment(out: str | Path) -> dict:
     from gmts_analysis.util.io import read_json
 
     out = Path(out)
-    rdir = out.with_suffix("").with_name(out.stem + ".runs")
+    rdir = runs_dir(out)
     if not rdir.is_dir():
         raise GmtsError(f"{rdir}: no run directory for experiment {out}")
     init = read_json(rdir / "initial.json") if (rdir / "initial.json").exists() else None

@@ -22,6 +22,7 @@ naming the file and field.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -154,6 +155,7 @@ def run_eval_se(rec: dict) -> float:
     return math.sqrt(var) / len(doms)
 
 
+@functools.cache
 def _config_defaults() -> dict:
     """:class:`~gmts_analysis.rl.config.RLConfig`'s defaults, JSON-ready (what a run recorded before a
     field existed ran with)."""
@@ -316,6 +318,12 @@ def _read_records(plan: dict, data_dir: Path, plan_path: Path) -> dict[tuple[str
     return records
 
 
+def _se_one_and_mean(var: Sequence[float]) -> tuple[float, float]:
+    """From per-seed evaluation variances: the SE of one seed (RMS over seeds) and the SE of the mean
+    over seeds."""
+    return float(math.sqrt(np.mean(var))), float(math.sqrt(np.sum(var)) / len(var))
+
+
 def _arm_result(source: str, runs: list[dict], seeds: list[int]) -> dict[str, Any]:
     """One arm of a complete setting: per-seed final pass@1 and evaluation SE, their mean, SD over seeds,
     the evaluation SE of one run (RMS) and of the mean, and the per-domain means."""
@@ -324,8 +332,7 @@ def _arm_result(source: str, runs: list[dict], seeds: list[int]) -> dict[str, An
     return {
         "source": source, "seeds": seeds, "final_pass1": fin, "eval_se": se,
         "mean": float(np.mean(fin)), "sd": float(np.std(fin, ddof=1)) if len(fin) > 1 else float("nan"),
-        "eval_se_run": float(math.sqrt(np.mean(np.square(se)))),
-        "eval_se_mean": float(math.sqrt(np.sum(np.square(se))) / len(se)),
+        **dict(zip(("eval_se_run", "eval_se_mean"), _se_one_and_mean(np.square(se)))),
         "per_domain": {d: float(np.mean([r["final_pass1"][d] for r in runs])) for d in runs[0]["config"]["domains"]},
         "final_eval_prompts": final_prompts(runs[0]["config"]),
     }
@@ -377,9 +384,7 @@ def _contrast_row(c: dict, settings: dict[str, dict]) -> dict[str, Any]:
     row["status"] = "reported"
     row.update(paired_contrast(fa, fb))
     row["differences"] = [x - y for x, y in zip(fa, fb)]
-    pair_var = [x * x + y * y for x, y in zip(sa, sb)]
-    row["eval_se_diff"] = float(math.sqrt(np.mean(pair_var)))  # one seed's difference, RMS over seeds
-    row["eval_se_mean_diff"] = float(math.sqrt(np.sum(pair_var)) / len(pair_var))
+    row["eval_se_diff"], row["eval_se_mean_diff"] = _se_one_and_mean([x * x + y * y for x, y in zip(sa, sb)])
     row["p_holm"] = None
     return row
 
@@ -402,14 +407,20 @@ def _judge(contrasts: list[dict], alpha: float) -> int:
     return len(primary)
 
 
+def check_data_dir(data_dir: str | Path) -> Path:
+    """``data_dir`` as a Path, refused (one line) when it is not a directory."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise GmtsError(f"{data_dir}: not a directory (give the directory holding plan.json and the settings' runs)")
+    return data_dir
+
+
 def build_report(data_dir: str | Path, plan_path: str | Path | None = None) -> dict:
     """Everything ``gmts rl-report`` writes, as one JSON-ready dict (see the module docstring):
     ``generator``, ``plan`` (its path, title, metric, seeds, alpha, correction), ``settings``
     (status ``complete`` | ``cut``, missing run files, arms with per-seed final pass@1 and evaluation
     SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``)."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise GmtsError(f"{data_dir}: not a directory (give the directory holding plan.json and the settings' runs)")
+    data_dir = check_data_dir(data_dir)
     plan_path = Path(plan_path) if plan_path is not None else data_dir / "plan.json"
     plan = load_plan(plan_path)
     records = _read_records(plan, data_dir, plan_path)

@@ -438,12 +438,13 @@ def _batch(run: _Run, rows: list[dict]) -> _Batch:
     from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
 
     rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
+    group_ids = [r["group_id"] for r in rows]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", SingletonGroupWarning)
-        adv_np = compute_advantages(rewards, [r["group_id"] for r in rows], run.cfg.advantage)
+        adv_np = compute_advantages(rewards, group_ids, run.cfg.advantage)
     tensors = collate(rows, run.pad, run.device)
     adv = torch.tensor(adv_np, dtype=torch.float32, device=run.device)
-    return _Batch(rows, rewards, adv_np, adv, [r["group_id"] for r in rows], tensors)
+    return _Batch(rows, rewards, adv_np, adv, group_ids, tensors)
 
 
 def _update(run: _Run, step: int, b: _Batch) -> _Update:
