@@ -20,7 +20,6 @@ Shapes: ``Grid`` is scope -> estimator -> rho key ("0.2") -> value (``topk_overl
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +61,7 @@ def _same(v: Any, where: str) -> Any:
 
 def _dump(v: Any) -> Any:
     """The JSON value of an attribute (records and typed maps through their ``to_dict``)."""
-    if isinstance(v, (Record, Grid, CIGrid, PairedDifferences)):
+    if isinstance(v, (Record, NestedMap)):
         return v.to_dict()
     if isinstance(v, dict):
         return {k: _dump(x) for k, x in v.items()}
@@ -130,10 +129,6 @@ class Interval(Record):
     LOAD: ClassVar = {"ci_low": _stat, "ci_high": _stat}
     ci_low: float = NAN
     ci_high: float = NAN
-
-    @property
-    def defined(self) -> bool:
-        return not (math.isnan(self.ci_low) or math.isnan(self.ci_high))
 
 
 @dataclass
@@ -214,20 +209,33 @@ class Identity(Record):
 
 
 @dataclass
-class Grid:
-    """scope -> estimator -> rho key -> value (``topk_overlap``, ``selection_waste``, ``mass_capture``)."""
+class NestedMap:
+    """Three levels of names over a leaf that ``LEAF`` reads (the typed maps below share this)."""
 
-    values: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    LEAF: ClassVar[Loader]
+    values: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "") -> Grid:
-        return cls(_map(_map(_map(_stat)))(d, where))
+    def from_dict(cls, d: Any, where: str = "") -> Any:
+        return cls(_map(_map(_map(cls.LEAF)))(d, where))
 
     def to_dict(self) -> dict:
-        return {sc: {s: dict(by) for s, by in per.items()} for sc, per in self.values.items()}
+        return _dump(self.values)
 
-    def __contains__(self, scope: object) -> bool:
-        return scope in self.values
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def series(self, first: str, second: str) -> dict[str, Any]:
+        """``{third level: leaf}`` under ``first`` and ``second`` (empty when absent)."""
+        return self.values.get(first, {}).get(second, {})
+
+
+@dataclass
+class Grid(NestedMap):
+    """scope -> estimator -> rho key -> value (``topk_overlap``, ``selection_waste``, ``mass_capture``)."""
+
+    LEAF: ClassVar[Loader] = staticmethod(_stat)
+    values: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.values)
@@ -236,34 +244,17 @@ class Grid:
         """The estimators of ``scope`` (none when the scope is absent)."""
         return list(self.values.get(scope, {}))
 
-    def series(self, scope: str, s: str) -> dict[str, float]:
-        """``{rho key: value}`` of ``s`` in ``scope`` (empty when absent)."""
-        return self.values.get(scope, {}).get(s, {})
-
     def at(self, scope: str, s: str, rk: str) -> float:
         """The value, NaN when absent."""
         return self.series(scope, s).get(rk, NAN)
 
 
 @dataclass
-class CIGrid:
+class CIGrid(NestedMap):
     """scope -> estimator -> rho key -> :class:`Interval` (``topk_overlap_ci`` and the like)."""
 
+    LEAF: ClassVar[Loader] = staticmethod(_record(Interval))
     values: dict[str, dict[str, dict[str, Interval]]] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "") -> CIGrid:
-        return cls(_map(_map(_map(_record(Interval))))(d, where))
-
-    def to_dict(self) -> dict:
-        return {sc: {s: {rk: iv.to_dict() for rk, iv in by.items()} for s, by in per.items()}
-                for sc, per in self.values.items()}
-
-    def __contains__(self, scope: object) -> bool:
-        return scope in self.values
-
-    def series(self, scope: str, s: str) -> dict[str, Interval]:
-        return self.values.get(scope, {}).get(s, {})
 
     def at(self, scope: str, s: str, rk: str) -> Interval:
         """The interval, undefined (NaN, NaN) when absent."""
@@ -271,21 +262,11 @@ class CIGrid:
 
 
 @dataclass
-class PairedDifferences:
+class PairedDifferences(NestedMap):
     """statistic -> estimator -> reference -> :class:`PairedDiff` (``paired_difference``)."""
 
+    LEAF: ClassVar[Loader] = staticmethod(_record(PairedDiff))
     values: dict[str, dict[str, dict[str, PairedDiff]]] = field(default_factory=dict)
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str = "") -> PairedDifferences:
-        return cls(_map(_map(_map(_record(PairedDiff))))(d, where))
-
-    def to_dict(self) -> dict:
-        return {st: {s: {r: p.to_dict() for r, p in by.items()} for s, by in per.items()}
-                for st, per in self.values.items()}
-
-    def __contains__(self, stat: object) -> bool:
-        return stat in self.values
 
     def of(self, stat: str) -> dict[str, dict[str, PairedDiff]]:
         """``{s: {ref: PairedDiff}}`` of one statistic (empty when absent)."""

@@ -62,12 +62,12 @@ def print_results(out) -> None:
     """The results table of a finished run directory, as ``gmts run`` prints it (stdout)."""
     from pathlib import Path
 
+    from gmts_analysis.analysis.stats_types import Statistics
     from gmts_analysis.analysis.summary import summary_text
     from gmts_analysis.commands.stats import warn_few_groups
-    from gmts_analysis.util.io import read_json
 
     path = Path(out) / "stats.json"
     if path.is_file():
-        stats = read_json(path)
-        print(summary_text(stats))
-        warn_few_groups(stats)
+        st = Statistics.read(path)  # parsed once for the table and the warning
+        print(summary_text(st))
+        warn_few_groups(st)

@@ -65,7 +65,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import json
     from pathlib import Path
 
     from gmts_analysis.api import ALL_DOMAINS, WORD_DOMAIN
@@ -107,13 +106,13 @@ def run(args: argparse.Namespace) -> int:
                 "temperature": args.temperature, "max_new_tokens": args.max_completion_length, "seed": args.seed,
                 "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
     sample_and_probe(cfg, sampling)
-    stats = json.loads((out / "stats.json").read_text())
+    from gmts_analysis.analysis.stats_types import Statistics
     from gmts_analysis.analysis.summary import summary_text
-
-    print(summary_text(stats, domains))
     from gmts_analysis.commands.stats import warn_few_groups
 
-    warn_few_groups(stats)
+    st = Statistics.read(out / "stats.json")  # parsed once for the table and the warning
+    print(summary_text(st, domains))
+    warn_few_groups(st)
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()
