@@ -12,7 +12,7 @@ alike, so the kernel (numpy), the selection and RL code (torch) and this table s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from gmts_analysis.core.scores import (  # noqa: F401 - the formulas, re-exported
@@ -31,23 +31,10 @@ if TYPE_CHECKING:
 Estimator = Callable[["pd.DataFrame"], "pd.Series"]
 
 
-class _Estimators(Mapping):
-    """``{name: (columns it needs, function of the table)}``, read from the registry at each use."""
-
-    def __getitem__(self, name: str) -> tuple[tuple[str, ...], Estimator]:
-        if name not in ESTIMATOR_NAMES:
-            raise KeyError(name)
-        s = get_score(name)
-        return s.needs, s.fn  # the score's function takes the table as its mapping of quantities
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(ESTIMATOR_NAMES)
-
-    def __len__(self) -> int:
-        return len(ESTIMATOR_NAMES)
-
-
-ESTIMATORS: Mapping[str, tuple[tuple[str, ...], Estimator]] = _Estimators()
+#: ``{name: (columns it needs, function of the table)}``, read from the registry at each use (the
+#: score's function takes the table as its mapping of quantities)
+ESTIMATORS: Mapping[str, tuple[tuple[str, ...], Estimator]] = FieldView(lambda s: s.column,
+                                                                       lambda s: (s.needs, s.fn))
 
 #: estimators that are 0 wherever omega = 0 (a top-k by them picks such a token only when it runs
 #: out of tokens with a positive score): those scaled by |omega| or by 1[omega != 0]

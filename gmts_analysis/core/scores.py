@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
@@ -146,11 +146,6 @@ def get_score(name: str) -> Score:
     return _REGISTRY[name]
 
 
-def all_scores() -> list[Score]:
-    """Every registered score, in registration order."""
-    return list(_REGISTRY.values())
-
-
 def scaled(name: str, base: str, scale: str, doc: str, **fields: Any) -> Score:
     """A score ``base * |omega|`` (``scale="abs_omega"``) or ``base * 1[omega != 0]``
     (``"informative"``), built from the registered ``base`` (its function and needs)."""
@@ -240,12 +235,6 @@ DIAGNOSTIC_SCORES = NameView(lambda s: s.diagnostic)
 MASKED_ARMS = NameView(lambda s: s.arm and s.scale == "informative", _arm_order)
 #: ``{arm: colour}`` of the RL figures
 ARM_COLORS = FieldView(lambda s: s.arm and s.color is not None, lambda s: s.color, _arm_order)
-
-
-def with_fields(score: Score, **changes: Any) -> Score:
-    """A copy of ``score`` with some fields changed (e.g. to make an estimator an arm, then
-    ``register(..., replace_existing=True)``)."""
-    return replace(score, **changes)
 
 
 # --- the built-in scores (registered once, at import) ---------------------------------------------

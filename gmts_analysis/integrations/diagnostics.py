@@ -72,14 +72,11 @@ def diagnostic_scores(entropy: Tensor, omega: Tensor, mask: Tensor,
     """``{name: (B, T) float64 score}`` (0 on padding) for every score of :data:`SCORES` whose quantities
     are given: ``entropy``, ``gmts`` = entropy * |omega| and, when ``logit_grad_norm`` is given,
     ``gmts_lgn`` = logit_grad_norm * |omega|."""
-    from gmts_analysis.core.selection_tensor import ScoreInputs
+    from gmts_analysis.core.selection_tensor import ScoreInputs, score_tensor
 
-    m = mask.bool()
-    zero = torch.zeros_like(omega, dtype=torch.float64)
     inputs = ScoreInputs("diagnostics", mask, omega.device, entropy=entropy, omega=omega,
                          logit_grad_norm=logit_grad_norm, uniform=False)
-    return {k: torch.where(m, get_score(k).fn(inputs), zero) for k in SCORES
-            if all(q in inputs for q in get_score(k).needs)}
+    return {k: score_tensor(k, inputs, mask) for k in SCORES if all(q in inputs for q in get_score(k).needs)}
 
 
 def selection_diagnostics(
