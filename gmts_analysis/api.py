@@ -26,24 +26,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions, options_from_kwargs
+from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN  # noqa: F401 - the sampling worlds' names
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from gmts_analysis.views.notebook_view import TokenView
-
-#: the sampling worlds' names (:mod:`gmts_analysis.sampling.domains`), given on first use: importing the
-#: sampling package loads torch, and ``import gmts_analysis`` loads neither torch nor pandas
-_SAMPLING_NAMES = ("ALL_DOMAINS", "DEFAULT_DOMAINS", "WORD_DOMAIN")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _SAMPLING_NAMES:
-        from gmts_analysis.sampling import domains
-
-        return getattr(domains, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 #: ``gmts probe`` job settings that :func:`probe` also takes (see its docstring)
 PROBE_SETTINGS = ("quiet", "offline", "out", "overwrite", "figures", "strict", "answers_per_chunk")

@@ -97,12 +97,24 @@ def test_option_domains_refused_before_the_model_loads(command, flag, dest, choi
 
 @pytest.mark.parametrize("argv", [["sample", "--temperature", "0"], ["sample", "--num-generations", "2"],
                                   ["stats", "--n-boot", "0"], ["sample", "--difficulty", "3"],
-                                  ["rl", "--max-steps", "0"], ["rl", "--diag-every", "0"]])
+                                  ["rl", "--max-steps", "0"], ["rl", "--diag-every", "0"],
+                                  ["run", "--domains", "word"], ["sample", "--domains", "word"],
+                                  ["run", "--domains", "arithmetic,word"]])
 def test_option_domains_edges_inside_the_domain_are_accepted(argv):
     from gmts_analysis.probing.validate import validate_namespace
 
     ns = build_parser().parse_args([argv[0], *(["RUN"] if argv[0] == "stats" else ["--out", "x.json"]), *argv[1:]])
     validate_namespace(argv[0], ns)
+
+
+def test_option_domains_word_problems_sample_but_do_not_train():
+    """--domains word is a sampling world (gmts run, gmts sample) and not a training domain (gmts rl)."""
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.probing.validate import validate_namespace
+
+    ns = build_parser().parse_args(["rl", "--out", "x.json", "--domains", "arithmetic", "word"])
+    with pytest.raises(GmtsError, match=r"^--domains: unknown domain\(s\) word \(choose from arithmetic, program, logic\)$"):
+        validate_namespace("rl", ns)
 
 
 def test_option_domains_shared_by_the_api():

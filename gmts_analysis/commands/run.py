@@ -67,24 +67,19 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from gmts_analysis.api import ALL_DOMAINS, WORD_DOMAIN
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.options.config import ProbeConfig
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.readers.models import resolve_device, resolve_model_path
     from gmts_analysis.run.job import sample_and_probe
+    from gmts_analysis.sampling.domains import WORD_DOMAIN, domain_list
     from gmts_analysis.util import io
 
     t0 = time.perf_counter()
     given = args.domains
     if given is None:
         given = [DEFAULT_DOMAINS if is_toy_policy(args.model) else WORD_DOMAIN]
-    given = [given] if isinstance(given, str) else list(given)  # str: an old caller
-    domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
-    unknown = [d for d in domains if d not in ALL_DOMAINS]
-    if not domains or unknown:
-        raise GmtsError(f"--domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(ALL_DOMAINS)})")
+    domains = domain_list(given, flag="--domains")
     for k, v in (WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS).items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)

@@ -60,8 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.readers.models import load_model
-    from gmts_analysis.sampling.domains import WORD_DOMAIN, sample_domains
-    from gmts_analysis.toy.domains import get_domain
+    from gmts_analysis.sampling.domains import sample_domains
     from gmts_analysis.toy.sample import write_rollouts
 
     if args.domains is not None and args.prompts is not None:
@@ -70,15 +69,12 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts is not None:
         return _run_prompts(args)
     from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.sampling.domains import DEFAULT_DOMAINS, card_max_new_tokens
+    from gmts_analysis.sampling.domains import DEFAULT_DOMAINS, card_max_new_tokens, domain_list
 
     if args.num_prompts is None:
         args.num_prompts = 8
     given = args.domains if args.domains is not None else [",".join(DEFAULT_DOMAINS)]
-    domains = [d.strip() for x in given for d in x.split(",") if d.strip()]
-    for d in domains:
-        if d != WORD_DOMAIN:
-            get_domain(d)
+    domains = domain_list(given, flag="--domains")
     if args.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
     out = _check_out(args)

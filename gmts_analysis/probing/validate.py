@@ -439,14 +439,18 @@ def _dtype(flag: str, v: Any) -> None:
 
 
 def _domains(flag: str, v: Any) -> None:
+    """Sampling domains: the toy domains and the word problems (gmts run, gmts sample)."""
+    from gmts_analysis.sampling.domains import domain_list
+
+    domain_list(v, flag=flag)
+
+
+def _toy_domains(flag: str, v: Any) -> None:
+    """Training domains: the toy domains only (gmts rl)."""
+    from gmts_analysis.sampling.domains import domain_list
     from gmts_analysis.toy.domains import DOMAINS
 
-    given = [v] if isinstance(v, str) else list(v)
-    names = [d.strip() for x in given for d in str(x).split(",") if d.strip()]
-    unknown = [d for d in names if d not in DOMAINS]
-    if not names or unknown:
-        raise GmtsError(f"{flag}: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(DOMAINS)})")
+    domain_list(v, tuple(DOMAINS), flag)
 
 
 def _verifier(flag: str, v: Any) -> None:
@@ -539,7 +543,7 @@ COMMAND_DOMAINS: dict[str, dict[str, Any]] = {
     "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None,  # validate_options
               "num_generations": None, "max_completion_length": None, "uncertain_below": None},
     "bench": {"models": None},  # names or paths: checked when each loads
-    "rl": {"figures": _output_path, "max_steps": _int_at_least(0)},  # 0: evaluate the start only (RLConfig)
+    "rl": {"figures": _output_path, "max_steps": _int_at_least(0), "domains": _toy_domains},  # 0: evaluate the start only (RLConfig)
     "sample": {"temperature": _nonneg_finite},  # 0: greedy
     "stats": {"n_boot": _int_at_least(0)},  # 0: no confidence intervals
 }

@@ -57,14 +57,15 @@ def sampling_options(model: Any, domains: Any, options: dict[str, Any], where: s
     return opts
 
 
-def domain_list(domains: str | Any) -> list[str]:
-    """Domain names from a comma-separated string or a sequence of them; unknown names refused."""
+def domain_list(domains: str | Any, allowed: tuple[str, ...] = ALL_DOMAINS, flag: str = "domains") -> list[str]:
+    """Domain names from a comma-separated string or a sequence of them; a name not in ``allowed``, or
+    none at all, is refused with one line naming ``flag`` (the caller's name for the option)."""
     doms = [d.strip() for x in ([domains] if isinstance(domains, str) else domains) for d in str(x).split(",")
             if d.strip()]
-    unknown = [d for d in doms if d not in ALL_DOMAINS]
+    unknown = [d for d in doms if d not in allowed]
     if not doms or unknown:
-        raise GmtsError(f"domains: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(ALL_DOMAINS)})")
+        raise GmtsError(f"{flag}: unknown domain(s) {', '.join(unknown) or '(none given)'} "
+                        f"(choose from {', '.join(allowed)})")
     return doms
 
 
