@@ -42,7 +42,6 @@ class ProbeInputs:
     answers: list["Answer"]  #: in input order (a :class:`~gmts_analysis.readers.rollouts.Rollouts` list)
     coefs: list["AnswerCoefficients"]  #: advantage and loss weight of each answer, from the whole batch
     n_cut: int  #: answers ``--truncate`` cut to the model's context
-    n_unterminated: int | None  #: answers without a stop token (``--mask-truncated-completions``), else None
     source: dict  #: the manifest's ``rollouts`` note (path, sha256, format, read report; or the in-memory kind)
     load_s: float  #: seconds spent loading the model (0 for a loaded model)
 
@@ -173,12 +172,11 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
     n_cut = validate_against_model(answers, vocab, context, opts.truncate)
     if n_cut and log is not None:
         log.warning("%d answer(s) truncated to the model's context", n_cut)
-    n_open = None
-    if getattr(opts, "mask_truncated_completions", False):
+    if getattr(opts, "mask_truncated_completions", False):  # the manifest counts them (truncation_counts)
         n_open = kernel.mark_unterminated(answers, tokenizer, model)
         if log is not None:
             log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
                      n_open, len(answers))
     coefs = kernel.answer_coefficients(answers, opts)
     return ProbeInputs(model=model, tokenizer=tokenizer, model_path=model_path, options=opts, answers=answers,
-                       coefs=coefs, n_cut=n_cut, n_unterminated=n_open, source=source, load_s=load_s)
+                       coefs=coefs, n_cut=n_cut, source=source, load_s=load_s)
