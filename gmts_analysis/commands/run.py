@@ -15,8 +15,9 @@ import argparse
 import time
 
 from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.sampling import domains as _sampling
 
-DEFAULT_DOMAINS = "arithmetic,program,logic"
+DEFAULT_DOMAINS = ",".join(_sampling.DEFAULT_DOMAINS)
 #: the toy world's sampling defaults (the shipped policies; max_completion_length None = the policy card's)
 TOY_DEFAULTS = {"num_prompts": 8, "num_generations": 8, "temperature": 1.0, "max_completion_length": None,
                 "grad_norm": "exact"}

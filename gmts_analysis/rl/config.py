@@ -8,8 +8,9 @@ from pathlib import Path
 from gmts_analysis.core.scores import DEFAULT_ARMS, SELECTION_ARMS  # noqa: F401 - live views of the registry
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.domains import DOMAINS as TOY_DOMAINS
 
-ALL_DOMAINS = ("arithmetic", "program", "logic")
+ALL_DOMAINS = tuple(TOY_DOMAINS)  # the training domains: every toy domain
 
 
 @dataclass

@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.domains import DOMAINS as TOY_DOMAINS
 
 if TYPE_CHECKING:
     from gmts_analysis.options.config import SamplingOptions
 
-#: the toy domains sampled by default
-DEFAULT_DOMAINS = ("arithmetic", "program", "logic")
+#: the toy domains sampled by default: every registered one (:data:`gmts_analysis.toy.domains.DOMAINS`)
+DEFAULT_DOMAINS = tuple(TOY_DOMAINS)
 #: the real-model world: grade-school word problems (:mod:`gmts_analysis.sampling.wordproblems`)
 WORD_DOMAIN = "word"
 ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
