@@ -52,6 +52,20 @@ class Run(RunTables):
         self.path = out
         return out
 
+    def rescore(self, *, verifier: str | None = None, rewards: str | os.PathLike | None = None,
+                mask_truncated_completions: bool = False, seed: int = 0, n_boot: int | None = None) -> "Run":
+        """A new run with other rewards, without probing again (no model): from ``verifier`` (a name:
+        ``math_boxed``, ``math``, a toy domain, ``module:function``) or the file ``rewards`` (JSONL or CSV of
+        ``answer_id``, ``reward``), and/or the truncated answers masked. Advantages, omega, ``grad_norm``, the
+        scores and every statistic are recomputed; ``stats["meta"]["rescored_from"]`` names the source.
+        The same as ``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``."""
+        from gmts_analysis.run.rescore import rescore
+
+        new = rescore(self, verifier=verifier, rewards=rewards, mask_truncated_completions=mask_truncated_completions,
+                      seed=seed, n_boot=n_boot)
+        return Run(tokens=new.tokens, answers=new.answers, stats=new.stats, manifest=new.manifest,
+                   grad_groups=new.grad_groups)
+
     def figure(self, name: str) -> "Figure | None":
         """One figure, drawn in memory (``None`` when its data is absent). Names: :func:`figure_names`."""
         from gmts_analysis.views.plots import FIGURES

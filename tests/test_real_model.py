@@ -204,7 +204,14 @@ def test_gmts_run_smollm2_end_to_end(cache, smollm2, tmp_path, capsys):
     m = json.loads((out / "manifest.json").read_text())
     assert m["sampling"]["domains"] == ["word"] and m["sampling"]["temperature"] == 0.7
     assert m["grad_norm_method"] == "exact"  # the engine, not the per-token loop, ran
-    assert m["model_path"].endswith(".gguf")
+    # paths as the user gave them: the shipped name, the run's own rollouts; no staging folder
+    assert m["model_path"] == "smollm2"
+    assert m["config"]["rollouts"] == m["rollouts"]["path"] == str(out / "rollouts.jsonl")
+    assert "gmts-sample" not in json.dumps(m)
+    import pandas as pd
+
+    answers = pd.read_parquet(out / "answers.parquet")
+    assert all(isinstance(t, str) for t in answers["response"])  # the response text is kept
     rows = [json.loads(x) for x in (out / "rollouts.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["domain"] == "word" and r["group_id"] == "word-0000" for r in rows)
     assert all(len(r["response_ids"]) <= 4 and r["solution"].isdigit() for r in rows)

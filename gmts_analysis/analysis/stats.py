@@ -76,7 +76,7 @@ from gmts_analysis.analysis.stats_types import CrossEntry, Meta, PairedDiff, Sta
 from gmts_analysis.core.estimators import add_estimator_columns, available, times_abs_omega
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, n_keep, per_cluster_spearman, spearman
 from gmts_analysis.core.selection import RHOS, SCOPES, selection_order
-from gmts_analysis.core.vocabulary import DEFAULT_RHO
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, MIN_GROUPS
 
 __all__ = [
     "MIN_TOKENS", "STATS_VERSION", "Statistics", "TARGET", "TARGET_WITHIN", "compute_statistics", "compute_stats",
@@ -86,7 +86,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-STATS_VERSION = 3
+STATS_VERSION = 4
 TARGET = "grad_norm"  # cross-answer, within-group and top-k target
 TARGET_WITHIN = "grad_norm_logp"  # within-answer target
 CI_LEVEL = 0.95
@@ -290,11 +290,18 @@ def zero_advantage(df: pd.DataFrame, informative: np.ndarray) -> dict:
     z = ~informative
     ans = pd.Series(informative).groupby(df["answer_id"].to_numpy(), sort=False).any()
     out = {"answers": int((~ans).sum()), "groups": None, "tokens": int(z.sum()),
-           "token_share": float(z.sum() / n) if n else float("nan")}
+           "token_share": float(z.sum() / n) if n else float("nan"), "informative_units": None}
     if "group_id" in df.columns:
         grp = pd.Series(informative).groupby(df["group_id"].to_numpy(), sort=False).any()
         out["groups"] = int((~grp).sum())
+    out["informative_units"] = informative_units(df, informative, cluster_unit(df))
     return out
+
+
+def informative_units(df: pd.DataFrame, informative: np.ndarray, unit: str) -> int:
+    """The bootstrap units (groups, or answers when every group has one) holding an informative token."""
+    col = "group_id" if unit == "group" else "answer_id"
+    return int(pd.Series(informative).groupby(df[col].to_numpy(), sort=False).any().sum()) if len(df) else 0
 
 
 def within_values(
@@ -772,11 +779,13 @@ def _uncertain_block(df: pd.DataFrame, estimators: list[str], informative: np.nd
 
 def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, key: str, unit: str,
            fidelity: Mapping | None, rhos: Iterable[float] = RHOS, run_rk: str = "0.2",
-           uncertain_below: float = 0.9) -> dict:
+           uncertain_below: float = 0.9, min_groups: int = MIN_GROUPS) -> dict:
     """Every statistic of one table (the whole run, or one domain / step)."""
     informative = informative_mask(df)
     codes, unit_index = _unit_codes(df, unit)
     n_units = len(unit_index)
+    if informative_units(df, informative, unit) < min_groups:
+        n_boot = 0  # too few informative clusters for a bootstrap: no interval, no paired verdict (meta.min_groups)
     counts = multiplicities(n_units, n_boot, _rng(seed, key, "clusters")) if n_boot > 0 else np.zeros((0, n_units))
     nb_pooled = pooled_n_boot(n_boot, len(df), len(estimators))
     pooled = counts[:nb_pooled]
@@ -986,7 +995,8 @@ def _estimators(df: pd.DataFrame, estimators: list[str] | None) -> list[str]:
 
 
 def _meta(df: pd.DataFrame, ests: list[str], unit: str, *, seed: int, n_boot: int, rhos: tuple[float, ...],
-          rho: float, uncertain_below: float) -> dict[str, Any]:
+          rho: float, uncertain_below: float, min_groups: int = MIN_GROUPS,
+          rescored_from: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The ``meta`` block: counts, settings and what each block means."""
     return {
         "version": STATS_VERSION,
@@ -1025,12 +1035,14 @@ def _meta(df: pd.DataFrame, ests: list[str], unit: str, *, seed: int, n_boot: in
         "(mean), cross_answer_informative (spearman), topk_overlap and mass_capture (batch scope, meta.rho); "
         "refs entropy, entropy_inf and the leader (paired_leader); p_le_0: share of resamples with diff <= 0",
         "by_construction": "statistics fixed or equal to another by construction: listed, no CI, not findings",
+        "min_groups": int(min_groups),
+        "rescored_from": dict(rescored_from) if rescored_from else None,
     }
 
 
 def _slice_blocks(df: pd.DataFrame, col: str, ests: list[str], fidelity: Mapping[str, Mapping] | None, *,
                   seed: int, n_boot: int, unit: str, rhos: tuple[float, ...], run_rk: str,
-                  uncertain_below: float) -> dict[str, dict]:
+                  uncertain_below: float, min_groups: int = MIN_GROUPS) -> dict[str, dict]:
     """``{value: block}`` of each value of ``col`` (``by_domain`` / ``by_step``), with its counts."""
     out: dict[str, dict] = {}
     for value, sub in df.groupby(col, sort=True):
@@ -1038,6 +1050,7 @@ def _slice_blocks(df: pd.DataFrame, col: str, ests: list[str], fidelity: Mapping
         out[k] = _block(
             sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}", unit=unit,
             fidelity=(fidelity or {}).get(k), rhos=rhos, run_rk=run_rk, uncertain_below=uncertain_below,
+            min_groups=min_groups,
         )
         out[k]["n_answers"] = int(sub["answer_id"].nunique())
         out[k]["n_tokens"] = len(sub)
@@ -1056,6 +1069,8 @@ def compute_stats(
     fidelity_by_step: Mapping[str, Mapping] | None = None,
     rho: float = DEFAULT_RHO,
     uncertain_below: float = 0.9,
+    min_groups: int = MIN_GROUPS,
+    rescored_from: Mapping[str, Any] | None = None,
 ) -> dict:
     """Every statistic of stats.json (version 3) that needs no model, as a nested dict (the JSON
     object of stats.json; :func:`compute_statistics` gives it as typed :class:`Statistics`).
@@ -1082,15 +1097,23 @@ def compute_stats(
         log.warning("no grad_norm in the tokens table (probe run with --grad-norm none?): correlations are null")
     unit = cluster_unit(df)
     rhos = rho_grid(rho)
+    if min_groups < 1:
+        from gmts_analysis.errors import GmtsError
+
+        raise GmtsError(f"min_groups must be >= 1, got {min_groups}")
+    from gmts_analysis.analysis.reward_audit import reward_audit
+
     stats: dict[str, Any] = {"meta": _meta(df, ests, unit, seed=seed, n_boot=n_boot, rhos=rhos, rho=rho,
-                                           uncertain_below=uncertain_below)}
+                                           uncertain_below=uncertain_below, min_groups=min_groups,
+                                           rescored_from=rescored_from),
+                             "reward_audit": reward_audit(answers, int(df["answer_id"].nunique()))}
     run_rk = rho_key(rho)
     stats.update(_block(df, ests, seed=seed, n_boot=n_boot, key="all", unit=unit, fidelity=fidelity, rhos=rhos,
-                        run_rk=run_rk, uncertain_below=uncertain_below))
+                        run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups))
     for col, name, fid in (("domain", "by_domain", fidelity_by_domain), ("step", "by_step", fidelity_by_step)):
         if col in df.columns and not df[col].isna().all():
             stats[name] = _slice_blocks(df, col, ests, fid, seed=seed, n_boot=n_boot, unit=unit, rhos=rhos,
-                                        run_rk=run_rk, uncertain_below=uncertain_below)
+                                        run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups)
     return stats
 
 

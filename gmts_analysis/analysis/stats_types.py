@@ -135,12 +135,32 @@ class Interval(Record):
 class ZeroAdvantage(Record):
     """``zero_advantage``: answers / groups without an informative token, tokens with omega = 0."""
 
-    KEYS: ClassVar = ("answers", "groups", "tokens", "token_share")
+    KEYS: ClassVar = ("answers", "groups", "tokens", "token_share", "informative_units")
     LOAD: ClassVar = {"token_share": _stat}
     answers: int | None = None
     groups: int | None = None
     tokens: int | None = None
     token_share: float = NAN
+    informative_units: int | None = None  #: bootstrap units (groups) with an informative token (version 4)
+
+
+@dataclass
+class RewardAudit(Record):
+    """``reward_audit`` (version 4): how far the rewards can be trusted (:mod:`gmts_analysis.analysis.reward_audit`);
+    a share is None where the run does not record its facts."""
+
+    KEYS: ClassVar = ("n_answers", "verifier", "truncated_share", "boxed_share", "fallback_share",
+                      "copies_prompt_example_share", "positive_share", "fallback_positive_share",
+                      "truncated_positive_share")
+    n_answers: int | None = None
+    verifier: str | None = None
+    truncated_share: float | None = None
+    boxed_share: float | None = None
+    fallback_share: float | None = None
+    copies_prompt_example_share: float | None = None
+    positive_share: float | None = None
+    fallback_positive_share: float | None = None
+    truncated_positive_share: float | None = None
 
 
 @dataclass
@@ -355,7 +375,8 @@ META_KEYS = (
     "version", "n_answers", "n_tokens", "n_groups", "target", "target_within_answer", "estimators", "informative",
     "n_boot", "n_boot_pooled", "ci_level", "ci_unit", "n_ci_units", "ci_method", "seed", "min_tokens", "within_set",
     "rhos", "rho", "topk_true", "topk_pooling", "selection_waste", "batch_scope", "update_fidelity",
-    "uncertain_below", "uncertain", "mass_capture", "paired_difference", "by_construction",
+    "uncertain_below", "uncertain", "mass_capture", "paired_difference", "by_construction", "min_groups",
+    "rescored_from",
 )
 
 
@@ -393,6 +414,8 @@ class Meta(Record):
     mass_capture: str | None = None
     paired_difference: str | None = None
     by_construction: str | None = None
+    min_groups: int | None = None  #: version 4: fewer informative groups in a block: no interval, no verdict
+    rescored_from: dict | None = None  #: version 4: the run these statistics were re-scored from (gmts stats)
 
     @property
     def rho_key(self) -> str:
@@ -410,10 +433,11 @@ class Meta(Record):
 class Statistics(Block):
     """A whole ``stats.json``: ``meta``, the run's block, and ``by_domain`` / ``by_step`` slices."""
 
-    KEYS: ClassVar = ("meta", *BLOCK_KEYS, "by_domain", "by_step")
-    LOAD: ClassVar = {**_BLOCK_LOAD, "meta": _record(Meta), "by_domain": _map(_record(Slice)),
-                      "by_step": _map(_record(Slice))}
+    KEYS: ClassVar = ("meta", "reward_audit", *BLOCK_KEYS, "by_domain", "by_step")
+    LOAD: ClassVar = {**_BLOCK_LOAD, "meta": _record(Meta), "reward_audit": _record(RewardAudit),
+                      "by_domain": _map(_record(Slice)), "by_step": _map(_record(Slice))}
     meta: Meta = field(default_factory=Meta)
+    reward_audit: RewardAudit = field(default_factory=RewardAudit)
     by_domain: dict[str, Slice] = field(default_factory=dict)
     by_step: dict[str, Slice] = field(default_factory=dict)
 

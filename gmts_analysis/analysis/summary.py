@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Slice, Statistics, WithinEntry
+from gmts_analysis.core.vocabulary import MIN_GROUPS
 
 StatsLike = Statistics | Mapping[str, Any]
 
@@ -116,7 +117,6 @@ def _slice_units(block: Slice) -> int | None:
     return int((0 if math.isnan(ng) else ng) + (0 if math.isnan(zg) else zg))
 
 
-MIN_GROUPS = 10  # slices with fewer resampling units are flagged: their CIs rest on too few groups
 
 
 def compare(block: Block | Mapping[str, Any], stat: str, a: str, b: str, n_units: int | None, unit: str = "group",
@@ -144,7 +144,9 @@ def compare(block: Block | Mapping[str, Any], stat: str, a: str, b: str, n_units
         return f"{a} equals {b} by construction"
     f = f"{{:+.{digits}f}}"
     num = f.format(diff) + (f" [{f.format(lo)}, {f.format(hi)}]" if not (math.isnan(lo) or math.isnan(hi)) else "")
-    if math.isnan(lo) or math.isnan(hi) or lo <= 0.0 <= hi:
+    if math.isnan(lo) or math.isnan(hi):  # no interval (too few groups, or --n-boot 0): no verdict either way
+        return f"{a} - {b} = {num} (no interval)"
+    if lo <= 0.0 <= hi:
         n = f" with {n_units} {unit}s" if n_units else ""
         return f"{a} and {b} are not distinguishable{n} ({a} - {b} = {num})"
     if lo > 0:
@@ -212,9 +214,22 @@ def _ranking_sentence(st: Statistics) -> str | None:
     return s.strip()
 
 
+def too_small(st: Statistics) -> int | None:
+    """The run's informative groups when they are fewer than ``meta.min_groups`` (its statistics then have
+    no interval and state no comparison), else None."""
+    za, need = st.zero_advantage, st.meta.min_groups
+    have = za.informative_units if za is not None else None
+    return have if isinstance(need, int) and isinstance(have, int) and have < need else None
+
+
 def _scope_sentence(st: Statistics) -> str:
     unit = _unit(st)
     n = st.meta.units
+    small = too_small(st)
+    if small is not None:
+        return (f"Too small to compare: {small} informative {unit}{'' if small == 1 else 's'} (of {n}), fewer than "
+                f"the {st.meta.min_groups} a bootstrap interval needs (meta.min_groups); the numbers above are "
+                "point estimates, with no interval and no verdict between scores.")
     s = (f"Intervals: 95% percentile bootstrap over the {n} {unit}s of one checkpoint and one sampling seed "
          f"(they cover the choice of prompts, not of the model or of the sampling); a score is said to win only where "
          "the paired CI of the difference excludes 0.")
@@ -345,10 +360,15 @@ def findings(stats: StatsLike) -> list[str]:
     out += _mass_sentences(st, rk, keep)
     out += _waste_sentences(st, rk, keep)
     out += _topk_sentences(st, rk, keep)
-    r = _ranking_sentence(st)
+    r = _ranking_sentence(st) if too_small(st) is None else None  # no leader without intervals
     if r:
         out.append(r)
     out.append(_scope_sentence(st))
+    from gmts_analysis.analysis.reward_audit import audit_sentence
+
+    audit = audit_sentence(st.reward_audit.to_dict() if st.reward_audit else None)
+    if audit:
+        out.insert(0, audit)
     return out
 
 

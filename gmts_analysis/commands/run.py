@@ -21,10 +21,8 @@ DEFAULT_DOMAINS = ",".join(_sampling.DEFAULT_DOMAINS)
 #: the toy world's sampling defaults (the shipped policies; max_completion_length None = the policy card's)
 TOY_DEFAULTS = {"num_prompts": 8, "num_generations": 8, "temperature": 1.0, "max_completion_length": None,
                 "grad_norm": "exact"}
-#: the real-model world's (``word``), sized for SmolLM2-135M on 2 CPU cores (README, "A real model");
-#: mixed rewards in most groups at this temperature
-WORD_DEFAULTS = {"num_prompts": 8, "num_generations": 4, "temperature": 0.7, "max_completion_length": 32,
-                 "grad_norm": "exact"}
+#: the real-model world's (``word``): :data:`gmts_analysis.sampling.domains.WORD_DEFAULTS`
+WORD_DEFAULTS = _sampling.WORD_DEFAULTS
 
 
 def is_toy_policy(model: str) -> bool:
@@ -42,7 +40,7 @@ EXAMPLES = """examples:
   gmts run --loss_type dr_grpo --max_completion_length 96 --epsilon 0.2 --beta 0.04 --top_entropy_quantile 0.2"""
 
 #: options of gmts probe that gmts run does not take: its input is the rollouts it samples
-NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights", "verifier", "chat_template",
+NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights", "chat_template",
               "prompts", "batch_size", "difficulty")
 
 
@@ -92,7 +90,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = Path(args.out or default_out("run"))
     # the probe half: every gmts probe option; num_generations is the sampling's (the rows carry group ids)
-    cfg = from_args(ProbeConfig, args, rollouts=None, out=str(out), num_generations=None,
+    # the verifier scores the sampled answers (word problems only); the probe reads their rewards as sampled
+    from gmts_analysis.sampling.domains import WORD_VERIFIER, check_word_verifier
+
+    check_word_verifier(args.verifier, domains)
+    cfg = from_args(ProbeConfig, args, rollouts=None, out=str(out), num_generations=None, verifier=None,
                     aliases=dict(getattr(args, "aliases", None) or {}))
     # checked before sampling (the job checks again before probing)
     validate_options(cfg)
@@ -101,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
     sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.num_generations,
                 "temperature": args.temperature, "max_new_tokens": args.max_completion_length, "seed": args.seed,
                 "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
+    if WORD_DOMAIN in domains:  # the word problems' verifier is part of the sampling (toy runs' keys unchanged)
+        sampling["verifier"] = args.verifier or WORD_VERIFIER
     sample_and_probe(cfg, sampling)
     from gmts_analysis.analysis.stats_types import Statistics
     from gmts_analysis.analysis.summary import summary_text

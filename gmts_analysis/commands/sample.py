@@ -81,11 +81,14 @@ def run(args: argparse.Namespace) -> int:
     model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
-    budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
+    from gmts_analysis.sampling.domains import WORD_DEFAULTS, WORD_DOMAIN
+
+    budget = args.max_completion_length or (WORD_DEFAULTS["max_completion_length"] if domains == [WORD_DOMAIN]
+                                            else card_max_new_tokens(resolve_model_path(args.model)))
     with torch.inference_mode():
         rows = sample_domains(model, tokenizer, domains, args.num_prompts, args.num_generations, args.temperature,
                               budget, args.seed, difficulty=args.difficulty, batch_size=args.batch_size,
-                              progress=not args.quiet)
+                              progress=not args.quiet, verifier=args.verifier)
     write_rollouts(out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",

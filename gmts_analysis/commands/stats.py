@@ -5,11 +5,17 @@ statistic that needs no model, keeps the update_fidelity blocks of the existing
 stats.json (they need the model; the probe computes them), and writes RUN_DIR/stats.json
 (the current version: a run directory written by an older version is brought up to date)
 and RUN_DIR/estimators.csv (the estimator ranking) atomically.
+
+With --verifier NAME, --rewards FILE or --mask-truncated-completions it re-scores the run instead
+(no model, no probing: the gradient norm of log p does not depend on the rewards): advantages, omega,
+grad_norm, the scores and every statistic are recomputed and a new run directory is written to --out,
+its manifest and stats.json recording the source run and the new rewards (rescored_from).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
@@ -20,7 +26,9 @@ if TYPE_CHECKING:
 EXAMPLES = """examples:
   gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
   gmts stats runs/mine --n-boot 0 --out /tmp/stats.json
-  gmts stats data/example_run --seed 1 --threads 1 --out /tmp/s1.json"""
+  gmts stats data/example_run --seed 1 --threads 1 --out /tmp/s1.json
+  gmts stats data/smollm2_run --verifier math --out runs/smollm2_math       # re-scored with the fallback
+  gmts stats runs/mine --mask-truncated-completions --out runs/mine_masked  # TRL's mask, no probing"""
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,16 +44,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--uncertain-below", type=float, default=None, metavar="PROB",
                    help="the uncertain-token view keeps tokens with prob below this (default: the run's "
                    "manifest value, else 0.9)")
+    p.add_argument("--rho", type=float, default=None, metavar="FRACTION",
+                   help="the keep fraction the paired differences and the headline quote (default: the run's "
+                   "manifest value, else 0.2)")
     p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
                    "(estimators.csv beside it)")
+    p.add_argument("--verifier", default=None, metavar="NAME",
+                   help="re-score: new rewards from this verifier (math_boxed, math, a toy domain, or "
+                   "module:function) on the run's response texts; writes a new run directory to --out")
+    p.add_argument("--rewards", default=None, metavar="FILE",
+                   help="re-score: new rewards from a JSONL ({answer_id, reward} per line) or CSV (answer_id, "
+                   "reward) file, every answer once; writes a new run directory to --out")
+    p.add_argument("--mask-truncated-completions", action="store_true",
+                   help="re-score: truncated answers get loss weight 0 (TRL's mask_truncated_completions); "
+                   "writes a new run directory to --out")
+    p.add_argument("--no-figures", action="store_true", help="re-score: skip the figures and report")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an existing --out file that gmts did not write (default: refuse it)")
     add_run_control(p)
     p.set_defaults(func=run)
 
 
-#: fewer bootstrap units than this: the intervals are printed with a warning
-MIN_CI_UNITS = 10
+#: fewer bootstrap units than this: the intervals are printed with a warning (one number for every view)
+from gmts_analysis.core.vocabulary import MIN_GROUPS as MIN_CI_UNITS  # noqa: E402
 
 
 def warn_few_groups(stats: Statistics | dict) -> bool:
@@ -68,7 +89,6 @@ def warn_few_groups(stats: Statistics | dict) -> bool:
 def run(args: argparse.Namespace) -> int:
     import logging
     import time
-    from pathlib import Path
 
     from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below
     from gmts_analysis.analysis.stats import compute_statistics, is_current, kept_fidelity, write_stats
@@ -85,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.probing.validate import validate_tokens_file
 
     validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
+    if args.verifier is not None or args.rewards is not None or args.mask_truncated_completions:
+        return _rescore(args, run_dir)
     if args.out:
         from gmts_analysis.util.io import check_output_file, check_output_location, read_json_object
 
@@ -106,7 +128,10 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     manifest = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").exists() else {}
     below = args.uncertain_below if args.uncertain_below is not None else manifest_uncertain_below(manifest)
-    stats = compute_statistics(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=manifest_rho(manifest),
+    if args.rho is not None and not 0.0 < args.rho <= 1.0:
+        raise GmtsError(f"--rho must be in (0, 1], got {args.rho}")
+    rho = args.rho if args.rho is not None else manifest_rho(manifest)
+    stats = compute_statistics(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=rho,
                                uncertain_below=below, **kept_fidelity(old))
     paths = write_stats(run_dir, stats, json_path=args.out)
     m = stats.meta
@@ -117,4 +142,40 @@ def run(args: argparse.Namespace) -> int:
     warn_few_groups(stats)
     if not args.quiet:
         log.info("%s", summary_text(stats))
+    return 0
+
+
+def _rescore(args: argparse.Namespace, run_dir: Path) -> int:
+    """``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``: a re-scored run directory."""
+    import logging
+
+    from gmts_analysis.analysis.runs import read_run
+    from gmts_analysis.analysis.stats_types import Statistics
+    from gmts_analysis.analysis.summary import summary_text
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.run.finalize import write_run_dir
+    from gmts_analysis.run.rescore import rescore
+    from gmts_analysis.util import io
+
+    if not args.out:
+        raise GmtsError("re-scoring writes a new run directory: give --out DIR (the source run is left as it is)")
+    out = Path(args.out)
+    if out.resolve() == run_dir.resolve():
+        raise GmtsError(f"--out {out}: is the source run; re-scoring writes a new run directory")
+    io.check_output_location(out, {"RUN_DIR": run_dir})
+    io.check_ours(out)
+    if args.verifier is not None:
+        from gmts_analysis.readers.verifiers import resolve_verifier
+
+        resolve_verifier(args.verifier)  # an unknown name or a missing package, before any work
+    run = read_run(run_dir, compute_missing_stats=False)
+    new = rescore(run, verifier=args.verifier, rewards=args.rewards,
+                  mask_truncated_completions=args.mask_truncated_completions, seed=args.seed, n_boot=args.n_boot,
+                  source=args.run_dir, rho=args.rho)
+    write_run_dir(new, out, figures=not args.no_figures, overwrite=args.overwrite)
+    st = Statistics.coerce(new.stats)
+    logging.getLogger("gmts_analysis.analysis.stats").info("re-scored run -> %s", out)
+    warn_few_groups(st)
+    if not args.quiet:
+        print(summary_text(st))
     return 0

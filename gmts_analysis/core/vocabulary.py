@@ -23,6 +23,12 @@ SCOPES = ("batch", "group")
 #: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``
 NORMALIZERS = ("all", "selected")
 
+#: fewer groups than this: a bootstrap interval over them is not trusted. A block of the statistics with fewer
+#: *informative* groups writes no interval and states no win (``meta.min_groups``); a table row or run with
+#: fewer groups in all is flagged. A percentile bootstrap over 5 clusters gives intervals that end exactly at
+#: one resample's value (0.000), over 1 a point "interval".
+MIN_GROUPS = 10
+
 #: advantage estimators (docs/definitions.md section 3)
 ADVANTAGE_MODES = ("group", "batch", "none", "logged")
 #: aggregations of the per-token loss (token weight ``w``, docs/definitions.md section 3)

@@ -148,8 +148,10 @@ class SamplingOptions:
                        "other model; gmts sample: unless --prompts)", nargs="+")
     prompts: str = opt(None, "instead of --domains: a JSONL/parquet prompts file for any checkpoint ('prompt': "
                        "text or chat messages, plus the verifier's columns such as 'solution')")
-    verifier: str = opt(None, "with --prompts: reward function (math, a toy domain, or module:function / "
-                        "file.py:function, called as TRL calls reward functions); without it no reward is written")
+    verifier: str = opt(None, "with --prompts: reward function (math, math_boxed, a toy domain, or module:function / "
+                        "file.py:function, called as TRL calls reward functions); without it no reward is written. "
+                        "On the word problems: math_boxed (the default: the last \\boxed{} only) or math (adds "
+                        "its fallback to an expression anywhere in the text; counted in stats.json's reward_audit)")
     chat_template: str = opt("auto", "with --prompts: auto = message prompts through the chat template, text as "
                              "is; on = text prompts as one user message too; off = no template",
                              choices=("auto", "on", "off"))

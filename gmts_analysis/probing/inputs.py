@@ -83,14 +83,15 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
     ``tokenizer``, when given, replaces the checkpoint's."""
     import torch
 
-    from gmts_analysis.readers.models import load_model, resolve_device, resolve_model_path
+    from gmts_analysis.readers.models import load_model, resolve_device
 
     given = given or {}
     if isinstance(model, (str, os.PathLike)):
         name = os.fspath(model)
-        path = resolve_model_path(name)
         m, tok = load_model(name, opts.device if device is None else device, opts.dtype, offline=offline)
-        return m, tokenizer if tokenizer is not None else tok, path, opts
+        # the manifest records the model as the user named it (a shipped name, a path as given, a hub id),
+        # never the absolute path it resolved to on the machine that made the run
+        return m, tokenizer if tokenizer is not None else tok, name, opts
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
         raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
     dev = next(model.parameters()).device

@@ -9,7 +9,9 @@ its group's mean and std and gives it advantage 0). Prompts and completions are 
 of ``{"role", "content"}`` messages for chat data (TRL's conversational format).
 
 Names: ``math`` (GSM8K / MATH answers, with the optional ``math-verify`` package:
-``pip install 'gmts_analysis[math]'``), ``domain`` (each row's toy domain), ``arithmetic``,
+``pip install 'gmts_analysis[math]'``: a ``\\boxed{}`` answer first, else the *last* expression of the
+text, the fallback), ``math_boxed`` (the same equivalence check on the last ``\\boxed{}`` only: an
+answer without one scores 0; the word problems' default), ``domain`` (each row's toy domain), ``arithmetic``,
 ``program``, ``logic`` (the toy domains), or ``module:function`` / ``path/to/file.py:function``
 for any TRL reward function (for example ``trl.rewards:accuracy_reward``).
 """
@@ -27,7 +29,7 @@ from typing import Any
 from gmts_analysis.errors import GmtsError
 
 RewardFunction = Callable[..., list]
-BUILTIN = ("math", "domain", "arithmetic", "program", "logic")
+BUILTIN = ("math", "math_boxed", "domain", "arithmetic", "program", "logic")
 
 
 def _text(x: Any) -> str:
@@ -46,6 +48,59 @@ def _gold_text(sol: Any) -> str:
     return s.rsplit("####", 1)[1].strip() if "####" in s else s
 
 
+def _math_verify() -> tuple[Any, ...]:
+    """``(NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, verify)`` of the optional
+    math-verify package, or a one-line error naming the extra that installs it."""
+    try:
+        from latex2sympy2_extended import NormalizationConfig
+        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    except ImportError:
+        raise GmtsError("--verifier math needs the math-verify package: pip install 'gmts_analysis[math]' "
+                        "(or pip install 'math-verify>=0.5')") from None
+    return NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+
+def _references(prompts: Sequence[Any], completions: Sequence[Any], solution: Sequence[Any] | None,
+                answer: Sequence[Any] | None, name: str) -> Sequence[Any]:
+    refs = solution if solution is not None else answer
+    if refs is None:
+        raise GmtsError(f"--verifier {name} needs a 'solution' (or GSM8K 'answer') column with the reference answers")
+    if not (len(refs) == len(completions) == len(prompts)):
+        raise GmtsError(f"--verifier {name}: {len(prompts)} prompts, {len(completions)} completions, "
+                        f"{len(refs)} reference answers")
+    return refs
+
+
+def math_boxed_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Sequence[Any] | None = None,
+                      answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
+    """1.0 where the completion's last ``\\boxed{}`` holds the reference answer, 0.0 where it holds another
+    or the completion has none, None where the reference cannot be parsed. No fallback: a number written
+    elsewhere in the text is never taken for the answer (the ``math`` verifier's fallback scores an unboxed,
+    often truncated answer by its last number). The equivalence check is ``math_verify``'s."""
+    from gmts_analysis.readers.audit import last_boxed
+
+    norm_cfg, expr_cfg, latex_cfg, parse, verify = _math_verify()
+    refs = _references(prompts, completions, solution, answer, "math_boxed")
+    ptime, vtime = _timeouts()
+    cfg = [latex_cfg(normalization_config=norm_cfg(units=True), boxed_match_priority=0), expr_cfg()]
+    out: list[float | None] = []
+    for comp, ref in zip(completions, refs):
+        gold = parse(_gold_text(ref), parsing_timeout=ptime)
+        if not gold:
+            out.append(None)
+            continue
+        box = last_boxed(_text(comp))
+        pred = parse(f"$\\boxed{{{box}}}$", extraction_config=cfg, parsing_timeout=ptime) if box else None
+        out.append(float(verify(gold, pred, timeout_seconds=vtime)) if pred else 0.0)
+    return out
+
+
+def _timeouts() -> tuple[int | None, int | None]:
+    """math_verify's parse and verify timeouts: they use signal.alarm, so only on the main thread."""
+    main = threading.current_thread() is threading.main_thread()
+    return (10, 5) if main else (None, None)
+
+
 def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Sequence[Any] | None = None,
                 answer: Sequence[Any] | None = None, **kwargs: Any) -> list[float | None]:
     """1.0 where the completion's final answer equals the reference, 0.0 where not, None where the
@@ -53,23 +108,12 @@ def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Se
 
     The reference comes from the ``solution`` column (MATH style, LaTeX such as ``\\frac{1}{3}``) or,
     without it, ``answer`` (GSM8K style, ``... #### 72``). Parsing and the equivalence check are
-    ``math_verify``'s: the completion's answer is taken from a ``\\boxed{}`` first, then from any
-    LaTeX or plain expression (``The answer is 72``).
+    ``math_verify``'s: the completion's answer is taken from a ``\\boxed{}`` first, then (the fallback)
+    from the last LaTeX or plain expression of the text (``The answer is 72``; ``... 7 - 2 = 5`` gives 5).
     """
-    try:
-        from latex2sympy2_extended import NormalizationConfig
-        from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-    except ImportError:
-        raise GmtsError("--verifier math needs the math-verify package: pip install 'gmts_analysis[math]' "
-                        "(or pip install 'math-verify>=0.5')") from None
-    refs = solution if solution is not None else answer
-    if refs is None:
-        raise GmtsError("--verifier math needs a 'solution' (or GSM8K 'answer') column with the reference answers")
-    if not (len(refs) == len(completions) == len(prompts)):
-        raise GmtsError(f"--verifier math: {len(prompts)} prompts, {len(completions)} completions, "
-                        f"{len(refs)} reference answers")
-    main = threading.current_thread() is threading.main_thread()  # math_verify's timeouts use signal.alarm
-    ptime, vtime = (10, 5) if main else (None, None)
+    NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, verify = _math_verify()
+    refs = _references(prompts, completions, solution, answer, "math")
+    ptime, vtime = _timeouts()
     pred_cfg = [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
                 ExprExtractionConfig()]
     out: list[float | None] = []
@@ -81,6 +125,15 @@ def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Se
         pred = parse(_text(comp), extraction_config=pred_cfg, extraction_mode="first_match", parsing_timeout=ptime)
         out.append(float(verify(gold, pred, timeout_seconds=vtime)) if pred else 0.0)
     return out
+
+
+def fallback_extracts(text: str) -> bool:
+    """Whether the ``math`` verifier's fallback takes an answer from ``text`` (no ``\\boxed{}`` needed)."""
+    NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, _ = _math_verify()
+    ptime, _ = _timeouts()
+    cfg = [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
+           ExprExtractionConfig()]
+    return bool(parse(text, extraction_config=cfg, extraction_mode="first_match", parsing_timeout=ptime))
 
 
 def _load_function(spec: str) -> RewardFunction:
@@ -118,6 +171,8 @@ def resolve_verifier(name: str | None) -> RewardFunction | None:
         return _load_function(name)
     if name == "math":
         return math_reward
+    if name == "math_boxed":
+        return math_boxed_reward
     from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
 
     if name == "domain":
@@ -126,6 +181,22 @@ def resolve_verifier(name: str | None) -> RewardFunction | None:
         raise GmtsError(f"--verifier: unknown verifier '{name}' (choose from {', '.join(BUILTIN)}, "
                         "or module:function)")
     return REWARD_FUNCTIONS[name]
+
+
+def verifier_name(verifier: RewardFunction) -> str:
+    """The name a run records for ``verifier``: a built-in's ``--verifier`` name, else ``module:function``."""
+    if verifier is math_reward:
+        return "math"
+    if verifier is math_boxed_reward:
+        return "math_boxed"
+    from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
+
+    if verifier is toy_reward:
+        return "domain"
+    for name, fn in REWARD_FUNCTIONS.items():
+        if fn is verifier:
+            return name
+    return f"{getattr(verifier, '__module__', '?')}:{getattr(verifier, '__qualname__', repr(verifier))}"
 
 
 def score(verifier: RewardFunction, prompts: Sequence[Any], completions: Sequence[Any],

@@ -91,7 +91,8 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
     opts = sampling_options(cfg.model, sampling["domains"], {
         "num_prompts": sampling["num_prompts"], "num_generations": sampling["group_size"],
         "temperature": sampling["temperature"], "max_completion_length": sampling["max_new_tokens"],
-        "seed": sampling["seed"], "device": sampling["device"]}, where="gmts run")
+        "seed": sampling["seed"], "device": sampling["device"],
+        **({"verifier": sampling["verifier"]} if sampling.get("verifier") else {})}, where="gmts run")
     rows = sample_rows(cfg.model, opts, progress=progress, offline=bool(getattr(cfg, "offline", False)))
     io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     io.atomic_write_json(params, key)
@@ -152,11 +153,14 @@ def _record_own_rollouts(out: Path) -> None:
     except (OSError, ValueError):
         return
     own = str(out / SAMPLE_ROLLOUTS)
-    cfg = manifest.get("config")
-    if manifest.get("rollouts_file") == SAMPLE_ROLLOUTS and isinstance(cfg, dict) and cfg.get("rollouts") == own:
+    cfg, src = manifest.get("config"), manifest.get("rollouts")
+    if (manifest.get("rollouts_file") == SAMPLE_ROLLOUTS and isinstance(cfg, dict) and cfg.get("rollouts") == own
+            and (not isinstance(src, dict) or src.get("path") == own)):
         return
     if isinstance(cfg, dict):
         cfg["rollouts"] = own
+    if isinstance(src, dict):  # the read's note named the work file, which is deleted next
+        src["path"] = own
     manifest["rollouts_file"] = SAMPLE_ROLLOUTS  # relative to the run directory
     io.atomic_write_json(path, manifest)
 

@@ -19,6 +19,14 @@ DEFAULT_DOMAINS = tuple(TOY_DOMAINS)
 #: the real-model world: grade-school word problems (:mod:`gmts_analysis.sampling.wordproblems`)
 WORD_DOMAIN = "word"
 ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
+#: the word world's defaults (``gmts run --model smollm2``, ``gmts sample --domains word``), sized for
+#: SmolLM2-135M-Instruct on 2 CPU cores (README, "A real model"): a budget that lets at least 90% of its
+#: answers finish (measured by benchmarks/word_design.py; docs/smollm2_study.md)
+WORD_DEFAULTS = {"num_prompts": 8, "num_generations": 4, "temperature": 0.7, "max_completion_length": 256,
+                 "grad_norm": "exact"}
+#: the word problems' verifier: the last \boxed{} only (``math`` adds the fallback, counted by the reward audit)
+WORD_VERIFIER = "math_boxed"
+WORD_VERIFIERS = ("math_boxed", "math")
 
 
 def card_max_new_tokens(model_path: str, default: int = 96) -> int:
@@ -46,7 +54,7 @@ def sampling_options(model: Any, domains: Any, options: dict[str, Any], where: s
     names = tuple(f.name for f in dataclasses.fields(SamplingOptions))
     kw = resolve_aliases(options, names)
     for k in kw:
-        if k not in names or k in ("model", "domains", "prompts", "verifier", "chat_template"):
+        if k not in names or k in ("model", "domains", "prompts", "chat_template"):
             close = difflib.get_close_matches(k, names, n=1)
             hint = f" (did you mean '{close[0]}'?)" if close else ""
             raise GmtsError(f"{where}: unknown option '{k}'{hint}")
@@ -77,6 +85,7 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     from gmts_analysis.readers.models import load_model, resolve_model_path
 
     doms = domain_list(opts.domains)
+    check_word_verifier(opts.verifier, doms)
     n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
     if n_prompts < 1 or opts.num_generations < 2:
         raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")
@@ -92,20 +101,36 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
         raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
     budget = opts.max_completion_length or card_max_new_tokens(path)
     return sample_domains(model, tokenizer, doms, n_prompts, opts.num_generations, opts.temperature, budget,
-                          opts.seed, difficulty=opts.difficulty, batch_size=opts.batch_size, progress=progress)
+                          opts.seed, difficulty=opts.difficulty, batch_size=opts.batch_size, progress=progress,
+                          verifier=opts.verifier)
+
+
+def check_word_verifier(verifier: str | None, domains: list[str]) -> None:
+    """A verifier is chosen for the word problems only (each toy domain is scored by its own), and is one of
+    :data:`WORD_VERIFIERS`; anything else is refused with one line naming ``--verifier``."""
+    if verifier is None:
+        return
+    if WORD_DOMAIN not in domains:
+        raise GmtsError(f"--verifier {verifier}: only the word problems take a verifier here (each toy domain is "
+                        "scored by its own; gmts sample --prompts FILE takes any verifier)")
+    if verifier not in WORD_VERIFIERS:
+        raise GmtsError(f"--verifier {verifier}: the word problems are scored by {' or '.join(WORD_VERIFIERS)} "
+                        f"({WORD_VERIFIER}, the default, reads the last \\boxed{{}} only; math adds its fallback)")
 
 
 def sample_domains(model: Any, tokenizer: Any, domains: list[str], num_prompts: int, num_generations: int,
                    temperature: float, max_new_tokens: int, seed: int, *, difficulty: Any = None,
-                   batch_size: int = 64, progress: bool = False) -> list[dict]:
-    """``num_generations`` answers to ``num_prompts`` prompts of each domain, domain-major then prompt-major."""
+                   batch_size: int = 64, progress: bool = False, verifier: str | None = None) -> list[dict]:
+    """``num_generations`` answers to ``num_prompts`` prompts of each domain, domain-major then prompt-major;
+    ``verifier``: the word problems' (default :data:`WORD_VERIFIER`)."""
+    check_word_verifier(verifier, domains)
     from gmts_analysis.toy.sample import sample_rollouts
 
     rows: list[dict] = []
     for d in domains:
         if d == WORD_DOMAIN:
             rows += sample_word_problems(model, tokenizer, num_prompts, num_generations, temperature,
-                                         max_new_tokens, seed, progress)
+                                         max_new_tokens, seed, progress, verifier=verifier or WORD_VERIFIER)
         else:
             rows += sample_rollouts(model, tokenizer, d, num_prompts, num_generations, temperature=temperature,
                                     max_new_tokens=max_new_tokens, seed=seed, difficulty=difficulty,
@@ -114,14 +139,18 @@ def sample_domains(model: Any, tokenizer: Any, domains: list[str], num_prompts: 
 
 
 def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_size: int, temperature: float,
-                         max_new_tokens: int, seed: int, progress: bool = False) -> list[dict]:
+                         max_new_tokens: int, seed: int, progress: bool = False,
+                         verifier: str = WORD_VERIFIER) -> list[dict]:
     """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.sampling.wordproblems`):
-    the chat template, the ``math`` verifier; ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
-    from gmts_analysis.readers.verifiers import math_reward
+    the chat template, scored by ``verifier`` (:data:`WORD_VERIFIER`, boxed-only, unless ``math`` asks for the
+    fallback); ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
+    from gmts_analysis.readers.verifiers import resolve_verifier
     from gmts_analysis.sampling.generate import sample_prompts
     from gmts_analysis.sampling.wordproblems import word_problems
 
-    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size, verifier=math_reward,
+    check_word_verifier(verifier, [WORD_DOMAIN])
+    rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size,
+                          verifier=resolve_verifier(verifier),
                           temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
                           chat_template="auto", progress=progress, where="word problems")
     for r in rows:

@@ -19,7 +19,8 @@ same arguments give the same file. Temperature 0 decodes greedily.
 
 Rows (docs/definitions.md section 7): ``prompt``, ``prompt_ids``, ``response`` (text; for a message
 prompt the assistant message, as TRL logs it), ``response_ids``, ``reward``, ``group_id``,
-``answer_id``, ``truncated``, and the prompt file's other columns. An answer the verifier skipped
+``answer_id``, ``truncated``, the prompt file's other columns, and with a verifier the reward audit's
+fields (:mod:`gmts_analysis.readers.audit`: ``verifier``, ``boxed``, ``fallback``, ``copies_example``). An answer the verifier skipped
 (``None``) gets ``reward`` 0.0 and ``unscorable: true`` (TRL leaves it out of its group's baseline).
 """
 
@@ -278,7 +279,12 @@ def sample_prompts(
         columns = {k: [r.get(k) for r in out] for k in cols}
         rewards = score(verifier, [r["prompt"] for r in out], [r["response"] for r in out],
                         [r["response_ids"] for r in out], columns)
-        for r, x in zip(out, rewards):
+        from gmts_analysis.readers.audit import audit_fields
+        from gmts_analysis.readers.verifiers import verifier_name
+
+        audit = audit_fields(verifier_name(verifier), [r["prompt"] for r in out], [r["response"] for r in out])
+        for r, x, fields in zip(out, rewards, audit):
+            r.update(fields)  # the reward audit's per-answer facts (gmts_analysis.readers.audit)
             if math.isnan(x):
                 r["reward"], r["unscorable"] = 0.0, True
             else:

@@ -126,20 +126,34 @@ def generate(n: int, seed: int = 0, difficulty: int | None = None) -> list[WordP
     )
 
 
-#: worked examples shown before the problem (a 135M model follows the format only after seeing it)
+#: worked examples, in the order they are offered; a prompt shows the first :data:`N_EXAMPLES` whose answer
+#: differs from its problem's (a worked example never shares the answer asked for: a copied example then
+#: scores 0, never 1). A 135M model follows the answer format only after seeing it.
 EXAMPLES = (
     ("Kim has 4 books and buys 3 more books. Then Kim gives away 2 books. How many books does Kim have now?",
-     "4 + 3 = 7. 7 - 2 = 5. \\boxed{5}"),
+     "4 + 3 = 7. 7 - 2 = 5. \\boxed{5}", 5),
     ("A box holds 3 rows of 2 eggs, and 1 more egg is put on top. How many eggs are there?",
-     "3 * 2 = 6. 6 + 1 = 7. \\boxed{7}"),
+     "3 * 2 = 6. 6 + 1 = 7. \\boxed{7}", 7),
+    ("A shelf has 4 rows of 3 cups. Then 3 cups break. How many cups are left?",
+     "4 * 3 = 12. 12 - 3 = 9. \\boxed{9}", 9),
 )
+#: worked examples per prompt
+N_EXAMPLES = 2
 
 
-def prompt_messages(problem: WordProblem) -> list[dict]:
-    """The chat prompt: the :data:`EXAMPLES` as earlier turns, then the problem with the ``\\boxed{}``
-    instruction as the last user message."""
+def examples_for(problem: WordProblem, n: int = N_EXAMPLES) -> list[tuple[str, str]]:
+    """The ``n`` worked examples (question, answer text) shown before ``problem``: the first of
+    :data:`EXAMPLES` whose answer is not the problem's."""
+    if not 0 <= n < len(EXAMPLES):
+        raise GmtsError(f"word problems: n_examples must be in 0..{len(EXAMPLES) - 1}, got {n}")
+    return [(q, a) for q, a, ans in EXAMPLES if ans != problem.answer][:n]
+
+
+def prompt_messages(problem: WordProblem, n_examples: int = N_EXAMPLES) -> list[dict]:
+    """The chat prompt: the worked examples (:func:`examples_for`) as earlier turns, then the problem with
+    the ``\\boxed{}`` instruction as the last user message."""
     msgs: list[dict] = []
-    for q, a in EXAMPLES:
+    for q, a in examples_for(problem, n_examples):
         msgs += [{"role": "user", "content": f"{q}\n{INSTRUCTION}"}, {"role": "assistant", "content": a}]
     return msgs + [{"role": "user", "content": f"{problem.text}\n{INSTRUCTION}"}]
 

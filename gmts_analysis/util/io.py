@@ -15,6 +15,7 @@ import re
 import secrets
 import shutil
 import socket
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,6 +32,21 @@ def file_sha256(path: str | os.PathLike) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def check_regular_file(path: str | os.PathLike, flag: str) -> Path:
+    """``path`` as a Path when it is a regular file; else a one-line error naming ``flag`` (a FIFO or
+    device would block or never end a read; a directory is not a file)."""
+    p = Path(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise GmtsError(f"{flag} {p}: no such file") from None
+    except OSError as e:
+        raise GmtsError(f"{flag} {p}: cannot read ({e.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise GmtsError(f"{flag} {p}: not a regular file")
+    return p
 
 
 def _tmp_sibling(path: Path) -> Path:

@@ -1,0 +1,89 @@
+"""Per-answer facts of a reward's trustworthiness, recorded beside the reward when a verifier scores it.
+
+Each scored answer gets four fields (carried into ``answers.parquet``; :mod:`gmts_analysis.analysis.reward_audit`
+summarises them as ``stats.json``'s ``reward_audit``):
+
+- ``verifier``: the verifier's name (``math``, ``math_boxed``, a toy domain's, ``module:function``);
+- ``boxed``: the response holds a complete ``\\boxed{...}`` (None when it has no text);
+- ``fallback``: the verifier scored it from text outside a ``\\boxed{}`` (``math``: no box, and an expression
+  was taken from elsewhere in the text); False for a boxed-only verifier; None where the verifier's rule is
+  not known (a toy or user verifier);
+- ``copies_example``: the response contains (whitespace aside) a whole assistant turn of its own prompt, a
+  worked example copied verbatim ("Multiplication: 3 * 2 = 6. 6 + 1 = 7. \\boxed{7}" copies
+  "3 * 2 = 6. 6 + 1 = 7. \\boxed{7}"); None when the prompt is not a message list.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+#: verifiers whose answer comes from a ``\boxed{}`` only (no fallback)
+BOXED_ONLY = ("math_boxed",)
+#: verifiers that fall back to the text when there is no ``\boxed{}``
+WITH_FALLBACK = ("math",)
+AUDIT_FIELDS = ("verifier", "boxed", "fallback", "copies_example")
+
+
+def last_boxed(text: str | None) -> str | None:
+    """The content of the last complete ``\\boxed{...}`` of ``text`` (braces matched), or None."""
+    if not text:
+        return None
+    for m in reversed(list(re.finditer(r"\\boxed\s*\{", text))):
+        depth, i = 1, m.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[m.end():i - 1].strip()
+    return None
+
+
+def _text(x: Any) -> str | None:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, (list, tuple)) and x and isinstance(x[-1], dict):
+        c = x[-1].get("content")
+        return c if isinstance(c, str) else None
+    return None
+
+
+def _squash(text: str) -> str:
+    return " ".join(text.split())
+
+
+def copies_example(prompt: Any, response: Any) -> bool | None:
+    """Whether ``response`` contains a whole assistant turn of the message-list ``prompt`` (None: not a message
+    list)."""
+    if not (isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt)):
+        return None
+    text = _text(response)
+    if text is None:
+        return None
+    examples = {_squash(m.get("content") or "") for m in prompt if m.get("role") == "assistant"}
+    answer = _squash(text)
+    return any(ex and ex in answer for ex in examples)
+
+
+def _fallback_used(verifier: str, text: str | None, boxed: bool | None) -> bool | None:
+    if verifier in BOXED_ONLY:
+        return False
+    if verifier not in WITH_FALLBACK or text is None:
+        return None
+    if boxed:
+        return False
+    from gmts_analysis.readers.verifiers import fallback_extracts
+
+    return fallback_extracts(text)
+
+
+def audit_fields(verifier: str, prompts: Sequence[Any], completions: Sequence[Any]) -> list[dict]:
+    """The four audit fields of each (prompt, completion) scored by ``verifier`` (a name as given)."""
+    out = []
+    for p, c in zip(prompts, completions):
+        text = _text(c)
+        boxed = None if text is None else last_boxed(text) is not None
+        out.append({"verifier": verifier, "boxed": boxed, "fallback": _fallback_used(verifier, text, boxed),
+                    "copies_example": copies_example(p, c)})
+    return out
