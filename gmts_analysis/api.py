@@ -241,7 +241,7 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     ``offline``), or a loaded model (with ``tokenizer=``); default ``small``. domains: names or one
     comma-separated string (default: the three toy domains): the toy domains (``arithmetic``,
     ``program``, ``logic``) and ``word``, grade-school word problems asked through the chat template
-    and scored by the ``math`` verifier (:mod:`gmts_analysis.sampling.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same
+    and scored by the ``math_boxed`` verifier (``verifier="math"`` adds its fallback; :mod:`gmts_analysis.sampling.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same
     defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
     ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
     auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: torch CPU

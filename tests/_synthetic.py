@@ -127,7 +127,7 @@ def make_run_dir(
     tokens, answers = make_tables(seed=seed, planted_token=planted_token, **kw)
     atomic_write_parquet(path / "tokens.parquet", tokens)
     atomic_write_parquet(path / "answers.parquet", answers)
-    stats = compute_stats(tokens, answers, seed=seed, n_boot=n_boot)
+    stats = compute_stats(tokens, answers, seed=seed, n_boot=n_boot, min_groups=1)
     # a plausible fidelity block (the real one needs a model; the probe computes it)
     stats["update_fidelity"] = {
         "all": {"cosine": 1.0, "norm_ratio": 1.0},

@@ -67,3 +67,37 @@ def test_sketch_refuses_groups():
     model = build_tiny_model("gpt2")
     with pytest.raises(GmtsError):
         grad_norms(model, torch.arange(3, 13), 4, method="sketch", groups="layer")
+
+
+def test_a_sketch_refusal_falls_back_to_exact_norms_never_drops_the_answer(monkeypatch, caplog):
+    """A model the sketch cannot take (here: its logits check refuses) is probed exactly, with a warning;
+    ``strict`` refuses instead. A run never drops an answer for a reason of the method's own (#28)."""
+    from gmts_analysis.engine import exact as exact_mod
+    from gmts_analysis.errors import GmtsError
+
+    model = build_tiny_model("llama", seed=3).eval()
+    ids = torch.randint(0, model.config.vocab_size, (14,))
+    want = grad_norms(model, ids, 5, method="exact")
+
+    def refuse(*a, **k):
+        raise exact_mod.NumericalRefusal("logits are not the head's output")
+
+    monkeypatch.setattr(exact_mod, "check_head_logits", refuse)
+    monkeypatch.setattr("gmts_analysis.engine.exact.check_head_logits", refuse)
+    import gmts_analysis.engine.sketch as sk
+
+    real = sk._forward_once
+
+    def forward_refusing(*a, **k):
+        real(*a, **k)
+        raise NotImplementedError("head input is not the base model's last hidden state")
+
+    monkeypatch.setattr(sk, "_forward_once", forward_refusing)
+    with caplog.at_level("WARNING"):
+        got = grad_norms(model, ids, 5, method="sketch", probes=8, where="answer 'a'")
+    assert got.method in ("exact", "loop") and got.lo is None
+    torch.testing.assert_close(got.norms, want.norms, rtol=1e-4, atol=1e-7)
+    assert "the sketch refused it" in caplog.text
+    with pytest.raises(GmtsError, match="--strict refuses"):
+        grad_norms(model, ids, 5, method="sketch", probes=8, strict=True)
+

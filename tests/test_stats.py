@@ -57,7 +57,7 @@ def hand_table() -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def hand():
     df = hand_table()
-    return df, S.compute_stats(df, seed=0, n_boot=200, estimators=ESTS)
+    return df, S.compute_stats(df, seed=0, n_boot=200, estimators=ESTS, min_groups=1)
 
 
 def ref_select(df: pd.DataFrame, score: np.ndarray, rows: list[int], k: int) -> list[int]:
@@ -92,8 +92,9 @@ def test_zero_advantage_counts(hand):
     df, st = hand
     za = st["zero_advantage"]
     zero = df["omega"] == 0
-    assert za == {"answers": 3, "groups": 2, "tokens": int(zero.sum()), "token_share": zero.mean()}
-    assert st["meta"]["version"] == 3 and st["meta"]["ci_unit"] == "group"
+    assert za == {"answers": 3, "groups": 2, "tokens": int(zero.sum()), "token_share": zero.mean(),
+                  "informative_units": int(df.loc[~zero, "group_id"].nunique())}
+    assert st["meta"]["version"] == 4 and st["meta"]["ci_unit"] == "group"
 
 
 def test_cross_answer_all_and_informative_match_scipy(hand):
@@ -229,7 +230,7 @@ def test_ci_unit_is_answer_only_when_every_group_has_one_answer():
     df = hand_table()
     assert S.cluster_unit(df) == "group"
     one = df.assign(group_id=df["answer_id"].map(lambda a: f"solo{a}"))
-    st = S.compute_stats(one, n_boot=20, estimators=["entropy"])
+    st = S.compute_stats(one, n_boot=20, estimators=["entropy"], min_groups=1)
     assert st["meta"]["ci_unit"] == "answer" and st["meta"]["n_ci_units"] == 8
     assert S.cluster_unit(df.drop(columns="group_id")) == "answer"
 
@@ -244,7 +245,7 @@ def tables():
 
 @pytest.fixture(scope="module")
 def stats(tables):
-    return S.compute_stats(*tables, seed=0, n_boot=200)
+    return S.compute_stats(*tables, seed=0, n_boot=200, min_groups=1)
 
 
 def test_spearman_and_kendall_match_scipy_with_ties_and_nans():
@@ -306,9 +307,9 @@ def test_cluster_bootstrap_spearman_equals_explicit_resampling():
 
 
 def test_bootstrap_is_seeded_and_brackets_the_estimate(tables, stats):
-    again = S.compute_stats(*tables, seed=0, n_boot=200)
+    again = S.compute_stats(*tables, seed=0, n_boot=200, min_groups=1)
     assert to_json(again) == to_json(stats)
-    other = S.compute_stats(*tables, seed=1, n_boot=200)
+    other = S.compute_stats(*tables, seed=1, n_boot=200, min_groups=1)
     assert other["cross_answer"]["entropy"]["ci_low"] != stats["cross_answer"]["entropy"]["ci_low"]
     assert other["cross_answer"]["entropy"]["spearman"] == stats["cross_answer"]["entropy"]["spearman"]
     fixed = {e["key"] for e in stats["by_construction"]}
@@ -331,7 +332,7 @@ def test_stats_json_structure(tables, stats):
     ests = stats["meta"]["estimators"]
     assert {"entropy", "gmts", "abs_omega", "logit_grad_norm", "surprisal", "one_minus_prob", "rsi", "gmts_lgn",
             "head_grad_norm"} <= set(ests)
-    assert set(stats) == {"meta", "by_domain"} | BLOCK_KEYS | NEW_KEYS
+    assert set(stats) == {"meta", "reward_audit", "by_domain"} | BLOCK_KEYS | NEW_KEYS
     n_ans = {stats["within_answer"][s]["n_answers"] for s in ests}
     assert len(n_ans) == 1  # one answer set for every estimator
     for s in ests:
@@ -347,7 +348,7 @@ def test_stats_json_structure(tables, stats):
     meta = stats["meta"]
     assert meta["n_answers"] == 24 and meta["n_groups"] == 6 and meta["n_tokens"] == len(tables[0])
     assert meta["target"] == "grad_norm" and meta["n_boot"] == 200 and meta["seed"] == 0
-    assert meta["version"] == 3 and meta["ci_unit"] == "group"
+    assert meta["version"] == 4 and meta["ci_unit"] == "group"
     assert set(stats["by_domain"]) == {"math", "code"}
     for blk in stats["by_domain"].values():
         assert BLOCK_KEYS <= set(blk)
@@ -377,7 +378,7 @@ def test_the_papers_structure_is_measured(stats):
 
 def test_by_step_and_domain_from_answers_table():
     tokens, answers = make_tables(n_groups=3, group_size=3, seed=5, steps=2, domains=("a", "b"))
-    st = S.compute_stats(tokens.drop(columns=["domain"]), answers, n_boot=50)
+    st = S.compute_stats(tokens.drop(columns=["domain"]), answers, n_boot=50, min_groups=1)
     assert set(st["by_step"]) == {"0", "1"} and set(st["by_domain"]) == {"a", "b"}
     assert st["meta"]["batch_scope"] == "per step"
     assert st["by_step"]["0"]["n_answers"] == 9 and BLOCK_KEYS <= set(st["by_step"]["0"])
@@ -393,7 +394,7 @@ def test_nan_safe_on_degenerate_tables():
     tokens, answers = make_tables(n_groups=2, group_size=2, min_len=2, max_len=4, seed=2)
     tokens["entropy"] = 1.0  # constant estimator
     tokens = tokens.drop(columns=["gmts"])
-    st = S.compute_stats(tokens, answers, n_boot=20)
+    st = S.compute_stats(tokens, answers, n_boot=20, min_groups=1)
     assert st["within_answer"]["entropy"]["n_answers"] == 0  # every answer < 5 tokens
     assert np.isnan(st["cross_answer"]["entropy"]["spearman"])
     parsed = json.loads(to_json(st))
@@ -403,7 +404,7 @@ def test_nan_safe_on_degenerate_tables():
     t2, a2 = make_tables(n_groups=2, group_size=3, seed=1)
     t2["grad_norm_logp"] = np.nan
     t2["grad_norm"] = np.nan
-    st2 = json.loads(to_json(S.compute_stats(t2, a2, n_boot=20)))
+    st2 = json.loads(to_json(S.compute_stats(t2, a2, n_boot=20, min_groups=1)))
     assert st2["cross_answer"]["gmts"]["spearman"] is None
     assert st2["topk_overlap"]["batch"]["gmts"]["0.2"] is None
     assert st2["topk_scopes_excluded"]["batch"] == 1

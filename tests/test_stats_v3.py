@@ -25,7 +25,7 @@ def table() -> pd.DataFrame:
 
 @pytest.fixture(scope="module")
 def st():
-    return S.compute_stats(table(), seed=3, n_boot=60, estimators=ESTS, uncertain_below=0.5)
+    return S.compute_stats(table(), seed=3, n_boot=60, estimators=ESTS, uncertain_below=0.5, min_groups=1)
 
 
 def test_masked_baselines_are_the_score_times_the_informative_indicator():
@@ -109,7 +109,7 @@ def test_uncertain_subset_with_a_known_rho():
 def test_paired_difference_equals_explicit_resampling():
     df0 = table()
     B, seed = 40, 5
-    st = S.compute_stats(df0, seed=seed, n_boot=B, estimators=ESTS, rho=0.2)
+    st = S.compute_stats(df0, seed=seed, n_boot=B, estimators=ESTS, rho=0.2, min_groups=1)
     df = S.prepare_tokens(df0)
     codes, units = S._unit_codes(df, "group")
     counts = S.multiplicities(len(units), B, S._rng(seed, "all", "clusters"))  # the block's resamples

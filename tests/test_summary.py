@@ -46,7 +46,7 @@ def test_compare_words_follow_the_paired_ci():
 
 def test_summary_never_says_beats_when_the_paired_ci_straddles_0():
     st = S.compute_stats(noise_table(), seed=0, n_boot=200, estimators=["entropy", "entropy_inf", "gmts",
-                                                                        "one_minus_prob"])
+                                                                        "one_minus_prob"], min_groups=1)
     # the premise: every paired CI the words could use includes 0
     for blk in (st, st["uncertain"]):
         for stat, per_s in blk["paired_difference"].items():
@@ -61,7 +61,7 @@ def test_summary_never_says_beats_when_the_paired_ci_straddles_0():
 
 
 def test_identities_are_not_findings():
-    st = S.compute_stats(noise_table(zero_groups=2), seed=0, n_boot=50, estimators=["entropy", "entropy_inf", "gmts"])
+    st = S.compute_stats(noise_table(zero_groups=2), seed=0, n_boot=50, estimators=["entropy", "entropy_inf", "gmts"], min_groups=1)
     keys = {e["key"] for e in st["by_construction"]}
     assert "selection_waste.batch.gmts.0.2" in keys and "within_answer.gmts" in keys
     words = " ".join(findings(st))

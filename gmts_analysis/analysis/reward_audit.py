@@ -65,7 +65,8 @@ def reward_audit(answers: pd.DataFrame | None, n_answers: int | None = None) -> 
 
 def audit_sentence(audit: dict[str, Any] | None) -> str | None:
     """One line for the summary: who scored the answers and how far to trust it (None: no audit)."""
-    if not audit or not audit.get("n_answers"):
+    known = [k for k in KEYS if k not in ("n_answers", "positive_share") and audit and audit.get(k) is not None]
+    if not audit or not audit.get("n_answers") or not known:  # nothing recorded beyond the rewards themselves
         return None
 
     def pct(k: str) -> str | None:

@@ -363,12 +363,12 @@ def findings(stats: StatsLike) -> list[str]:
     r = _ranking_sentence(st) if too_small(st) is None else None  # no leader without intervals
     if r:
         out.append(r)
-    out.append(_scope_sentence(st))
     from gmts_analysis.analysis.reward_audit import audit_sentence
 
     audit = audit_sentence(st.reward_audit.to_dict() if st.reward_audit else None)
     if audit:
-        out.insert(0, audit)
+        out.append(audit)
+    out.append(_scope_sentence(st))
     return out
 
 

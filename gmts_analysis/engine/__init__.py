@@ -247,7 +247,12 @@ def grad_norms(
                 max_memory=max_memory,
             )
         except NotImplementedError as e:
-            raise GmtsError(f"the sketch does not support this model ({e}); use --grad-norm exact") from None
+            # never a dropped answer for a reason of the method's own: the exact engine (or its loop) takes it
+            if strict:
+                raise GmtsError(f"{where or 'this answer'}: the sketch refused it ({e}); --strict refuses the "
+                                "fallback to exact norms (without --strict the exact engine takes it)") from None
+            log.warning("%s: the sketch refused it (%s): exact norms instead", where or "this answer", e)
+            method = "exact"
     from gmts_analysis.engine.exact import plan_key
 
     key = plan_key(model)

@@ -173,6 +173,15 @@ def _omega_columns(tokens: pd.DataFrame, adv: dict, w: dict, settings: Any) -> n
     return om
 
 
+def _tables_hash(run: RunTables) -> str:
+    """The sha256 of a run's tokens table (a run made by the API has no ``run_hash``)."""
+    import hashlib
+
+    cols = [c for c in ("answer_id", "position", "token_id", "grad_norm_logp", "reward") if c in run.tokens.columns]
+    h = pd.util.hash_pandas_object(run.tokens[cols].astype(str), index=False).to_numpy()
+    return hashlib.sha256(h.tobytes()).hexdigest()
+
+
 def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path | None = None,
             mask_truncated_completions: bool = False, seed: int = 0, n_boot: int | None = None,
             source: str | None = None, rho: float | None = None) -> RunTables:
@@ -223,7 +232,7 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
     derived = [n for n, (needs, _) in ESTIMATORS.items() if "omega" in needs and n in tok.columns]
     order = list(tok.columns)
     tok = add_estimator_columns(tok.drop(columns=derived))[order]
-    src_hash = run.manifest.get("run_hash")
+    src_hash = run.manifest.get("run_hash") or _tables_hash(run)
     rescored = {"run": source if source is not None else (str(run.path) if run.path is not None else None),
                 "run_hash": src_hash, "rewards": how, "mask_truncated_completions": bool(mask_truncated_completions)}
     nb = DEFAULT_N_BOOT if n_boot is None else n_boot
