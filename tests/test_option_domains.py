@@ -24,7 +24,7 @@ BAD = {
     "clip_low": "1", "clip_high": "-0.5", "clip_ratio_c": "1", "kl_beta": "-1", "vllm_is_min": "-1",
     "vllm_is_max": "0", "max_len": "0", "chunk_size": "0", "num_generations": "0", "max_completion_length": "0",
     "steps": "x-y", "reward_columns": "a,,b", "reward_weights": "1,2", "loss_type": "cispo",
-    "uncertain_below": "1.5", "plan": "{missing}", "update": "{missing}",
+    "uncertain_below": "1.5", "plan": "{missing}", "update": "{missing}", "rewards": "{missing}",
 }
 BAD_BY_COMMAND = {("bench", "probes"): "8,0", ("rl", "seed"): "-1", ("sample", "temperature"): "-0.5",
                   ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4",

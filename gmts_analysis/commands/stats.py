@@ -24,10 +24,8 @@ if TYPE_CHECKING:
     from gmts_analysis.analysis.stats_types import Statistics
 
 EXAMPLES = """examples:
-  gmts stats runs/mine                      # rewrites runs/mine/stats.json and estimators.csv
-  gmts stats runs/mine --n-boot 0 --out /tmp/stats.json
-  gmts stats data/example_run --seed 1 --threads 1 --out /tmp/s1.json
-  gmts stats data/smollm2_run --verifier math --out runs/smollm2_math       # re-scored with the fallback
+  gmts stats runs/mine --n-boot 0 --out /tmp/stats.json                  # rewrites, or writes elsewhere
+  gmts stats data/smollm2_run --verifier math --out runs/smollm2_math      # re-scored: math's fallback
   gmts stats runs/mine --mask-truncated-completions --out runs/mine_masked  # TRL's mask, no probing"""
 
 
@@ -157,6 +155,12 @@ def _rescore(args: argparse.Namespace, run_dir: Path) -> int:
     from gmts_analysis.run.rescore import rescore
     from gmts_analysis.util import io
 
+    if args.verifier is not None:
+        from gmts_analysis.readers.verifiers import resolve_verifier
+
+        resolve_verifier(args.verifier)  # an unknown name or a missing package, before any work
+    if args.rewards is not None:
+        io.check_regular_file(args.rewards, "--rewards")
     if not args.out:
         raise GmtsError("re-scoring writes a new run directory: give --out DIR (the source run is left as it is)")
     out = Path(args.out)
@@ -164,10 +168,6 @@ def _rescore(args: argparse.Namespace, run_dir: Path) -> int:
         raise GmtsError(f"--out {out}: is the source run; re-scoring writes a new run directory")
     io.check_output_location(out, {"RUN_DIR": run_dir})
     io.check_ours(out)
-    if args.verifier is not None:
-        from gmts_analysis.readers.verifiers import resolve_verifier
-
-        resolve_verifier(args.verifier)  # an unknown name or a missing package, before any work
     run = read_run(run_dir, compute_missing_stats=False)
     new = rescore(run, verifier=args.verifier, rewards=args.rewards,
                   mask_truncated_completions=args.mask_truncated_completions, seed=args.seed, n_boot=args.n_boot,

@@ -526,6 +526,7 @@ OPTION_DOMAINS: dict[str, Any] = {
     "num_prompts": _int_at_least(1), "group_size": _int_at_least(2), "max_new_tokens": _int_at_least(1),
     "answers_per_chunk": _int_at_least(1), "domains": _domains, "verifier": _verifier, "model": _model,
     "out": _output_path, "to": _output_path, "prompts": _input_file, "plan": _input_file, "update": _input_file,
+    "rewards": _input_file,
     "rollouts": _input_path, "difficulty": _difficulty,
     "batch_size": _int_at_least(1), "n_boot": _int_at_least(1), "max_answers": _int_at_least(1),
     "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),
