@@ -74,10 +74,13 @@ def warn_few_groups(stats: Statistics | dict) -> bool:
 
     from gmts_analysis.analysis.stats_types import Statistics
 
-    meta = Statistics.coerce(stats).meta
+    from gmts_analysis.analysis.summary import too_small
+
+    st = Statistics.coerce(stats)
+    meta = st.meta
     n, n_boot = meta.n_groups, meta.n_boot or 0
-    if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0:
-        return False
+    if not isinstance(n, int) or n >= MIN_CI_UNITS or n_boot <= 0 or too_small(st) is not None:
+        return False  # too small for any interval: the summary says so (meta.min_groups)
     logging.getLogger("gmts_analysis.analysis.stats").warning(
         "the intervals come from %d %s(s), fewer than %d: bootstrap CIs over so few groups are too narrow "
         "to trust (sample more prompts)", n, meta.ci_unit or "group", MIN_CI_UNITS)
