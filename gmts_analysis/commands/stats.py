@@ -73,7 +73,6 @@ def warn_few_groups(stats: Statistics | dict) -> bool:
     import logging
 
     from gmts_analysis.analysis.stats_types import Statistics
-
     from gmts_analysis.analysis.summary import too_small
 
     st = Statistics.coerce(stats)
