@@ -130,3 +130,16 @@ def test_one_group_gives_no_interval_and_no_verdict(llama, rows):
             assert all(v["ci_low"] is None for v in per.values())
     text = summary_text(st)
     assert "Too small to compare" in text and " beats " not in text and "[" not in text.split("\n\n", 1)[1]
+
+
+def test_a_probe_at_another_temperature_than_the_sampling_is_warned(llama, rows, caplog):
+    """gmts sample records each answer's sampling temperature; TRL's loss uses it, so a probe at another
+    temperature measures another policy and says so (the SmolLM2 study's plan once missed it)."""
+    hot = [{**r, "temperature": 0.7} for r in rows[:3]]
+    with caplog.at_level("WARNING"):
+        gmts.probe(str(llama), hot, progress=False, temperature=1.0, **FAST)
+    assert "sampled at temperature 0.7" in caplog.text and "--temperature 0.7" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        gmts.probe(str(llama), hot, progress=False, temperature=0.7, **FAST)
+    assert "sampled at temperature" not in caplog.text

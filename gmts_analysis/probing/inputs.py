@@ -119,11 +119,40 @@ def read_answers(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", max_tokens
     the options' reader settings (``max_tokens``: the model's context), and the manifest's note of the
     source. A path's note names it as given (``str(rollouts)``) with its sha256 (``rollouts_sha256``
     when the caller has it already, else computed here)."""
-    from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows
+    from gmts_analysis.readers.rollouts import ReaderOptions
     from gmts_analysis.readers.verifiers import resolve_verifier
 
     reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
     verifier = resolve_verifier(opts.verifier)
+    answers, note = _read(rollouts, tokenizer, opts, verifier, reader_opts, rollouts_sha256)
+    check_sampling_temperature(answers, float(opts.temperature))
+    return answers, note
+
+
+def check_sampling_temperature(answers: Sequence, temperature: float) -> int:
+    """Warn when answers record the temperature they were sampled at (``gmts sample`` writes it) and it is
+    not the probe's: TRL computes the loss's log-probs from ``logits / temperature`` with the sampling
+    temperature, so a probe at another one measures another policy. Returns the answers that differ."""
+    import math
+
+    seen = [a.extra.get("temperature") for a in answers]
+    other = sorted({float(t) for t in seen if isinstance(t, (int, float)) and not isinstance(t, bool)
+                    and math.isfinite(t) and abs(float(t) - temperature) > 1e-12})
+    n = sum(1 for t in seen if isinstance(t, (int, float)) and not isinstance(t, bool)
+            and abs(float(t) - temperature) > 1e-12)
+    if n:
+        logging.getLogger("gmts_analysis.probing").warning(
+            "%d answer(s) were sampled at temperature %s (their 'temperature' field) but --temperature is %g: the "
+            "probe takes log-probs of logits / %g, TRL those of logits / the sampling temperature; pass "
+            "--temperature %g to probe the policy that sampled them", n, ", ".join(f"{t:g}" for t in other),
+            temperature, temperature, other[0])
+    return n
+
+
+def _read(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", verifier: Any, reader_opts: Any,
+          rollouts_sha256: str | None) -> tuple[list, dict]:
+    from gmts_analysis.readers.rollouts import read_rollouts, read_rollouts_rows
+
     if isinstance(rollouts, (str, os.PathLike)):
         from gmts_analysis.readers.sources import input_sha256
 

@@ -269,6 +269,7 @@ def sample_prompts(
             "group_id": f"p{i:05d}",
             "answer_id": f"p{i:05d}-{j}",
             "truncated": bool(not r_ids or r_ids[-1] not in stops),
+            "temperature": float(temperature),  # the probe's --temperature must be the same (TRL's log-probs)
         }
         for k, v in src.items():
             if k not in row and k not in ("reward",):
