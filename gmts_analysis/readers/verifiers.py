@@ -79,20 +79,36 @@ def math_boxed_reward(prompts: Sequence[Any], completions: Sequence[Any], soluti
     often truncated answer by its last number). The equivalence check is ``math_verify``'s."""
     from gmts_analysis.readers.audit import last_boxed
 
-    norm_cfg, expr_cfg, latex_cfg, parse, verify = _math_verify()
-    refs = _references(prompts, completions, solution, answer, "math_boxed")
+    def boxed_only(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
+        box = last_boxed(text)
+        return parse(f"$\\boxed{{{box}}}$", extraction_config=cfg, parsing_timeout=ptime) if box else None
+
+    return _score_math("math_boxed", prompts, completions, solution, answer, boxed_only)
+
+
+def _score_math(name: str, prompts: Sequence[Any], completions: Sequence[Any], solution: Sequence[Any] | None,
+                answer: Sequence[Any] | None, predict: Callable) -> list[float | None]:
+    """The math verifiers' loop: the reference parsed once per row, the completion's answer by ``predict``
+    (``(text, parse, extraction config, timeout) -> parsed or None``), math-verify's equivalence check."""
+    _, _, _, parse, verify = _math_verify()
+    refs = _references(prompts, completions, solution, answer, name)
     ptime, vtime = _timeouts()
-    cfg = [latex_cfg(normalization_config=norm_cfg(units=True), boxed_match_priority=0), expr_cfg()]
+    cfg = _prediction_config()
     out: list[float | None] = []
     for comp, ref in zip(completions, refs):
         gold = parse(_gold_text(ref), parsing_timeout=ptime)
         if not gold:
             out.append(None)
             continue
-        box = last_boxed(_text(comp))
-        pred = parse(f"$\\boxed{{{box}}}$", extraction_config=cfg, parsing_timeout=ptime) if box else None
+        pred = predict(_text(comp), parse, cfg, ptime)
         out.append(float(verify(gold, pred, timeout_seconds=vtime)) if pred else 0.0)
     return out
+
+
+def _prediction_config() -> list:
+    """math-verify's extraction of a completion's answer: LaTeX (a ``\\boxed{}`` first), then any expression."""
+    norm_cfg, expr_cfg, latex_cfg, _, _ = _math_verify()
+    return [latex_cfg(normalization_config=norm_cfg(units=True), boxed_match_priority=0), expr_cfg()]
 
 
 def _timeouts() -> tuple[int | None, int | None]:
@@ -111,29 +127,17 @@ def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Se
     ``math_verify``'s: the completion's answer is taken from a ``\\boxed{}`` first, then (the fallback)
     from the last LaTeX or plain expression of the text (``The answer is 72``; ``... 7 - 2 = 5`` gives 5).
     """
-    NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, verify = _math_verify()
-    refs = _references(prompts, completions, solution, answer, "math")
-    ptime, vtime = _timeouts()
-    pred_cfg = [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
-                ExprExtractionConfig()]
-    out: list[float | None] = []
-    for comp, ref in zip(completions, refs):
-        gold = parse(_gold_text(ref), parsing_timeout=ptime)
-        if not gold:
-            out.append(None)
-            continue
-        pred = parse(_text(comp), extraction_config=pred_cfg, extraction_mode="first_match", parsing_timeout=ptime)
-        out.append(float(verify(gold, pred, timeout_seconds=vtime)) if pred else 0.0)
-    return out
+    def first_match(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
+        return parse(text, extraction_config=cfg, extraction_mode="first_match", parsing_timeout=ptime)
+
+    return _score_math("math", prompts, completions, solution, answer, first_match)
 
 
 def fallback_extracts(text: str) -> bool:
     """Whether the ``math`` verifier's fallback takes an answer from ``text`` (no ``\\boxed{}`` needed)."""
-    NormalizationConfig, ExprExtractionConfig, LatexExtractionConfig, parse, _ = _math_verify()
-    ptime, _ = _timeouts()
-    cfg = [LatexExtractionConfig(normalization_config=NormalizationConfig(units=True), boxed_match_priority=0),
-           ExprExtractionConfig()]
-    return bool(parse(text, extraction_config=cfg, extraction_mode="first_match", parsing_timeout=ptime))
+    _, _, _, parse, _ = _math_verify()
+    return bool(parse(text, extraction_config=_prediction_config(), extraction_mode="first_match",
+                      parsing_timeout=_timeouts()[0]))
 
 
 def _load_function(spec: str) -> RewardFunction:

@@ -38,15 +38,9 @@ def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:
     by_id: dict[str, dict] = {}
     src = Path(run.path) / "rollouts.jsonl" if run.path is not None else None
     if src is not None and src.is_file():
-        with open(src, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if line.strip():
-                    try:
-                        r = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise GmtsError(f"{src}: line {n}: invalid JSON ({e.msg})") from None
-                    if isinstance(r, dict) and r.get("answer_id") is not None:
-                        by_id[str(r["answer_id"])] = r
+        from gmts_analysis.util.io import jsonl_objects
+
+        by_id = {str(r["answer_id"]): r for _, r in jsonl_objects(src) if r.get("answer_id") is not None}
     prompts, responses = [], []
     for _, a in ans.iterrows():
         r = by_id.get(str(a["answer_id"]), {})
@@ -100,17 +94,12 @@ def file_rewards(run: RunTables, path: str | Path) -> np.ndarray:
                 raise GmtsError(f"--rewards {path}: no column '{c}' (expected answer_id, reward)")
         rows = [(str(a), v, f"{path}: line {i + 2}") for i, (a, v) in enumerate(zip(df["answer_id"], df["reward"]))]
     else:
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise GmtsError(f"--rewards {path}: line {n}: invalid JSON ({e.msg})") from None
-                if not isinstance(r, dict) or "answer_id" not in r or "reward" not in r:
-                    raise GmtsError(f"--rewards {path}: line {n}: expected an object with answer_id and reward")
-                rows.append((str(r["answer_id"]), r["reward"], f"{path}: line {n}"))
+        from gmts_analysis.util.io import jsonl_objects
+
+        for n, r in jsonl_objects(path, f"--rewards {path}"):
+            if "answer_id" not in r or "reward" not in r:
+                raise GmtsError(f"--rewards {path}: line {n}: expected an object with answer_id and reward")
+            rows.append((str(r["answer_id"]), r["reward"], f"{path}: line {n}"))
     got: dict[str, float] = {}
     for aid, v, where in rows:
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):

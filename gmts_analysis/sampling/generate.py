@@ -26,7 +26,6 @@ fields (:mod:`gmts_analysis.readers.audit`: ``verifier``, ``boxed``, ``fallback`
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Sequence
@@ -65,17 +64,9 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
         rows = [{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in r.items()}
                 for r in df.to_dict(orient="records")]
     elif path.suffix.lower() in (".jsonl", ".json"):
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    r = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise GmtsError(f"{path}: line {n}: invalid JSON ({e.msg})") from None
-                if not isinstance(r, dict):
-                    raise GmtsError(f"{path}: line {n}: expected a JSON object per line")
-                rows.append(r)
+        from gmts_analysis.util.io import jsonl_objects
+
+        rows = [r for _, r in jsonl_objects(path)]
     else:
         raise GmtsError(f"--prompts {path}: expected a .jsonl or .parquet file")
     for n, r in enumerate(rows, 1):

@@ -49,6 +49,30 @@ def check_regular_file(path: str | os.PathLike, flag: str) -> Path:
     return p
 
 
+def jsonl_objects(path: str | os.PathLike, where: str = "") -> Iterator[tuple[int, dict]]:
+    """``(line number, object)`` of each non-blank line of a JSON-lines file; a line that is not UTF-8, not
+    JSON or not an object is one error naming ``where`` (default: the path) and the line."""
+    name = where or str(path)
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise GmtsError(f"{name}: line {n}: not valid UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except RecursionError:
+                raise GmtsError(f"{name}: line {n}: invalid JSON (nested too deeply)") from None
+            except ValueError as e:
+                msg = e.msg if isinstance(e, json.JSONDecodeError) else (str(e).splitlines() or [""])[0][:120]
+                raise GmtsError(f"{name}: line {n}: invalid JSON ({msg})") from None
+            if not isinstance(obj, dict):
+                raise GmtsError(f"{name}: line {n}: expected a JSON object per line")
+            yield n, obj
+
+
 def _tmp_sibling(path: Path) -> Path:
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
