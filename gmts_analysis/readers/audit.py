@@ -40,7 +40,9 @@ def last_boxed(text: str | None) -> str | None:
     return None
 
 
-def _text(x: Any) -> str | None:
+def response_text(x: Any) -> str | None:
+    """The text of a response: a string as given, a message list's last message content (the assistant
+    message, as TRL logs a conversational completion and ``gmts sample`` writes it), else None."""
     if isinstance(x, str):
         return x
     if isinstance(x, (list, tuple)) and x and isinstance(x[-1], dict):
@@ -58,7 +60,7 @@ def copies_example(prompt: Any, response: Any) -> bool | None:
     list)."""
     if not (isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt)):
         return None
-    text = _text(response)
+    text = response_text(response)
     if text is None:
         return None
     examples = {_squash(m.get("content") or "") for m in prompt if m.get("role") == "assistant"}
@@ -82,7 +84,7 @@ def audit_fields(verifier: str, prompts: Sequence[Any], completions: Sequence[An
     """The four audit fields of each (prompt, completion) scored by ``verifier`` (a name as given)."""
     out = []
     for p, c in zip(prompts, completions):
-        text = _text(c)
+        text = response_text(c)
         boxed = None if text is None else last_boxed(text) is not None
         out.append({"verifier": verifier, "boxed": boxed, "fallback": _fallback_used(verifier, text, boxed),
                     "copies_example": copies_example(p, c)})

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.audit import response_text
 from gmts_analysis.readers.context import Contextualizer
 from gmts_analysis.readers.formats import (
     FORMATS,
@@ -421,7 +422,7 @@ def _answer(idx: int, where: str, r: dict, ctx: Contextualizer, tokenizer: Any, 
         response_ids=response_ids,
         reward=float(reward),
         prompt=prompt if isinstance(prompt, str) else _decode(tokenizer, prompt_ids) if prompt is not None else None,
-        response=_response_text(response),
+        response=response_text(response),
         step=r.get("step"),
         domain=domain,
         old_logprobs=None if old is None else check_logprobs(old, where, "old_logprobs", len(response_ids)),
@@ -537,17 +538,6 @@ def _verify(sel: list[Answer], rows: list[dict], verifier: Callable) -> None:
             raise GmtsError(f"{a.where}: the verifier skipped this answer (returned None); an unscorable answer "
                             "(TRL trains it with advantage 0) is not modelled")
         a.reward = check_reward(s, a.where, "reward (from --verifier)")
-
-
-def _response_text(response: Any) -> str | None:
-    """The response's text for a reader: a string as given, a message list's last message content (the
-    assistant message, as TRL logs a conversational completion and ``gmts sample`` writes it), else None."""
-    if isinstance(response, str):
-        return response
-    if isinstance(response, (list, tuple)) and response and isinstance(response[-1], dict):
-        content = response[-1].get("content")
-        return content if isinstance(content, str) else None
-    return None
 
 
 def _decode(tokenizer: Any, ids: list[int]) -> str | None:
