@@ -502,6 +502,7 @@ def test_pooled_view_numbers_and_the_earlier_claim_held_on_fresh_seeds(tmp_path)
     rep = build_report(here)
     pv = rep["pooled"]
     assert pv["seeds_here"] == list(range(100, 110)) and pv["seeds_earlier"] == SEEDS
+    assert pv["data_dir"] == (tmp_path / "earlier").as_posix()  # not .../here/../earlier
     row = next(r for r in pv["rows"] if (r["a"], r["b"]) == ("gmts", "entropy"))
     d_here = [0.02 + n for n in noise]
     d_earlier = [0.03 + n for n in NOISE]

@@ -612,7 +612,7 @@ def pooled_view(report: dict, pool: dict, data_dir: Path) -> dict[str, Any]:
         })
     eval_here = sorted({x for s in report["settings"] if s["name"] in pool["settings"] for x in s.get("eval_seeds", [])})
     eval_other = sorted({x for s in other["settings"] if s["name"] in pool["settings"] for x in s.get("eval_seeds", [])})
-    return {"data_dir": other_dir.as_posix(), "plan": other["plan"]["path"], "settings": list(pool["settings"]),
+    return {"data_dir": _shown(other_dir), "plan": _shown(Path(other["plan"]["path"])), "settings": list(pool["settings"]),
             "seeds_here": report["plan"]["seeds"], "seeds_earlier": other["plan"]["seeds"],
             "eval_seeds_here": eval_here, "eval_seeds_earlier": eval_other, "note": pool.get("note"), "rows": rows}
 
