@@ -18,7 +18,7 @@ BAD = {
     "group_size": "1", "max_new_tokens": "0", "answers_per_chunk": "0", "domains": "nope", "verifier": "no-such",
     "model": "{file}", "out": "{under_file}", "to": "{under_file}", "figures": "{under_file}", "prompts": "{missing}",
     "rollouts": "{missing}", "difficulty": "0", "batch_size": "0", "n_boot": "0", "max_answers": "0",
-    "max_steps": "0", "lr": "-1", "prompts_per_domain": "0", "eval_every": "0", "eval_prompts": "0", "final_eval_prompts": "-1",
+    "max_steps": "0", "lr": "-1", "prompts_per_domain": "0", "eval_every": "0", "eval_prompts": "0", "final_eval_prompts": "-1", "eval_seed": "-1",
     "diag_every": "-1", "diag_answers": "0", "threads": "0", "layers": "0", "prompt_len": "0", "naive_tokens": "1",
     "naive_full_max": "-1", "max_memory": "0", "lengths": "8,x", "probes": "1", "config": "{missing}",
     "clip_low": "1", "clip_high": "-0.5", "clip_ratio_c": "1", "kl_beta": "-1", "vllm_is_min": "-1",

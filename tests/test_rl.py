@@ -175,10 +175,11 @@ def test_experiment_resume_summary_and_cli(tmp_path):
     rc = main(["rl", "--model", str(ckpt), "--selection", "entropy", "random", "--seed", "3", "--max-steps", "1",
                "--domains", "program", "--prompts-per-domain", "1", "--group-size", "2", "--max-new-tokens", "8",
                "--eval-every", "1", "--eval-prompts", "2", "--diag-every", "1", "--diag-answers", "1",
-               "--out", str(tmp_path / "cli.json"), "--figures", str(tmp_path / "fig"), "--quiet"])
+               "--eval-seed", "77", "--out", str(tmp_path / "cli.json"), "--figures", str(tmp_path / "fig"), "--quiet"])
     assert rc == 0
     res = json.loads((tmp_path / "cli.json").read_text())
     assert set(res["summary"]) == {"entropy", "random"} and res["config"]["domains"] == ["program"]
+    assert res["config"]["eval_seed"] == 77 and {r["config"]["eval_seed"] for r in res["runs"]} == {77}
     assert (tmp_path / "fig" / "rl_cli_curves.png").stat().st_size > 1000
     assert (tmp_path / "fig" / "rl_cli_diagnostics.png").stat().st_size > 1000
 

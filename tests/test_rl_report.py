@@ -365,3 +365,199 @@ def test_update_short_block_holds_the_planned_contrasts_only(tmp_path):
     short = report_markdown(report, short=True)
     assert short != report_markdown(report) and "**Mechanism**" not in short and "gmts beats entropy" in short
     assert doc.read_text() == "intro\n<!-- gmts-rl-referee:begin short -->\n" + short + "<!-- gmts-rl-referee:end -->\n"
+
+
+# ----------------------------------------------------------------------------- issue 30: fresh seeds, CRN, pooled view
+
+
+def _gain(delta, noise=NOISE):
+    """``value`` of :func:`fabricate`: gmts = entropy + delta + noise[seed index], all = entropy."""
+    def value(setting, arm, seed):
+        return 0.5 + 0.01 * (seed % 8) + ((delta + noise[seed % len(noise)]) if arm == "gmts" else 0.0)
+    return value
+
+
+def _copy_runs(src: Path, dst: Path, names) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        (dst / n).write_bytes((src / n).read_bytes())
+
+
+def test_runs_repeating_earlier_runs_are_named_and_the_fresh_seeds_reported_alone(tmp_path):
+    # the "pilot": seeds 0-4 of gmts and entropy, the very same training runs (same steps)
+    first = fabricate(tmp_path / "first", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03))
+    pilot = tmp_path / "pilot.runs"
+    _copy_runs(first / "main.runs", pilot, [f"{a}-s{s}.json" for a in ("gmts", "entropy") for s in range(5)])
+    # seed 5 of gmts in the pilot ran otherwise (another trajectory): not a repeat
+    rec = json.loads((first / "main.runs" / "gmts-s5.json").read_text())
+    rec["steps"][0]["reward_mean"] = 0.25
+    (pilot / "gmts-s5.json").write_text(json.dumps(rec))
+    plan = {**make_plan(PRIMARY, PRIMARY_CONTRASTS), "prior_runs": ["../pilot.runs"]}
+    data = fabricate(tmp_path / "d", plan, _gain(0.03))
+    rep = build_report(data)
+    assert rep["n_repeated_runs"] == 10
+    gm = rep["settings"][0]["results"]["gmts"]
+    assert [bool(x) for x in gm["repeat_of"]] == [True] * 5 + [False] * 3
+    assert gm["repeat_of"][0] == (tmp_path / "pilot.runs" / "gmts-s0.json").as_posix()
+    c = rep["contrasts"][0]
+    assert c["evidence"] == "pooled" and c["seeds_fresh"] == [5, 6, 7] and c["seeds_repeat_both"] == [0, 1, 2, 3, 4]
+    want = paired_contrast([0.5 + 0.01 * s + 0.03 + NOISE[s] for s in (5, 6, 7)], [0.5 + 0.01 * s for s in (5, 6, 7)])
+    assert c["fresh_only"]["mean"] == pytest.approx(want["mean"]) and c["fresh_only"]["n"] == 3
+    assert "pilot and confirmation pooled: 5 of 8 seeds repeat earlier runs (5 in both arms, 0 in one arm" in c["sentence"]
+    assert "confirmed on fresh seeds" not in c["sentence"]
+    md = report_markdown(rep)
+    assert "| 3/8 |" in md and "10 runs repeat earlier runs" in md and "main gmts seeds 0, 1, 2, 3, 4" in md
+
+
+def test_fresh_seeds_say_confirmed_and_an_unchecked_plan_says_so(tmp_path):
+    first = fabricate(tmp_path / "first", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03))
+    fresh_plan = {**make_plan(PRIMARY, PRIMARY_CONTRASTS, seeds=list(range(100, 108))), "prior_runs": ["../first/main.runs"]}
+    rep = build_report(fabricate(tmp_path / "d", fresh_plan, _gain(0.03)))
+    c = rep["contrasts"][0]
+    assert c["verdict"] == "beats" and c["evidence"] == "fresh" and rep["n_repeated_runs"] == 0
+    assert c["sentence"].endswith("gmts beats entropy; confirmed on fresh seeds (no run of the 8 seeds repeats an earlier run).")
+    assert "no run repeats an earlier one: every seed is fresh" in report_markdown(rep)
+    unchecked = build_report(first)
+    assert unchecked["contrasts"][0]["evidence"] == "unchecked"
+    assert "seed provenance not checked" in unchecked["contrasts"][0]["sentence"]
+    assert "fresh seeds" not in unchecked["contrasts"][0]["sentence"]
+
+
+def test_prior_runs_that_is_no_folder_is_one_line(tmp_path):
+    plan = {**make_plan(PRIMARY, PRIMARY_CONTRASTS), "prior_runs": ["../nowhere.runs"]}
+    data = fabricate(tmp_path / "d", plan, _gain(0.03))
+    with pytest.raises(GmtsError, match="prior_runs: '../nowhere.runs' is not a folder"):
+        build_report(data)
+    (data / "plan.json").write_text(json.dumps({**plan, "prior_runs": "../x"}))
+    with pytest.raises(GmtsError, match="prior_runs: expected a list"):
+        build_report(data)
+
+
+def test_common_random_numbers_are_stated_and_a_mixed_evaluation_is_flagged(tmp_path):
+    data = fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03))
+    md = report_markdown(build_report(data))
+    assert "Common random numbers: within each setting every arm and seed is evaluated on the same held-out prompts" in md
+    assert "(evaluation seed 12345)" in md and "overstate" in md
+    mixed = fabricate(tmp_path / "m", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03),
+                      config_patch={("main", "gmts", 3): {"eval_seed": 7}})
+    rep = build_report(mixed)
+    assert rep["settings"][0]["eval_seeds"] == [7, 12345]
+    md = report_markdown(rep)
+    assert "**Not common random numbers**" in md and "main: 7, 12345" in md and "Common random numbers: within" not in md
+
+
+def test_the_two_evaluation_ses_have_two_names_and_the_forest_legend_uses_the_mean_one(tmp_path):
+    from gmts_analysis.rl.plots import forest_legend_labels
+    from gmts_analysis.rl.referee import SE_MEAN_DIFF, SE_ONE_DIFF
+
+    rep = build_report(fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03)))
+    c = rep["contrasts"][0]
+    assert c["eval_se_mean_diff"] == pytest.approx(c["eval_se_diff"] / math.sqrt(8))  # equal SEs: RMS / sqrt(n)
+    bar = forest_legend_labels(rep)[3]
+    assert bar == "+-1.96 evaluation SE of the mean difference over 8 seeds" == "+-1.96 " + SE_MEAN_DIFF.format(n=8)
+    assert SE_ONE_DIFF not in bar and "one seed" not in bar
+    assert f"{SE_ONE_DIFF} {c['eval_se_diff']:.3f}, evaluation SE of the mean difference over 8 seeds " \
+           f"{c['eval_se_mean_diff']:.3f})" in c["sentence"]
+    md = report_markdown(rep)
+    assert "| eval SE (one seed's diff) |" in md and "| eval SE (diff) |" not in md
+
+
+def test_welch_difference_and_heterogeneity_known_values():
+    from scipy import stats
+
+    from gmts_analysis.analysis.paired import heterogeneity, welch_difference
+
+    x, y = [0.01, 0.02, 0.015, 0.005, 0.012], [0.03, 0.025, 0.04, 0.035]
+    w = welch_difference(x, y)
+    ref = stats.ttest_ind(x, y, equal_var=False)
+    assert w["diff"] == pytest.approx(np.mean(x) - np.mean(y)) and w["p"] == pytest.approx(ref.pvalue, rel=1e-10)
+    assert w["ci_low"] < w["diff"] < w["ci_high"] < 0
+    h = heterogeneity([0.01, 0.03], [0.005, 0.005])  # equal weights: fixed mean 0.02, Q = 2 * (0.01/0.005)^2 = 8
+    assert h["fixed_mean"] == pytest.approx(0.02) and h["q"] == pytest.approx(8.0) and h["df"] == 1.0
+    assert h["p"] == pytest.approx(stats.chi2.sf(8.0, 1)) and h["i2"] == pytest.approx(7 / 8)
+    assert h["fixed_se"] == pytest.approx(0.005 / math.sqrt(2))
+    same = heterogeneity([0.02, 0.02], [0.01, 0.002])
+    assert same["q"] == 0.0 and same["i2"] == 0.0 and same["p"] == pytest.approx(1.0)
+    assert math.isnan(heterogeneity([0.01, 0.02], [0.0, 0.01])["q"])
+
+
+def _two_experiments(tmp_path, delta_here, noise_here=NOISE):
+    earlier_plan = make_plan(PRIMARY, PRIMARY_CONTRASTS)
+    earlier = fabricate(tmp_path / "earlier", earlier_plan, _gain(0.03))
+    seeds = list(range(100, 110))
+    noise = list(noise_here) + [0.001, -0.001]
+    plan = {**make_plan(PRIMARY, PRIMARY_CONTRASTS, seeds=seeds), "prior_runs": ["../earlier/main.runs"],
+            "pool_with": {"data_dir": "../earlier", "settings": ["main"]}, "block_tag": "gmts-rl-replication"}
+
+    def value(setting, arm, seed):
+        i = seed - 100
+        return 0.5 + 0.01 * (i % 8) + ((delta_here + noise[i]) if arm == "gmts" else 0.0)
+    return earlier, fabricate(tmp_path / "here", plan, value), noise
+
+
+def test_pooled_view_numbers_and_the_earlier_claim_held_on_fresh_seeds(tmp_path):
+    from scipy import stats
+
+    _, here, noise = _two_experiments(tmp_path, 0.02)
+    rep = build_report(here)
+    pv = rep["pooled"]
+    assert pv["seeds_here"] == list(range(100, 110)) and pv["seeds_earlier"] == SEEDS
+    assert pv["data_dir"] == (tmp_path / "earlier").as_posix()  # not .../here/../earlier
+    row = next(r for r in pv["rows"] if (r["a"], r["b"]) == ("gmts", "entropy"))
+    d_here = [0.02 + n for n in noise]
+    d_earlier = [0.03 + n for n in NOISE]
+    assert row["here"]["mean"] == pytest.approx(np.mean(d_here)) and row["earlier"]["mean"] == pytest.approx(np.mean(d_earlier))
+    assert row["pooled"]["n"] == 18 and row["pooled"]["mean"] == pytest.approx(np.mean(d_here + d_earlier))
+    assert row["pooled"]["p"] == pytest.approx(stats.ttest_1samp(d_here + d_earlier, 0.0).pvalue, rel=1e-9)
+    assert row["difference"]["diff"] == pytest.approx(np.mean(d_here) - np.mean(d_earlier))
+    se_h, se_e = np.std(d_here, ddof=1) / math.sqrt(10), np.std(d_earlier, ddof=1) / math.sqrt(8)
+    fe = (np.mean(d_here) / se_h**2 + np.mean(d_earlier) / se_e**2) / (1 / se_h**2 + 1 / se_e**2)
+    q = (np.mean(d_here) - fe) ** 2 / se_h**2 + (np.mean(d_earlier) - fe) ** 2 / se_e**2
+    assert row["heterogeneity"]["q"] == pytest.approx(q) and row["heterogeneity"]["i2"] == pytest.approx(max(0, (q - 1) / q))
+    assert row["held"] == "held" and row["here"]["evidence"] == "fresh"
+    md = report_markdown(rep)
+    assert 'The earlier claim "gmts beats entropy" held on fresh seeds.' in md
+    assert "**Pooled view** (exploratory: pilot and confirmation pooled)" in md
+    assert "gmts beats entropy; confirmed on fresh seeds" in md
+    assert "Pooled view" in report_markdown(rep, short=True)
+
+
+def test_pooled_view_says_when_the_earlier_claim_did_not_hold(tmp_path):
+    symmetric = [0.01, -0.01, 0.02, -0.02, 0.015, -0.015, 0.005, -0.005]
+    _, here, _ = _two_experiments(tmp_path, 0.0, symmetric)
+    rep = build_report(here)
+    row = next(r for r in rep["pooled"]["rows"] if (r["a"], r["b"]) == ("gmts", "entropy"))
+    assert row["held"] == "not_confirmed" and row["here"]["verdict"] == "not_distinguishable"
+    assert row["difference"]["ci_high"] < 0  # the two experiments differ
+    assert 'The earlier claim "gmts beats entropy" did not hold on fresh seeds (here: gmts and entropy are not distinguishable with 10 seeds)' in report_markdown(rep)
+    # an exploratory pair orientated the other way in the earlier report is flipped, not dropped
+    rows = {(r["a"], r["b"]): r for r in rep["pooled"]["rows"]}
+    assert set(rows) == {(c["a"], c["b"]) for c in rep["contrasts"]}
+
+
+def test_held_on_replication_rule():
+    from gmts_analysis.rl.referee import held_on_replication as held
+
+    beat = {"verdict": "beats", "mean": 0.01}
+    assert held(beat, {"verdict": "beats", "mean": 0.02}) == "held"
+    assert held(beat, {"verdict": "above_unadjusted", "mean": 0.02}) == "held_exploratory"
+    assert held(beat, {"verdict": "beats", "mean": -0.02}) == "reversed"
+    assert held(beat, {"verdict": "not_distinguishable", "mean": 0.02}) == "not_confirmed"
+    assert held({"verdict": "not_distinguishable", "mean": 0.0}, {"verdict": "beats", "mean": 0.02}) == "no_claim"
+
+
+def test_update_uses_the_plans_block_tag_and_leaves_the_referee_block(tmp_path):
+    _, here, _ = _two_experiments(tmp_path, 0.02)
+    doc = tmp_path / "doc.md"
+    text = ("<!-- gmts-rl-referee:begin -->\nreferee\n<!-- gmts-rl-referee:end -->\n"
+            "<!-- gmts-rl-replication:begin -->\nold\n<!-- gmts-rl-replication:end -->\n")
+    doc.write_text(text)
+    rc, err = run_cli(["rl-report", str(here), "--out", str(tmp_path / "o"), "--update", str(doc), "-q"])
+    assert rc == 0, err
+    new = doc.read_text()
+    assert new.startswith("<!-- gmts-rl-referee:begin -->\nreferee\n<!-- gmts-rl-referee:end -->\n")
+    assert "\nold\n" not in new and "confirmed on fresh seeds" in new
+    only_referee = tmp_path / "ref.md"
+    only_referee.write_text("<!-- gmts-rl-referee:begin -->\nx\n<!-- gmts-rl-referee:end -->\n")
+    assert_one_line_error(*run_cli(["rl-report", str(here), "--out", str(tmp_path / "o2"), "--update",
+                                    str(only_referee)]), "ref.md", "gmts-rl-replication:end")

@@ -6,7 +6,10 @@
   given their average rank), exact from the permutation distribution up to :data:`WILCOXON_EXACT_MAX`
   non-zero differences, normal approximation with the tie correction beyond;
 - :func:`holm`: Holm's step-down adjustment of a family of p-values;
-- :func:`paired_contrast`: all of the above for one pair of per-seed arrays.
+- :func:`paired_contrast`: all of the above for one pair of per-seed arrays;
+- :func:`welch_difference`: the difference of two experiments' mean paired differences (Welch's t interval);
+- :func:`heterogeneity`: Cochran's Q, its p and I^2 of several experiments' means with their SEs, and the
+  fixed-effect (inverse-variance) pooled mean.
 
 Only numpy and (for the t distribution) scipy; every function takes plain sequences of floats.
 """
@@ -136,3 +139,45 @@ def paired_contrast(a: Sequence[float], b: Sequence[float], level: float = 0.95)
     out.update({"p_sign": sign_test(d), "p_wilcoxon": wilcoxon_signed_rank(d), "wins_a": int((d > 0).sum()),
                 "wins_b": int((d < 0).sum()), "ties": int((d == 0).sum())})
     return out
+
+
+def welch_difference(x: Sequence[float], y: Sequence[float], level: float = 0.95) -> dict[str, float]:
+    """``mean(x) - mean(y)`` of two independent samples (e.g. the per-seed paired differences of two
+    experiments) with Welch's SE, Welch-Satterthwaite df, two-sided p and ``level`` t interval:
+    ``{diff, se, df, p, ci_low, ci_high}``. NaN fields when either sample has fewer than 2 values."""
+    from scipy.stats import t as t_dist
+
+    a, b = _diffs(x), _diffs(y)
+    nan = float("nan")
+    if a.size < 2 or b.size < 2:
+        return {"diff": float(a.mean() - b.mean()) if a.size and b.size else nan, "se": nan, "df": nan, "p": nan,
+                "ci_low": nan, "ci_high": nan}
+    va, vb = float(a.var(ddof=1)) / a.size, float(b.var(ddof=1)) / b.size
+    diff = float(a.mean() - b.mean())
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return {"diff": diff, "se": 0.0, "df": nan, "p": 0.0 if diff != 0 else 1.0, "ci_low": diff, "ci_high": diff}
+    df = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+    p = float(2.0 * t_dist.sf(abs(diff) / se, df))
+    q = float(t_dist.ppf(0.5 + level / 2.0, df))
+    return {"diff": diff, "se": se, "df": float(df), "p": min(1.0, p), "ci_low": diff - q * se, "ci_high": diff + q * se}
+
+
+def heterogeneity(means: Sequence[float], ses: Sequence[float]) -> dict[str, float]:
+    """Cochran's Q of ``k`` estimates ``means`` with standard errors ``ses`` (inverse-variance weights
+    ``w = 1 / se^2``): ``Q = sum w (m - m_fe)^2`` about the fixed-effect mean ``m_fe = sum w m / sum w``,
+    ``df = k - 1``, ``p = P(chi2_df >= Q)``, ``I2 = max(0, (Q - df) / Q)`` (0 when Q = 0):
+    ``{q, df, p, i2, fixed_mean, fixed_se}``. A zero SE makes every field NaN (no weight exists)."""
+    from scipy.stats import chi2
+
+    m, s = _diffs(means), _diffs(ses)
+    k = int(m.size)
+    nan = float("nan")
+    if k != s.size or k < 2 or (s <= 0).any():
+        return {"q": nan, "df": float(max(k - 1, 0)), "p": nan, "i2": nan, "fixed_mean": nan, "fixed_se": nan}
+    w = 1.0 / s**2
+    fe = float((w * m).sum() / w.sum())
+    q = float((w * (m - fe) ** 2).sum())
+    df = k - 1
+    return {"q": q, "df": float(df), "p": float(chi2.sf(q, df)), "i2": max(0.0, (q - df) / q) if q > 0 else 0.0,
+            "fixed_mean": fe, "fixed_se": float(1.0 / math.sqrt(w.sum()))}

@@ -68,6 +68,10 @@ def _evaluation_and_output_options(p: argparse.ArgumentParser, d) -> None:
     p.add_argument("--final-eval-prompts", type=int, default=d.final_eval_prompts,
                    help="held-out prompts per domain for the final pass@1 only (the learning curve keeps "
                    "--eval-prompts); 0 = --eval-prompts (default: 0)")
+    p.add_argument("--eval-seed", type=int, default=d.eval_seed,
+                   help="seed of the evaluation: which held-out prompts are drawn and their sampling noise, the "
+                   f"same for every arm and checkpoint (default: {d.eval_seed}, every run in data/rl up to the "
+                   "replication of docs/rl.md section 9)")
     p.add_argument("--dynamic-sampling", action="store_true",
                    help="drop groups whose rewards are all equal before each update (DAPO's dynamic sampling; "
                    "the batch is not refilled, the number kept is logged per step)")
@@ -140,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
         policy=args.model, steps=args.max_steps, domains=tuple(d for x in args.domains for d in x.split(",") if d.strip()), rho=args.rho, scope=args.scope,
         normalizer=args.normalizer, lr=args.lr, prompts_per_domain=args.prompts_per_domain,
         group_size=args.num_generations, max_new_tokens=args.max_completion_length, eval_every=args.eval_every,
-        eval_prompts=args.eval_prompts, final_eval_prompts=args.final_eval_prompts,
+        eval_prompts=args.eval_prompts, final_eval_prompts=args.final_eval_prompts, eval_seed=args.eval_seed,
         dynamic_sampling=args.dynamic_sampling, diag_every=args.diag_every, diag_answers=args.diag_answers,
         device=str(resolve_device(args.device)),
     )

@@ -5,7 +5,8 @@ written by gmts rl), and writes rl_report.json, rl_report.md and rl_forest.png i
 DATA_DIR): final pass@1 per arm, every planned paired contrast over seeds (t interval, t / sign / Wilcoxon
 p, Holm over the primary family) beside the evaluation SE, the mechanism per arm. A setting missing any
 run is reported as cut, never on fewer seeds. With --update, the text between
-<!-- gmts-rl-referee:begin --> and <!-- gmts-rl-referee:end --> in each FILE is replaced by the report.
+<!-- gmts-rl-referee:begin --> and <!-- gmts-rl-referee:end --> in each FILE is replaced by the report
+(the plan's block_tag names another marker: the replication's is gmts-rl-replication).
 """
 
 from __future__ import annotations
@@ -64,21 +65,20 @@ def _is_forest_png(path) -> bool:
     return meta.get("Creator") == CREATOR and meta.get("Title") == FOREST_TITLE
 
 
-def _check_targets(out, update) -> dict:
+def _check_targets(out, update, tag) -> dict:
     """Refuse, before any work: an output file of ours' name that gmts rl-report did not write, and an
-    --update file that is a link, unreadable, or without the markers. Returns ``{path: text}`` of the
-    --update files."""
+    --update file that is a link, unreadable, or without the markers of ``tag`` (the plan's ``block_tag``,
+    default ``gmts-rl-referee``). Returns ``{path: text}`` of the --update files."""
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.rl.referee import BLOCK_TAG
     from gmts_analysis.util.io import check_output_file
     from gmts_analysis.util.markers import block_markers, find_block
 
     for name, ours in zip(OUTPUTS, (_is_report_json, _is_report_md, _is_forest_png)):
         check_output_file(out / name, "--out", ours, overwrite=None)
     texts = {}
-    begin, end = block_markers(BLOCK_TAG)
+    begin, end = block_markers(tag)
     for f in update or []:
         p = Path(f)
         if p.is_symlink():
@@ -87,7 +87,7 @@ def _check_targets(out, update) -> dict:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             raise GmtsError(f"--update {f}: not UTF-8 text") from None
-        if find_block(text, BLOCK_TAG) is None:
+        if find_block(text, tag) is None:
             raise GmtsError(f"--update {f}: no {begin} --> ... {end} markers; add them where the report goes")
         texts[p] = text
     return texts
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.rl.plots import plot_forest
-    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, check_data_dir, report_markdown
+    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
     from gmts_analysis.util.markers import block_note, replace_body
 
@@ -108,7 +108,9 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out is not None else data
     if out.exists() and not out.is_dir():
         raise GmtsError(f"--out {out}: is a file; give a directory")
-    texts = _check_targets(out, args.update)
+    plan_path = Path(args.plan) if args.plan is not None else data / "plan.json"
+    tag = load_plan(plan_path).get("block_tag", BLOCK_TAG)
+    texts = _check_targets(out, args.update, tag)
     report = build_report(data, args.plan)
     body = report_markdown(report)
     out.mkdir(parents=True, exist_ok=True)
@@ -117,10 +119,10 @@ def run(args: argparse.Namespace) -> int:
     atomic_write_text(out / OUTPUTS[1], f"{MD_HEADER}\n# {title}\n\n{body}")
     plot_forest(report, out / OUTPUTS[2])
     log.info("wrote %s", ", ".join(str(out / n) for n in OUTPUTS))
-    notes = {p: block_note(text, BLOCK_TAG) for p, text in texts.items()}  # "short": the contrasts only
+    notes = {p: block_note(text, tag) for p, text in texts.items()}  # "short": the contrasts only
     short_body = report_markdown(report, short=True) if "short" in notes.values() else ""
     for p, text in texts.items():
-        atomic_write_text(p, replace_body(text, BLOCK_TAG, short_body if notes[p] == "short" else body))
+        atomic_write_text(p, replace_body(text, tag, short_body if notes[p] == "short" else body))
         log.info("updated the generated block of %s", p)
     for s in report["settings"]:
         if s["status"] == "cut":

@@ -114,7 +114,7 @@ _MORE_GROUPS: dict[str, tuple[str, ...]] = {
     "RL objective": ("selection", "scope", "normalizer", "lr", "dynamic_sampling"),
     "gradient engine": ("lengths", "layers", "prompt_len", "naive_tokens", "naive_full_max", "quick"),
     "output": ("to", "report", "max_answers", "n_boot", "no_figures", "update"),
-    "run control": ("eval_every", "diag_every", "diag_answers", "debug"),
+    "run control": ("eval_every", "eval_seed", "diag_every", "diag_answers", "debug"),
 }
 for _g, _names in _MORE_GROUPS.items():
     HELP_GROUPS[_g] = HELP_GROUPS[_g] + _names
@@ -131,7 +131,7 @@ METAVARS: dict[str, str] = {
     "verifier": "NAME", "loss_type": "TYPE", "vllm_is_min": "C_MIN", "vllm_is_max": "C_MAX",
     "num_prompts": "PROMPTS", "group_size": "ANSWERS", "max_new_tokens": "TOKENS", "batch_size": "SEQUENCES",
     "n_boot": "RESAMPLES", "max_answers": "ANSWERS", "lr": "LR", "prompts_per_domain": "PROMPTS",
-    "eval_every": "STEPS", "eval_prompts": "PROMPTS", "final_eval_prompts": "PROMPTS", "diag_every": "STEPS", "diag_answers": "ANSWERS",
+    "eval_every": "STEPS", "eval_seed": "INT", "eval_prompts": "PROMPTS", "final_eval_prompts": "PROMPTS", "diag_every": "STEPS", "diag_answers": "ANSWERS",
     "threads": "THREADS", "difficulty": "LEVEL", "layers": "LAYERS", "prompt_len": "TOKENS",
     "naive_tokens": "TOKENS", "naive_full_max": "TOKENS", "lengths": "T[,T...]", "probes_list": "K[,K...]",
     "to": "DIR", "prompts": "FILE", "plan": "FILE", "update": "FILE", "domains": "DOMAIN", "max_steps": "STEPS",

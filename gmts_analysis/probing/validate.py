@@ -522,7 +522,7 @@ def _model(flag: str, v: Any) -> None:
 #: :class:`GmtsError` naming the flag. Options with ``choices`` are checked by argparse (and by
 #: :func:`gmts_analysis.options.config.check_options` in the API); switches have no value to check.
 OPTION_DOMAINS: dict[str, Any] = {
-    "seed": _seed, "temperature": _positive_finite, "rho": _rho, "device": _device, "dtype": _dtype,
+    "seed": _seed, "eval_seed": _seed, "temperature": _positive_finite, "rho": _rho, "device": _device, "dtype": _dtype,
     "num_prompts": _int_at_least(1), "group_size": _int_at_least(2), "max_new_tokens": _int_at_least(1),
     "answers_per_chunk": _int_at_least(1), "domains": _domains, "verifier": _verifier, "model": _model,
     "out": _output_path, "to": _output_path, "prompts": _input_file, "plan": _input_file, "update": _input_file,

@@ -256,6 +256,16 @@ FOREST_TITLE = "gmts rl-report forest plot"
 VERDICT_COLORS = {"beats": "#d62728", "above_unadjusted": "#ff7f0e", "not_distinguishable": "#4d4d4d"}
 
 
+def forest_legend_labels(report: dict) -> list[str]:
+    """The forest plot's legend: the three verdicts, then the grey bar, named as the report's text names
+    the same quantity (:data:`gmts_analysis.rl.referee.SE_MEAN_DIFF`: the SE of the mean over the seeds,
+    not the "evaluation SE of one seed's difference" of the tables)."""
+    from gmts_analysis.rl.referee import SE_MEAN_DIFF
+
+    return ["beats (Holm p and CI agree)", "above, exploratory (unadjusted)", "not distinguishable",
+            "+-1.96 " + SE_MEAN_DIFF.format(n=len(report["plan"]["seeds"]))]
+
+
 def plot_forest(report: dict, path: str | Path) -> Path:
     """Forest plot of a referee report (:func:`gmts_analysis.rl.referee.build_report`): one row per
     reported contrast ``a - b``, grouped by setting (planned contrasts first, in bold), the mean paired
@@ -307,11 +317,11 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     ax.set_title(title, fontsize=8)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], color=VERDICT_COLORS["beats"], marker="D", label="beats (Holm p and CI agree)"),
-               Line2D([], [], color=VERDICT_COLORS["above_unadjusted"], marker="o",
-                      label="above, exploratory (unadjusted)"),
-               Line2D([], [], color=VERDICT_COLORS["not_distinguishable"], marker="o", label="not distinguishable"),
-               Line2D([], [], color="#cccccc", lw=5, label="+-1.96 evaluation SE")]
+    labels = forest_legend_labels(report)
+    handles = [Line2D([], [], color=VERDICT_COLORS["beats"], marker="D", label=labels[0]),
+               Line2D([], [], color=VERDICT_COLORS["above_unadjusted"], marker="o", label=labels[1]),
+               Line2D([], [], color=VERDICT_COLORS["not_distinguishable"], marker="o", label=labels[2]),
+               Line2D([], [], color="#cccccc", lw=5, label=labels[3])]
     ax.legend(handles=handles, fontsize=6, loc="best")
     path = Path(path)
     return save_figure(fig, path.with_suffix(""), formats=("png",), dpi=120, title=FOREST_TITLE)[0]

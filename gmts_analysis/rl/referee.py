@@ -94,6 +94,22 @@ def load_plan(path: str | Path) -> dict:
             if "all" in arms:
                 raise GmtsError(f"{ws}.all_from: the setting runs 'all' itself")
         names[name] = s
+    prior = plan.get("prior_runs", [])
+    if not isinstance(prior, list) or not all(isinstance(x, str) and x for x in prior):
+        raise GmtsError(f"{w}.prior_runs: expected a list of run folders (paths relative to the plan's data directory), "
+                        f"got {prior!r}")
+    pool = plan.get("pool_with")
+    if pool is not None:
+        if not isinstance(pool, dict):
+            raise GmtsError(f"{w}.pool_with: expected an object {{data_dir, settings}}, got {pool!r}")
+        _need(pool, "data_dir", str, f"{w}.pool_with")
+        ps = _need(pool, "settings", list, f"{w}.pool_with")
+        for x in ps:
+            if x not in names:
+                raise GmtsError(f"{w}.pool_with.settings: unknown setting {x!r}")
+    tag = plan.get("block_tag", BLOCK_TAG)
+    if not isinstance(tag, str) or not tag or not all(ch.isalnum() or ch in "-_" for ch in tag):
+        raise GmtsError(f"{w}.block_tag: expected a marker name of letters, digits, '-' and '_', got {tag!r}")
     for i, c in enumerate(_need(plan, "contrasts", list, w)):
         wc = f"{w}: contrasts[{i}]"
         st = _need(c, "setting", str, wc)
@@ -189,6 +205,68 @@ def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: 
             raise GmtsError(f"{path}: final_pass1.{d} is {v!r}, expected a pass rate in [0, 1]")
     if not isinstance(rec.get("steps", []), list):
         raise GmtsError(f"{path}: steps is not a list")
+
+
+# ----------------------------------------------------------------------------- provenance: fresh or repeated
+
+
+def run_trajectory(rec: dict) -> tuple | None:
+    """A run's training trajectory: ``(step, loss, reward_mean, grad_norm, n_selected)`` of every logged
+    step (None when it logged none). Two runs with the same arm, seed and trajectory are the same
+    training run (the evaluation may differ: a later run can re-evaluate on more prompts)."""
+    steps = rec.get("steps") if isinstance(rec, dict) else None
+    if not isinstance(steps, list):
+        return None
+    key = tuple(tuple(st.get(k) for k in ("step", "loss", "reward_mean", "grad_norm", "n_selected"))
+                for st in steps if isinstance(st, dict))
+    return key or None
+
+
+def _shown(p: Path) -> str:
+    """``p`` as a reader finds it: normalised (``data/rl/referee/../x`` is ``data/rl/x``), forward slashes."""
+    import os
+
+    return Path(os.path.normpath(p)).as_posix()
+
+
+def _prior_index(plan: dict, data_dir: Path, plan_path: Path) -> dict[tuple[str, int], list[tuple[str, tuple]]]:
+    """``{(arm, seed): [(file, trajectory), ...]}`` of every run record in the plan's ``prior_runs`` folders
+    (the runs that existed before the plan), files named as :func:`_shown` names them."""
+    import re
+
+    from gmts_analysis.util.io import read_json
+
+    own = {(data_dir / s["file"]).with_suffix("").name + ".runs" for s in plan["settings"]}
+    index: dict[tuple[str, int], list[tuple[str, tuple]]] = {}
+    for entry in plan.get("prior_runs", []):
+        folder = (data_dir / entry)
+        if not folder.is_dir():
+            raise GmtsError(f"{plan_path}.prior_runs: {entry!r} is not a folder under {data_dir}")
+        if folder.resolve().parent == data_dir.resolve() and folder.name in own:
+            raise GmtsError(f"{plan_path}.prior_runs: {entry!r} is this plan's own run folder")
+        for f in sorted(folder.iterdir()):
+            m = re.fullmatch(r"([A-Za-z_]+)-s(\d+)\.json", f.name)
+            if not m:
+                continue
+            traj = run_trajectory(read_json(f))
+            if traj is not None:
+                index.setdefault((m.group(1), int(m.group(2))), []).append((_shown(f), traj))
+    return index
+
+
+def repeats_of(records: dict, index: dict) -> dict[tuple[str, str, int], str]:
+    """``{(setting, arm, seed): earlier file}`` for every run of ``records`` whose arm, seed and training
+    trajectory equal an earlier run's (:func:`run_trajectory`): a repeat, not fresh evidence."""
+    out = {}
+    for (setting, arm, seed), rec in records.items():
+        if rec is None:
+            continue
+        traj = run_trajectory(rec)
+        for f, t in index.get((arm, seed), []):
+            if traj is not None and t == traj:
+                out[(setting, arm, seed)] = f
+                break
+    return out
 
 
 # ----------------------------------------------------------------------------- mechanism
@@ -324,13 +402,14 @@ def _se_one_and_mean(var: Sequence[float]) -> tuple[float, float]:
     return float(math.sqrt(np.mean(var))), float(math.sqrt(np.sum(var)) / len(var))
 
 
-def _arm_result(source: str, runs: list[dict], seeds: list[int]) -> dict[str, Any]:
+def _arm_result(source: str, runs: list[dict], seeds: list[int], repeat_of: list[str | None]) -> dict[str, Any]:
     """One arm of a complete setting: per-seed final pass@1 and evaluation SE, their mean, SD over seeds,
-    the evaluation SE of one run (RMS) and of the mean, and the per-domain means."""
+    the evaluation SE of one run (RMS) and of the mean, the per-domain means, and per seed the earlier run
+    it repeats (None: fresh)."""
     fin = [run_final_pass1(r) for r in runs]
     se = [run_eval_se(r) for r in runs]
     return {
-        "source": source, "seeds": seeds, "final_pass1": fin, "eval_se": se,
+        "source": source, "seeds": seeds, "final_pass1": fin, "eval_se": se, "repeat_of": repeat_of,
         "mean": float(np.mean(fin)), "sd": float(np.std(fin, ddof=1)) if len(fin) > 1 else float("nan"),
         **dict(zip(("eval_se_run", "eval_se_mean"), _se_one_and_mean(np.square(se)))),
         "per_domain": {d: float(np.mean([r["final_pass1"][d] for r in runs])) for d in runs[0]["config"]["domains"]},
@@ -338,9 +417,11 @@ def _arm_result(source: str, runs: list[dict], seeds: list[int]) -> dict[str, An
     }
 
 
-def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path) -> dict[str, Any]:
+def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path, repeats: dict) -> dict[str, Any]:
     """A setting of the report: ``cut`` with its missing run files, or ``complete`` with every arm's
-    results and mechanism (a borrowed ``all`` from the setting its ``all_from`` names)."""
+    results and mechanism (a borrowed ``all`` from the setting its ``all_from`` names), the evaluation
+    seeds its runs used (one: every arm and seed saw the same prompts) and, per arm, the seeds whose run
+    repeats an earlier one (``repeats``: :func:`repeats_of`)."""
     from gmts_analysis.rl.config import run_path
 
     by_name = {x["name"]: x for x in plan["settings"]}
@@ -362,16 +443,23 @@ def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path) -> dict[s
         return block
     block["status"] = "complete"
     block["results"], block["mechanism"] = {}, {}
+    eval_seeds = set()
     for a in arms:
-        runs = [records[(source(a)["name"], a, seed)] for seed in seeds]
-        block["results"][a] = _arm_result(source(a)["name"], runs, seeds)
+        keys = [(source(a)["name"], a, seed) for seed in seeds]
+        runs = [records[k] for k in keys]
+        block["results"][a] = _arm_result(source(a)["name"], runs, seeds, [repeats.get(k) for k in keys])
         block["mechanism"][a] = mechanism(runs)
+        eval_seeds |= {r["config"].get("eval_seed", _config_defaults()["eval_seed"]) for r in runs}
+    block["eval_seeds"] = sorted(eval_seeds)
     return block
 
 
-def _contrast_row(c: dict, settings: dict[str, dict]) -> dict[str, Any]:
-    """One contrast ``a - b``: ``cut`` when its setting is, else the paired statistics over seeds and the
-    evaluation SE of one seed's difference (RMS over seeds) and of the mean difference."""
+def _contrast_row(c: dict, settings: dict[str, dict], checked: bool) -> dict[str, Any]:
+    """One contrast ``a - b``: ``cut`` when its setting is, else the paired statistics over seeds, the
+    evaluation SE of one seed's difference (RMS over seeds) and of the mean difference, and the evidence:
+    ``fresh`` (no run of either arm repeats an earlier run), ``pooled`` (some seeds do: their lists, and the
+    statistics of the fresh seeds alone in ``fresh_only``) or ``unchecked`` (``checked``: the plan names
+    its earlier runs)."""
     from gmts_analysis.analysis.paired import paired_contrast
 
     row: dict[str, Any] = dict(c)
@@ -386,6 +474,20 @@ def _contrast_row(c: dict, settings: dict[str, dict]) -> dict[str, Any]:
     row["differences"] = [x - y for x, y in zip(fa, fb)]
     row["eval_se_diff"], row["eval_se_mean_diff"] = _se_one_and_mean([x * x + y * y for x, y in zip(sa, sb)])
     row["p_holm"] = None
+    seeds = ra["seeds"]
+    reps = list(zip(ra["repeat_of"], rb["repeat_of"]))
+    row["seeds_fresh"] = [sd for sd, (x, y) in zip(seeds, reps) if not x and not y]
+    row["seeds_repeat_both"] = [sd for sd, (x, y) in zip(seeds, reps) if x and y]
+    row["seeds_repeat_one"] = [sd for sd, (x, y) in zip(seeds, reps) if bool(x) != bool(y)]
+    row["repeated_from"] = sorted({Path(f).parent.as_posix() for pair in reps for f in pair if f})
+    if not checked:
+        row["evidence"] = "unchecked"
+    elif len(row["seeds_fresh"]) == len(seeds):
+        row["evidence"] = "fresh"
+    else:
+        row["evidence"] = "pooled"
+        keep = [i for i, sd in enumerate(seeds) if sd in row["seeds_fresh"]]
+        row["fresh_only"] = paired_contrast([fa[i] for i in keep], [fb[i] for i in keep]) if keep else None
     return row
 
 
@@ -415,28 +517,104 @@ def check_data_dir(data_dir: str | Path) -> Path:
     return data_dir
 
 
-def build_report(data_dir: str | Path, plan_path: str | Path | None = None) -> dict:
+def build_report(data_dir: str | Path, plan_path: str | Path | None = None, with_pool: bool = True) -> dict:
     """Everything ``gmts rl-report`` writes, as one JSON-ready dict (see the module docstring):
     ``generator``, ``plan`` (its path, title, metric, seeds, alpha, correction), ``settings``
     (status ``complete`` | ``cut``, missing run files, arms with per-seed final pass@1 and evaluation
-    SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``)."""
+    SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``), and
+    with the plan's ``pool_with`` (and ``with_pool``) ``pooled`` (:func:`pooled_view`)."""
     data_dir = check_data_dir(data_dir)
     plan_path = Path(plan_path) if plan_path is not None else data_dir / "plan.json"
     plan = load_plan(plan_path)
     records = _read_records(plan, data_dir, plan_path)
-    settings = {s["name"]: _setting_block(s, plan, records, data_dir) for s in plan["settings"]}
+    checked = "prior_runs" in plan
+    repeats = repeats_of(records, _prior_index(plan, data_dir, plan_path)) if checked else {}
+    settings = {s["name"]: _setting_block(s, plan, records, data_dir, repeats) for s in plan["settings"]}
     complete = {name: b["status"] == "complete" for name, b in settings.items()}
-    contrasts = [_contrast_row(c, settings) for c in _expand(plan, complete)]
+    contrasts = [_contrast_row(c, settings, checked) for c in _expand(plan, complete)]
     n_primary = _judge(contrasts, plan["alpha"])
-    return {
+    report = {
         "generator": GENERATOR,
         "plan": {"path": plan_path.as_posix(), "title": plan.get("title"), "metric": plan.get("metric"),
                  "seeds": list(plan["seeds"]), "alpha": plan["alpha"], "correction": plan.get("correction", "holm"),
-                 "n_primary": n_primary},
+                 "n_primary": n_primary, "prior_runs": list(plan.get("prior_runs", [])) if checked else None,
+                 "block_tag": plan.get("block_tag", BLOCK_TAG)},
         "data_dir": data_dir.as_posix(),
         "settings": list(settings.values()),
         "contrasts": contrasts,
+        "n_repeated_runs": len(repeats),
     }
+    if with_pool and plan.get("pool_with"):
+        report["pooled"] = pooled_view(report, plan["pool_with"], data_dir)
+    return report
+
+
+# ----------------------------------------------------------------------------- the pooled view
+
+
+def held_on_replication(earlier: dict, here: dict) -> str:
+    """Whether an earlier experiment's verdict on a contrast held here (both oriented ``a - b``):
+    ``no_claim`` (the earlier one found no difference), ``held`` (here ``beats`` with the same sign),
+    ``held_exploratory`` (here above, unadjusted, same sign), ``reversed`` (here a difference of the other
+    sign) or ``not_confirmed`` (here not distinguishable)."""
+    if earlier["verdict"] == "not_distinguishable":
+        return "no_claim"
+    if here["verdict"] == "not_distinguishable":
+        return "not_confirmed"
+    if (here["mean"] > 0) != (earlier["mean"] > 0):
+        return "reversed"
+    return "held" if here["verdict"] == "beats" else "held_exploratory"
+
+
+def _side(r: dict, sign: float = 1.0) -> dict[str, Any]:
+    """One experiment's numbers of a contrast in the pooled view (``sign`` -1 flips ``a - b``)."""
+    lo, hi = (r["ci_low"], r["ci_high"]) if sign > 0 else (-r["ci_high"], -r["ci_low"])
+    fo = r.get("fresh_only")
+    return {"n": r["n"], "mean": sign * r["mean"], "se": r["se"], "ci_low": lo, "ci_high": hi, "p": r["p"],
+            "p_holm": r.get("p_holm"), "family": r["family"], "verdict": r["verdict"], "words": r["words"],
+            "evidence": r.get("evidence"), "n_fresh": len(r.get("seeds_fresh", [])),
+            "fresh_only_mean": sign * fo["mean"] if fo else None, "fresh_only_n": fo["n"] if fo else 0,
+            "differences": [sign * x for x in r["differences"]]}
+
+
+def pooled_view(report: dict, pool: dict, data_dir: Path) -> dict[str, Any]:
+    """The exploratory pooled view of the plan's ``pool_with``: for every reported contrast of the named
+    settings that the earlier experiment (``pool_with.data_dir``, relative to ``data_dir``) also reports,
+    this experiment's and the earlier one's mean paired difference, both pooled over their seeds (paired
+    tests over all of them, unadjusted), the difference between the two experiments (Welch), Cochran's Q
+    and I^2 of the two means, and whether the earlier verdict held here (:func:`held_on_replication`)."""
+    from gmts_analysis.analysis.paired import heterogeneity, paired_contrast, welch_difference
+
+    other_dir = data_dir / pool["data_dir"]
+    other = build_report(other_dir, with_pool=False)
+    o_set = {s["name"]: s for s in other["settings"]}
+    o_rows = {(r["setting"], r["a"], r["b"]): r for r in other["contrasts"] if r["status"] == "reported"}
+    rows = []
+    for c in report["contrasts"]:
+        if c["setting"] not in pool["settings"] or c["status"] != "reported":
+            continue
+        if o_set.get(c["setting"], {}).get("status") != "complete":
+            continue
+        o, sign = o_rows.get((c["setting"], c["a"], c["b"])), 1.0
+        if o is None:
+            o, sign = o_rows.get((c["setting"], c["b"], c["a"])), -1.0
+        if o is None:
+            continue
+        here, earlier = _side(c), _side(o, sign)
+        both = here["differences"] + earlier["differences"]
+        pooled = paired_contrast(both, [0.0] * len(both))
+        rows.append({
+            "setting": c["setting"], "a": c["a"], "b": c["b"], "family": c["family"], "expanded": c["expanded"],
+            "here": here, "earlier": earlier, "pooled": pooled,
+            "difference": welch_difference(here["differences"], earlier["differences"]),
+            "heterogeneity": heterogeneity([here["mean"], earlier["mean"]], [here["se"], earlier["se"]]),
+            "held": held_on_replication({"verdict": earlier["verdict"], "mean": earlier["mean"]}, c),
+        })
+    eval_here = sorted({x for s in report["settings"] if s["name"] in pool["settings"] for x in s.get("eval_seeds", [])})
+    eval_other = sorted({x for s in other["settings"] if s["name"] in pool["settings"] for x in s.get("eval_seeds", [])})
+    return {"data_dir": _shown(other_dir), "plan": _shown(Path(other["plan"]["path"])), "settings": list(pool["settings"]),
+            "seeds_here": report["plan"]["seeds"], "seeds_earlier": other["plan"]["seeds"],
+            "eval_seeds_here": eval_here, "eval_seeds_earlier": eval_other, "note": pool.get("note"), "rows": rows}
 
 
 # ----------------------------------------------------------------------------- words and tables
@@ -454,18 +632,54 @@ def _f(x: Any, sign: bool = False, nd: int = 3) -> str:
     return f"{x:+.{nd}f}" if sign else f"{x:.{nd}f}"
 
 
+#: the two evaluation SEs of a contrast, named the same way in the sentences, tables and forest plot
+SE_ONE_DIFF = "evaluation SE of one seed's difference"
+SE_MEAN_DIFF = "evaluation SE of the mean difference over {n} seeds"
+
+
+def evidence_words(r: dict) -> str:
+    """What the seeds of a reported contrast are: "confirmed on fresh seeds" (a ``beats`` verdict, no run of
+    either arm repeating an earlier run), "on fresh seeds" (another verdict), "pilot and confirmation
+    pooled" with how many seeds repeat earlier runs and the fresh seeds alone, or "seed provenance not
+    checked" (the plan names no earlier runs)."""
+    ev, n = r.get("evidence"), r["n"]
+    if ev == "fresh":
+        head = "confirmed on fresh seeds" if r["verdict"] == "beats" else "on fresh seeds"
+        return f"{head} (no run of the {n} seeds repeats an earlier run)"
+    if ev == "pooled":
+        both, one = len(r["seeds_repeat_both"]), len(r["seeds_repeat_one"])
+        src = ", ".join(f"`{x}`" for x in r.get("repeated_from", []))
+        out = (f"pilot and confirmation pooled: {both + one} of {n} seeds repeat earlier runs ({both} in both arms, "
+               f"{one} in one arm; from {src})")
+        fo = r.get("fresh_only")
+        if fo:
+            ci = f", 95% CI {_f(fo['ci_low'], True)} to {_f(fo['ci_high'], True)}" if fo["n"] > 1 else ""
+            return out + (f"; on the {fo['n']} fresh seeds alone {_f(fo['mean'], True)}{ci}, {r['a']} higher on "
+                          f"{fo['wins_a']} of {fo['n']}")
+        return out + "; no seed is fresh in both arms"
+    return "seed provenance not checked (the plan names no earlier runs)"
+
+
 def contrast_sentence(r: dict) -> str:
     """One sentence of a reported contrast: the mean paired difference with its 95% CI, the p-values,
-    the wins, the evaluation SE beside them, and the verdict's words."""
+    the wins, the evaluation SEs beside them, the verdict's words and what its seeds are
+    (:func:`evidence_words`)."""
     holm_part = f", Holm-adjusted {_p(r['p_holm'])}" if r.get("p_holm") is not None else " (unadjusted)"
     return (f"{r['a']} - {r['b']} ({r['setting']}, {r['family']}): {_f(r['mean'], True)} "
             f"(95% CI {_f(r['ci_low'], True)} to {_f(r['ci_high'], True)}; paired t p = {_p(r['p'])}{holm_part}; "
             f"sign p = {_p(r['p_sign'])}; Wilcoxon p = {_p(r['p_wilcoxon'])}; {r['a']} higher on {r['wins_a']} of "
-            f"{r['n']} seeds; evaluation SE of one seed's difference {_f(r['eval_se_diff'])}): {r['words']}.")
+            f"{r['n']} seeds; {SE_ONE_DIFF} {_f(r['eval_se_diff'])}, "
+            f"{SE_MEAN_DIFF.format(n=r['n'])} {_f(r['eval_se_mean_diff'])}): {r['words']}; {evidence_words(r)}.")
 
 
 _CONTRAST_HEAD = ("| contrast | n | mean diff | 95% CI | SD diff | t p | {holm}sign p | Wilcoxon p | wins a/b/equal "
-                  "| eval SE (diff) | verdict |")
+                  "| eval SE (one seed's diff) | fresh seeds | verdict |")
+
+
+def _fresh_cell(r: dict) -> str:
+    if r.get("evidence") in (None, "unchecked"):
+        return "not checked"
+    return f"{len(r['seeds_fresh'])}/{r['n']}"
 
 
 def _short(r: dict) -> str:
@@ -484,8 +698,53 @@ def _contrast_table(rows: list[dict], with_holm: bool) -> list[str]:
         holm_cell = f"{_p(r.get('p_holm'))} | " if with_holm else ""
         out.append(f"| {label} | {r['n']} | {_f(r['mean'], True)} | [{_f(r['ci_low'], True)}, {_f(r['ci_high'], True)}]"
                    f" | {_f(r['sd'])} | {_p(r['p'])} | {holm_cell}{_p(r['p_sign'])} | {_p(r['p_wilcoxon'])} | "
-                   f"{r['wins_a']}/{r['wins_b']}/{r['ties']} | {_f(r['eval_se_diff'])} | {_short(r)} |")
+                   f"{r['wins_a']}/{r['wins_b']}/{r['ties']} | {_f(r['eval_se_diff'])} | {_fresh_cell(r)} | {_short(r)} |")
     return out
+
+
+def crn_sentence(report: dict) -> str:
+    """Whether every arm of a setting was evaluated on the same prompts (one evaluation seed: common random
+    numbers) and what that means for the evaluation SEs; names a setting whose runs used several."""
+    done = [s for s in report["settings"] if s["status"] == "complete"]
+    mixed = [s for s in done if len(s.get("eval_seeds", [])) > 1]
+    if not done:
+        return "Common random numbers: not known yet (no setting is complete)."
+    if mixed:
+        names = "; ".join(f"{s['name']}: {', '.join(map(str, s['eval_seeds']))}" for s in mixed)
+        return ("**Not common random numbers**: the runs of a setting used different evaluation seeds "
+                f"({names}), so its arms were evaluated on different prompts and the paired differences carry "
+                "the full evaluation noise of both runs.")
+    seeds = sorted({x for s in done for x in s["eval_seeds"]})
+    return ("Common random numbers: within each setting every arm and seed is evaluated on the same held-out prompts "
+            f"with the same sampling noise (evaluation seed {', '.join(map(str, seeds))}), and every arm of a seed "
+            "trains on the same prompts. The evaluation noise of two arms is therefore strongly correlated and largely "
+            "cancels in a paired difference: the evaluation SEs above treat the two runs as independent and so "
+            "overstate it; the SD of the paired differences over seeds, which the t interval uses, already holds "
+            "whatever evaluation noise remains. This is why differences well below one run's evaluation SE are resolved.")
+
+
+def provenance_sentence(report: dict) -> str:
+    """Which runs repeat earlier runs (the plan's ``prior_runs``), in one sentence."""
+    prior = report["plan"].get("prior_runs")
+    if prior is None:
+        return "Seed provenance: not checked (the plan names no earlier runs to compare with)."
+    n_rep = report.get("n_repeated_runs", 0)
+    where = []
+    for s in report["settings"]:
+        for a, res in (s.get("results") or {}).items():
+            if res["source"] != s["name"]:
+                continue
+            seeds = [sd for sd, f in zip(res["seeds"], res["repeat_of"]) if f]
+            if seeds:
+                src = sorted({Path(f).parent.as_posix() for f in res["repeat_of"] if f})
+                where.append(f"{s['name']} {a} seeds {', '.join(map(str, seeds))} (from {', '.join(src)})")
+    head = (f"Seed provenance: every run was compared with the {len(prior)} earlier run folders the plan names "
+            "(same arm, seed and per-step training trajectory = the same training run); ")
+    if not n_rep:
+        return head + "no run repeats an earlier one: every seed is fresh."
+    return (head + f"{n_rep} runs repeat earlier runs (only their final evaluation can be new): "
+            + "; ".join(where) + ". A contrast on such seeds says \"pilot and confirmation pooled\" and gives the "
+            "fresh seeds alone beside it.")
 
 
 def _settings_lines(report: dict) -> list[str]:
@@ -497,7 +756,12 @@ def _settings_lines(report: dict) -> list[str]:
         f"seeds {', '.join(map(str, seeds))}; alpha = {plan['alpha']}, Holm over the {plan['n_primary']} primary "
         "contrasts; every other contrast exploratory and unadjusted. \"A beats B\" is said only where the "
         "Holm-adjusted paired t-test and the 95% paired t interval agree. Evaluation SE: binomial, of the final "
-        "pass@1 mean over domains (one run), and of one seed's paired difference (both runs, treated as independent).",
+        f"pass@1 mean over domains (one run), the {SE_ONE_DIFF} (both runs, treated as independent), and the "
+        f"{SE_MEAN_DIFF.format(n='N')} (the forest plot's grey bar).",
+        "",
+        crn_sentence(report),
+        "",
+        provenance_sentence(report),
         "",
         "**Settings**",
         "",
@@ -566,11 +830,73 @@ def _mechanism_lines(report: dict) -> list[str]:
     return lines
 
 
+_HELD_WORDS = {"held": "held", "held_exploratory": "held (exploratory here)", "reversed": "reversed",
+               "not_confirmed": "did not hold", "no_claim": "no earlier claim"}
+
+
+def held_sentence(row: dict) -> str:
+    """Whether the earlier experiment's verdict held here, in words ("... held on fresh seeds")."""
+    here, earlier = row["here"], row["earlier"]
+    where = "on fresh seeds" if here["evidence"] == "fresh" else "in this experiment (not every seed fresh)"
+    if row["held"] == "no_claim":
+        return f"no earlier claim to test (earlier: {earlier['words']}); here: {here['words']}"
+    if row["held"] == "not_confirmed":
+        return f"the earlier claim \"{earlier['words']}\" did not hold {where} (here: {here['words']})"
+    if row["held"] == "reversed":
+        return f"the earlier claim \"{earlier['words']}\" was reversed {where} (here: {here['words']})"
+    return f"the earlier claim \"{earlier['words']}\" {_HELD_WORDS[row['held']]} {where}"
+
+
+def _ci(x: dict, lo: str = "ci_low", hi: str = "ci_high") -> str:
+    return f"[{_f(x[lo], True)}, {_f(x[hi], True)}]"
+
+
+def _pooled_lines(report: dict, short: bool) -> list[str]:
+    """The pooled view: one sentence per planned contrast, then (full report) the table of every contrast."""
+    pv = report.get("pooled")
+    if not pv:
+        return []
+    nh, ne = len(pv["seeds_here"]), len(pv["seeds_earlier"])
+    lines = ["", f"**Pooled view** (exploratory: pilot and confirmation pooled). This experiment ({nh} seeds, "
+             f"evaluation seed {', '.join(map(str, pv['eval_seeds_here']))}) beside the earlier one "
+             f"(`{pv['data_dir']}`, {ne} seeds, evaluation seed {', '.join(map(str, pv['eval_seeds_earlier']))}) "
+             f"and both pooled over their {nh + ne} seeds (paired t, unadjusted), with the heterogeneity between "
+             "them: the difference of the two means (Welch 95% interval), Cochran's Q of the two means and I^2. The "
+             "two experiments evaluate on different prompt sets when their evaluation seeds differ, so a difference "
+             "between them can come from the prompts as well as from the seeds. Only this experiment's own numbers "
+             "above can say \"confirmed on fresh seeds\".", ""]
+    if not pv["rows"]:
+        return lines + ["No contrast of the pooled settings is reported by both experiments yet."]
+    for r in pv["rows"]:
+        if r["expanded"]:
+            continue
+        h, e, po, d, q = r["here"], r["earlier"], r["pooled"], r["difference"], r["heterogeneity"]
+        fresh = (f", {e['n'] - e['n_fresh']} of them repeating earlier runs; its fresh seeds alone "
+                 f"{_f(e['fresh_only_mean'], True)} on {e['fresh_only_n']}") if e["evidence"] == "pooled" else ""
+        lines.append(f"- {r['a']} - {r['b']} ({r['setting']}): here {_f(h['mean'], True)} {_ci(h)} on {h['n']} seeds; "
+                     f"earlier {_f(e['mean'], True)} {_ci(e)} on {e['n']} seeds{fresh}. {held_sentence(r)[0].upper()}"
+                     f"{held_sentence(r)[1:]}. Pooled over {po['n']} seeds (exploratory): {_f(po['mean'], True)} "
+                     f"{_ci(po)}, t p = {_p(po['p'])}; here - earlier {_f(d['diff'], True)} {_ci(d)}; Cochran's Q = "
+                     f"{_f(q['q'], nd=2)} (p = {_p(q['p'])}), I^2 = {_f(100 * q['i2'], nd=0) if q['i2'] == q['i2'] else 'n/a'}%.")
+    if short:
+        return lines
+    lines += ["", "| contrast | here | earlier | pooled | here - earlier | Q (p) | I^2 | earlier verdict held? |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in pv["rows"]:
+        h, e, po, d, q = r["here"], r["earlier"], r["pooled"], r["difference"], r["heterogeneity"]
+        i2 = f"{100 * q['i2']:.0f}%" if q["i2"] == q["i2"] else "n/a"
+        lines.append(f"| {r['setting']}: {r['a']} - {r['b']}{'' if r['expanded'] else ' (planned)'} | "
+                     f"{_f(h['mean'], True)} {_ci(h)} ({h['n']}) | {_f(e['mean'], True)} {_ci(e)} ({e['n']}, "
+                     f"{e['n_fresh']} fresh) | {_f(po['mean'], True)} {_ci(po)} ({po['n']}) | {_f(d['diff'], True)} "
+                     f"{_ci(d)} | {_f(q['q'], nd=2)} ({_p(q['p'])}) | {i2} | {_HELD_WORDS[r['held']]} |")
+    return lines
+
+
 def report_markdown(report: dict, short: bool = False) -> str:
     """The generated text of a report: settings and their status, the planned contrasts (sentences and a
     table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table.
     short: only the settings and the planned contrasts (a README block: ``<!-- TAG:begin short -->``)."""
-    lines = _settings_lines(report) + _planned_lines(report)
+    lines = _settings_lines(report) + _planned_lines(report) + _pooled_lines(report, short)
     if short:
         return "\n".join(lines) + "\n"
     if not any(s["status"] == "complete" for s in report["settings"]):
