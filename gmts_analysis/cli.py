@@ -172,7 +172,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gmts_analysis.util.threads import set_threads
 
             args.threads = set_threads(args.threads)
-        rc = args.func(args)
+        from gmts_analysis.util.progress import bars_off
+
+        with bars_off(quiet):  # -q: transformers' loading and GGUF conversion bars too
+            rc = args.func(args)
     except GmtsError as e:
         if debug:
             raise

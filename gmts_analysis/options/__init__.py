@@ -324,7 +324,10 @@ def read_config_file(path: str) -> Any:
     Every failure is a :class:`GmtsError` naming the file (and the line where YAML gives one)."""
     import yaml
 
+    from gmts_analysis.util.io import require_regular
+
     p = Path(path)
+    require_regular(p, f"{CONFIG_FLAG} {path}")
     try:
         with open(p, "rb") as f:
             raw = f.read(CONFIG_MAX_BYTES + 1)

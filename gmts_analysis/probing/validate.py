@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import require_regular, special_kind
 
 SEED_MAX = 2**63 - 1
 
@@ -494,6 +495,7 @@ def _input_file(flag: str, v: Any) -> None:
             raise GmtsError(f"{flag} {x}: no such file")
         if p.is_dir():
             raise GmtsError(f"{flag} {x}: is a directory, not a file")
+        require_regular(p, f"{flag} {x}")
 
 
 def _input_path(flag: str, v: Any) -> None:
@@ -502,6 +504,7 @@ def _input_path(flag: str, v: Any) -> None:
     for x in (v if isinstance(v, (list, tuple)) else [v]):
         if not Path(str(x)).exists():
             raise GmtsError(f"{flag} {x}: no such file or directory")
+        require_regular(str(x), f"{flag} {x}")
 
 
 def _model(flag: str, v: Any) -> None:
@@ -509,9 +512,16 @@ def _model(flag: str, v: Any) -> None:
     that is a file (not a directory) is refused."""
     from pathlib import Path
 
+    from gmts_analysis.readers.gguf import check_gguf_file, find_gguf
+
     p = Path(str(v))
+    if (p.suffix.lower() == ".gguf" and (p.is_file() or p.is_symlink() or special_kind(p))) or \
+            (p.is_dir() and find_gguf(p) is not None):  # a GGUF file, or the one in a folder: checked whole
+        check_gguf_file(find_gguf(p) or p, flag)
+        return
     if p.exists() and not p.is_dir():
-        raise GmtsError(f"{flag} {v}: is a file; give a model directory, a hub id, or tiny | small")
+        raise GmtsError(f"{flag} {v}: is a file; give a model directory, a .gguf file, a hub id, or "
+                        "tiny | small | smollm2")
     from gmts_analysis.readers.models import resolve_model_path
 
     resolve_model_path(str(v))

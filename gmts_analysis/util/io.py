@@ -24,8 +24,36 @@ from gmts_analysis.errors import GmtsError
 log = logging.getLogger("gmts_analysis.util.io")
 
 
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a directory (links followed):
+    ``"a FIFO (named pipe)"``, ``"a character device"``, ... ; ``None`` otherwise. Opening a FIFO blocks
+    until someone writes to it and a device may never end, so gmts reads only regular files."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, what in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a special file"
+
+
+def require_regular(path: str | os.PathLike, label: str | None = None) -> None:
+    """Raise a one-line :class:`GmtsError` when ``path`` is a FIFO, device or socket (see
+    :func:`special_kind`); ``label`` names it in the message (default: the path)."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise GmtsError(f"{label or path}: is {kind}, not a regular file (gmts reads only regular files)")
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    require_regular(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -98,6 +126,7 @@ def read_json(path: str | os.PathLike) -> Any:
     path = Path(path)
     if not path.exists():
         raise GmtsError(f"{path}: no such file")
+    require_regular(path)
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -140,6 +169,7 @@ def read_parquet(path: str | os.PathLike) -> "Any":
     path = Path(path)
     if not path.exists():
         raise GmtsError(f"{path}: no such file")
+    require_regular(path)
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises many types for corrupt files
@@ -169,17 +199,37 @@ COMPARE_ENTRIES = frozenset({"compare.parquet", "compare.json", "compare.html", 
 _TMP_NAME = re.compile(r"^\..+\.tmp$")  # atomic_write_* temporaries
 
 
+def _read_regular_text(p: Path) -> str:
+    """The UTF-8 text of ``p``; OSError when it is not a regular file (a FIFO would block the open)."""
+    if special_kind(p) is not None:
+        raise OSError(f"{p}: not a regular file")
+    return p.read_text(encoding="utf-8")
+
+
 def _is_run_marker(d: Path) -> bool:
     """A readable manifest.json with a ``config``, or a ``run.json`` of the run-state format."""
     for name, ok in (("manifest.json", lambda j: "config" in j),
                      ("run.json", lambda j: str(j.get("format", "")).startswith("gmts-run-state/"))):
         try:
-            j = json.loads((d / name).read_text(encoding="utf-8"))
+            j = json.loads(_read_regular_text(d / name))
         except (OSError, ValueError):
             continue
         if isinstance(j, dict) and ok(j):
             return True
     return False
+
+
+def _is_compare_marker(d: Path) -> bool:
+    """A comparison gmts wrote: its listing (:data:`RUN_LISTING`, written last by
+    :func:`staged_directory`) names compare.json, and compare.json carries our ``format``. A user's
+    folder that merely holds files named compare.json / compare.html is not ours."""
+    try:
+        listed = json.loads(_read_regular_text(d / RUN_LISTING))
+        j = json.loads(_read_regular_text(d / "compare.json"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(listed, list) and "compare.json" in listed and isinstance(j, dict)
+            and str(j.get("format", "")).startswith("gmts-compare/"))
 
 
 def _is_policy_marker(d: Path) -> bool:
@@ -192,7 +242,7 @@ def foreign_entries(d: str | os.PathLike, allowed: frozenset = RUN_ENTRIES) -> l
     d = Path(d)
     listed: set[str] = {RUN_LISTING, OWNER_MARKER}
     try:
-        names = json.loads((d / RUN_LISTING).read_text(encoding="utf-8"))
+        names = json.loads(_read_regular_text(d / RUN_LISTING))
         if isinstance(names, list):
             listed.update(n for n in names if isinstance(n, str))
     except (OSError, ValueError):
@@ -218,7 +268,7 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
     allowed, marker, what = {
         "run": (RUN_ENTRIES, _is_run_marker, "a gmts run"),
         "policy": (POLICY_ENTRIES, _is_policy_marker, "a gmts toy policy"),
-        "compare": (COMPARE_ENTRIES, lambda d: (d / "compare.json").is_file(), "a gmts comparison"),
+        "compare": (COMPARE_ENTRIES, _is_compare_marker, "a gmts comparison"),
     }[kind]
     foreign = foreign_entries(out, allowed)
     if foreign:
@@ -226,7 +276,8 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
         raise GmtsError(f"{out}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
                         "gmts never replaces such a directory: choose another output directory")
     if not marker(out):
-        raise GmtsError(f"{out}: is not empty and is not {what} (no manifest.json or run.json of gmts); "
+        proof = "compare.json and .gmts-files of gmts" if kind == "compare" else "manifest.json or run.json of gmts"
+        raise GmtsError(f"{out}: is not empty and is not {what} (no {proof}); "
                         "gmts never replaces such a directory: choose another output directory")
 
 
@@ -244,6 +295,7 @@ def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, ove
         raise GmtsError(f"{flag} {path}: is a symbolic link (to {os.readlink(p)}); give the file itself")
     if p.is_dir():
         raise GmtsError(f"{flag} {path}: is a directory; expected a file name")
+    require_regular(p, f"{flag} {path}")
     if p.exists() and not overwrite:
         try:
             ours = bool(is_ours_file(p))
@@ -332,7 +384,7 @@ def is_ours(d: str | os.PathLike, role: str, out: str | os.PathLike, token: str 
     if uid is not None and (st.st_uid != uid or mst.st_uid != uid):
         return False
     try:
-        j = json.loads((d / OWNER_MARKER).read_text(encoding="utf-8"))
+        j = json.loads(_read_regular_text(d / OWNER_MARKER))
     except (OSError, ValueError):
         return False
     return (isinstance(j, dict) and j.get("format") == OWNER_FORMAT and j.get("role") == role

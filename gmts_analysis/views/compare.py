@@ -68,6 +68,8 @@ IGNORED_SETTINGS = _job_fields() | frozenset({
     "model_path", "step", "checkpoint", "chunk_size", "max_memory", "device", "format", "debug", "threads",
     "func", "command",
 })
+#: compare.json's ``format``: with the directory's listing, what proves a comparison is ours (util.io)
+COMPARE_FORMAT = "gmts-compare/1"
 PRIMARY_KEYS = ("spearman", "mean", "value")
 CI_KEYS = ("ci_low", "ci_high")
 STEP_PATTERN = re.compile(r"(?:checkpoint|ckpt|global_step|step|iter)[-_]?(\d+)", re.IGNORECASE)
@@ -89,6 +91,7 @@ class Comparison:
 
     def to_json(self) -> dict:
         return {
+            "format": COMPARE_FORMAT,
             "x_label": self.x_label,
             "runs": self.runs,
             "settings_mismatch": self.mismatches,

@@ -1,0 +1,294 @@
+"""The adversarial surface of issue 31, one test per class: the remaining writers that replaced what
+they could not prove was theirs, SIGINT during a probe, GGUF inputs and the conversion cache, tampered
+referee data and run directories, thread settings, odd rewards and text, output paths, special files,
+models whose config and weights disagree, and merged chunk records checked against their rows.
+
+The contract everywhere: one ``gmts: error:`` line naming the file or field, exit 2, no traceback,
+before any model runs, and nothing outside ``--out`` touched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from _adversarial import assert_one_line_error, assert_untouched, probe, run_cli, snapshot
+from _sharding_helpers import gmts_cmd, subprocess_env, write_rollouts
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dirs):
+    return tiny_model_dirs["qwen2"]
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, model_dir):
+    d = tmp_path_factory.mktemp("fin")
+    r = write_rollouts(d / "r.jsonl", sizes=(3, 3, 2))
+    assert run_cli(probe(model_dir, r, d / "run"))[0] == 0
+    return d / "run"
+
+
+def _copy_run(src: Path, dst: Path) -> Path:
+    dst.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file():
+            (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def _sub(args: list[str], timeout: float = 120, **env: str) -> tuple[int, str]:
+    """``(exit status, stderr)`` of ``gmts args`` in a subprocess (a hang fails the test, not the suite)."""
+    try:
+        p = subprocess.run(gmts_cmd(*args), capture_output=True, text=True, timeout=timeout, env=subprocess_env(**env))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"gmts {' '.join(args)} hung for {timeout} s")
+    return p.returncode, p.stderr
+
+
+# ---------------------------------------------------------------- 1. no writer replaces what it cannot prove it wrote
+
+
+def test_compare_out_never_replaces_a_users_compare_files(finished, tmp_path):
+    a, b = _copy_run(finished, tmp_path / "a"), _copy_run(finished, tmp_path / "b")
+    site = tmp_path / "site"  # a user's folder holding only files of compare's names
+    site.mkdir()
+    (site / "compare.html").write_text("<p>my page</p>")
+    (site / "compare.json").write_text('{"mine": true}')
+    before = snapshot(tmp_path)
+    for extra in ([], ["--overwrite"]):
+        assert_one_line_error(*run_cli(["compare", str(a), str(b), "--out", str(site), "--no-figures", "-q", *extra]),
+                              "not a gmts comparison")
+        assert_untouched(before, snapshot(tmp_path))
+    out = tmp_path / "cmp"
+    assert run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q"])[0] == 0
+    first = (out / "compare.json").read_bytes()
+    assert json.loads(first)["format"].startswith("gmts-compare/")
+    before = snapshot(tmp_path)  # our own comparison: replaced only with --overwrite
+    assert_one_line_error(*run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q"]),
+                          "--overwrite")
+    assert_untouched(before, snapshot(tmp_path))
+    assert run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q", "--overwrite"])[0] == 0
+    assert (out / "compare.json").read_bytes() == first
+
+
+# ---------------------------------------------------------------- 3. special files: a FIFO or a device, never opened
+
+
+@pytest.mark.parametrize("case", ["config", "plan", "update", "prompts", "rollouts_device", "run_stats_json",
+                                  "sample_out"])
+def test_special_file_given_to_an_option_that_reads_a_file(case, finished, model_dir, tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    out = tmp_path / "out"
+    args, needle = {
+        "config": (["probe", "--config", str(fifo), "--model", str(model_dir), "--rollouts", str(r), "--out", str(out)],
+                   "--config"),
+        "plan": (["rl-report", str(tmp_path), "--plan", str(fifo), "--out", str(out)], "--plan"),
+        "update": (["rl-report", "data/rl/referee", "--update", str(fifo), "--out", str(out)], "--update"),
+        "prompts": (["sample", "--model", "tiny", "--prompts", str(fifo), "--out", str(tmp_path / "s.jsonl")],
+                    "--prompts"),
+        "rollouts_device": (["probe", "--model", str(model_dir), "--rollouts", "/dev/zero", "--out", str(out)],
+                            "/dev/zero"),
+        "run_stats_json": (["stats", str(_fifo_run(finished, tmp_path / "run"))], "stats.json"),
+        "sample_out": (["sample", "--model", "tiny", "--num-prompts", "1", "--domains", "arithmetic",
+                        "--out", str(fifo)], "--out"),
+    }[case]
+    before = snapshot(tmp_path)
+    rc, err = _sub(args, timeout=90)
+    line = assert_one_line_error(rc, err, needle)
+    assert "FIFO" in line or "character device" in line or "not a directory" in line, line
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def _fifo_run(finished: Path, dst: Path) -> Path:
+    d = _copy_run(finished, dst)
+    (d / "stats.json").unlink()
+    os.mkfifo(d / "stats.json")
+    return d
+
+
+# ---------------------------------------------------------------- 3. GGUF inputs and the conversion cache
+
+
+def _tiny_gguf(path: Path) -> Path:
+    """A structurally complete GGUF file (header, one key, two tensors): enough for the header check."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_uint32("llama.block_count", 1)
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.add_tensor("output.weight", np.ones((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.mark.parametrize("case", ["empty", "random", "truncated", "two_in_one_folder", "fifo", "empty_folder_file"])
+def test_gguf_inputs_that_are_not_one_complete_gguf_file(case, model_dir, tmp_path):
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    d = tmp_path / "m"
+    d.mkdir()
+    target, needle = d / "m.gguf", "m.gguf"
+    if case == "empty":
+        target.write_bytes(b"")
+        needle = "empty"
+    elif case == "random":
+        target.write_bytes(os.urandom(4096))
+        needle = "not a GGUF file"
+    elif case == "truncated":
+        full = _tiny_gguf(tmp_path / "full.gguf").read_bytes()
+        target.write_bytes(full[:-40])
+        needle = "truncated"
+    elif case == "two_in_one_folder":
+        _tiny_gguf(d / "a.gguf")
+        _tiny_gguf(d / "b.gguf")
+        target, needle = d, "2 GGUF files"
+    elif case == "fifo":
+        os.mkfifo(target)
+        needle = "FIFO"
+    else:  # a folder whose only .gguf is empty: the folder is refused naming the file
+        target.write_bytes(b"")
+        target, needle = d, "m.gguf: is empty"
+    before = snapshot(tmp_path)
+    rc, err = _sub(["probe", "--model", str(target), "--rollouts", str(r), "--out", str(tmp_path / "out"),
+                    "--device", "cpu", "-q"], timeout=120, GMTS_CACHE=str(tmp_path / "cache"))
+    assert_one_line_error(rc, err, needle)
+    assert_untouched(before, snapshot(tmp_path))  # no cache directory, no run directory
+
+
+@pytest.fixture
+def fake_gguf(tmp_path, monkeypatch):
+    """A valid GGUF file whose "conversion" loads the shipped tiny policy (transformers' GGUF reader
+    replaced): the cache logic runs for real, in seconds. Yields ``(gguf file, calls)``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gmts_analysis.readers import gguf as g
+    from gmts_analysis.readers.models import resolve_model_path
+
+    calls = []
+    tiny = resolve_model_path("tiny")
+
+    def load(path):
+        calls.append(path)
+        return (AutoModelForCausalLM.from_pretrained(tiny).eval(), AutoTokenizer.from_pretrained(tiny))
+
+    monkeypatch.setattr(g, "load_gguf", load)
+    monkeypatch.setenv("GMTS_CACHE", str(tmp_path / "cache"))
+    return _tiny_gguf(tmp_path / "tiny.gguf"), calls
+
+
+def test_gguf_cache_entry_edited_or_truncated_after_conversion_is_never_used(fake_gguf, tmp_path):
+    from gmts_analysis.readers import gguf as g
+    from gmts_analysis.readers.models import load_model
+
+    src, calls = fake_gguf
+    out = g.converted_checkpoint(src, progress=False)
+    rec = json.loads((out / g.SOURCE_RECORD).read_text())
+    assert {"config.json", "model.safetensors"} <= set(rec["files"]) and g.cache_entry_problem(out) is None
+    assert len(calls) == 1 and g.converted_checkpoint(src, progress=False) == out and len(calls) == 1
+    layers = json.loads((out / "config.json").read_text())["num_hidden_layers"]
+    # config.json edited to fewer layers (same size: only the checksum tells)
+    cfg = (out / "config.json").read_text()
+    edited = cfg.replace(f'"num_hidden_layers": {layers}', f'"num_hidden_layers": {layers - 1}')
+    assert edited != cfg and len(edited) == len(cfg)
+    (out / "config.json").write_text(edited)
+    assert "config.json was edited" in g.cache_entry_problem(out)
+    model, _ = load_model(str(src), "cpu")  # detected and converted again: the full model answers
+    assert len(calls) == 2 and model.config.num_hidden_layers == layers and g.cache_entry_problem(out) is None
+    # weights truncated
+    w = out / "model.safetensors"
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    assert "truncated" in g.cache_entry_problem(out)
+    g.converted_checkpoint(src, progress=False)
+    assert len(calls) == 3 and g.cache_entry_problem(out) is None
+    # an entry of an older release, without checksums: converted again, never trusted
+    rec = json.loads((out / g.SOURCE_RECORD).read_text())
+    rec.pop("files")
+    (out / g.SOURCE_RECORD).write_text(json.dumps(rec))
+    g.converted_checkpoint(src, progress=False)
+    assert len(calls) == 4 and g.cache_entry_problem(out) is None
+    assert [p.name for p in out.parent.iterdir()] == [out.name]  # nothing left aside
+
+
+@pytest.mark.parametrize("where", ["under_a_file", "unwritable_place"])
+def test_gguf_cache_in_an_odd_or_read_only_place_is_one_line(where, fake_gguf, model_dir, tmp_path, monkeypatch):
+    src, calls = fake_gguf
+    if where == "under_a_file":
+        (tmp_path / "afile").write_text("x")
+        cache = tmp_path / "afile" / "cache"
+    else:  # /proc refuses new directories even to root (a chmod'ed folder would not stop root)
+        cache = Path("/proc/gmts-cache-test")
+    monkeypatch.setenv("GMTS_CACHE", str(cache))
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["probe", "--model", str(src), "--rollouts", str(r), "--out",
+                                    str(tmp_path / "out"), "--device", "cpu", "-q"]), "GMTS_CACHE", str(cache))
+    assert calls == [] and not cache.exists()
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_gguf_two_conversions_at_once_and_one_killed_midway_leave_a_valid_cache(fake_gguf, monkeypatch):
+    import threading
+
+    from gmts_analysis.readers import gguf as g
+
+    src, calls = fake_gguf
+    out = g.cache_dir_for(src)
+    real_logits = g._logits
+
+    def killed(*a):  # the conversion stops after saving, before its check and rename
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(g, "_logits", killed)
+    with pytest.raises(KeyboardInterrupt):
+        g.converted_checkpoint(src, progress=False)
+    assert not out.exists() and [p for p in out.parent.iterdir()] == []
+    # a conversion killed by SIGKILL leaves its temporary directory: never taken for an entry
+    stale = out.parent / f".{out.name}.deadbeef.tmp"
+    stale.mkdir()
+    (stale / "config.json").write_text("{}")
+    monkeypatch.setattr(g, "_logits", real_logits)
+    results, errors = [], []
+
+    def convert():
+        try:
+            results.append(g.converted_checkpoint(src, progress=False))
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=convert) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and results == [out, out]
+    assert g.cache_entry_problem(out) is None and len(calls) == 3
+    assert sorted(p.name for p in out.parent.iterdir() if not p.name.startswith(".")) == [out.name]
+
+
+def test_model_whose_config_and_weights_disagree_is_refused(tmp_path):
+    import shutil
+
+    from gmts_analysis.readers.models import resolve_model_path
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    for case in ("fewer_layers", "more_layers"):
+        m = tmp_path / case
+        shutil.copytree(resolve_model_path("small"), m)
+        cfg = json.loads((m / "config.json").read_text())
+        n = cfg["num_hidden_layers"]
+        cfg["num_hidden_layers"] = 1 if case == "fewer_layers" else n + 2
+        cfg.pop("layer_types", None)
+        (m / "config.json").write_text(json.dumps(cfg))
+        before = snapshot(tmp_path)
+        line = assert_one_line_error(*run_cli(["probe", "--model", str(m), "--rollouts", str(r), "--out",
+                                               str(tmp_path / "out"), "--device", "cpu", "-q"]), f"--model {m}")
+        assert ("does not use" in line) if case == "fewer_layers" else ("lacks" in line), line
+        assert_untouched(before, snapshot(tmp_path))
