@@ -151,7 +151,24 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (tests call it in-process)."""
+    """Entry point; returns the exit status (tests call it in-process). Ctrl-C (SIGINT) at any point
+    after the import ends the command with exit 130, even where Python lost its KeyboardInterrupt
+    (:mod:`gmts_analysis.util.interrupt`)."""
+    from gmts_analysis.util.interrupt import interrupted, sigint_latch
+
+    with sigint_latch():
+        try:
+            rc = _main(argv)
+        except KeyboardInterrupt:
+            rc = 130
+        if interrupted() and rc != 130:  # the KeyboardInterrupt was swallowed on the way: still stop
+            rc = 130
+        if rc == 130:
+            print("gmts: interrupted", file=sys.stderr)
+    return rc
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet = getattr(args, "quiet", False)
@@ -184,7 +201,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("gmts: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
         plain = os_error_message(e)

@@ -74,6 +74,86 @@ def test_compare_out_never_replaces_a_users_compare_files(finished, tmp_path):
     assert (out / "compare.json").read_bytes() == first
 
 
+# ---------------------------------------------------------------- 2. SIGINT during a probe: exit 130, then a clean resume
+
+
+def _sigint_when(proc: subprocess.Popen, ready, limit: float = 240) -> None:
+    import signal
+    import time
+
+    t0 = time.monotonic()
+    while not ready() and proc.poll() is None and time.monotonic() - t0 < limit:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before the point where it was to be interrupted"
+    proc.send_signal(signal.SIGINT)
+
+
+@pytest.mark.parametrize("point", ["startup", "model_loaded", "after_first_chunk", "last_chunk"])
+def test_sigint_during_a_probe_exits_130_and_resumes_to_a_clean_run(point, model_dir, tmp_path):
+    """SIGINT at several points of a probe (a subprocess, answers slowed down to widen the windows):
+    exit 130 with "gmts: interrupted", no finished run in place, and the same command run again gives
+    the rows of an uninterrupted run."""
+    import time
+
+    from _sharding_helpers import assert_same_rows, probe_args, tokens
+
+    from gmts_analysis.cli import main
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2, 2, 2))
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    args = ["--answers-per-chunk", "2", "--threads", "1"]
+    assert main(probe_args(model_dir, r, ref, *args)) == 0
+    proc = subprocess.Popen(gmts_cmd(*probe_args(model_dir, r, out, *args)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env(GMTS_TEST_SLOW_S="0.5"))
+    try:
+        chunks = lambda: sorted((out / "chunks").glob("c*.json")) if (out / "chunks").is_dir() else []  # noqa: E731
+        t0 = time.monotonic()
+        _sigint_when(proc, {"startup": lambda: time.monotonic() - t0 > 0.3,
+                            "model_loaded": lambda: out.is_dir(),
+                            "after_first_chunk": lambda: len(chunks()) >= 1,
+                            "last_chunk": lambda: len(chunks()) >= 3}[point])
+        err = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (proc.returncode, err[-2000:])
+    assert "gmts: interrupted" in err and "Traceback" not in err, err[-2000:]
+    assert not (out / "tokens.parquet").exists() and not (out / "manifest.json").exists()
+    assert main(probe_args(model_dir, r, out, *args)) == 0  # the resume
+    assert_same_rows(tokens(out), tokens(ref))
+
+
+def test_sigint_whose_keyboardinterrupt_is_lost_still_stops_with_130(model_dir, tmp_path, monkeypatch):
+    """The window of the last pass: the KeyboardInterrupt raised inside a __del__ or a library's cleanup
+    is printed as "Exception ignored" and lost. The latch still stops the run before the next answer."""
+    import signal
+
+    from gmts_analysis.probing import kernel
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2, 2))
+    real = kernel.probe_answer
+    calls = []
+
+    def swallowed(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)  # delivered here, its exception lost by a library
+                for _ in range(1000):
+                    sum(range(10))
+            except KeyboardInterrupt:
+                pass
+        return real(*a, **k)
+
+    monkeypatch.setattr(kernel, "probe_answer", swallowed)
+    out = tmp_path / "run"
+    rc, err = run_cli(probe(model_dir, r, out, "--answers-per-chunk", "1"))
+    assert rc == 130 and "gmts: interrupted" in err, (rc, err[-2000:])
+    assert len(calls) == 2 and not (out / "tokens.parquet").exists()
+    monkeypatch.setattr(kernel, "probe_answer", real)
+    assert run_cli(probe(model_dir, r, out, "--answers-per-chunk", "1"))[0] == 0
+
+
 # ---------------------------------------------------------------- 3. special files: a FIFO or a device, never opened
 
 

@@ -570,6 +570,9 @@ def swap_in(new: Path, out: Path, kind: str = "run") -> None:
     in, the backup removed. A failure before the second rename puts the previous directory back; a
     job killed between the two renames leaves the marked backup, which :func:`clean_stale_siblings`
     restores. The previous directory is never emptied before the new one is complete."""
+    from gmts_analysis.util.interrupt import raise_if_interrupted
+
+    raise_if_interrupted()  # a Ctrl-C lost on the way: the finished directory is not put in place
     old = None
     if os.path.lexists(out):
         check_ours(out, kind)  # re-checked: the work before may have run for hours
