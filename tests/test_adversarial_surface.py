@@ -372,3 +372,57 @@ def test_model_whose_config_and_weights_disagree_is_refused(tmp_path):
                                                str(tmp_path / "out"), "--device", "cpu", "-q"]), f"--model {m}")
         assert ("does not use" in line) if case == "fewer_layers" else ("lacks" in line), line
         assert_untouched(before, snapshot(tmp_path))
+
+
+# ---------------------------------------------------------------- 3. gmts merge checks each chunk record against its rows
+
+
+@pytest.mark.parametrize("tamper", ["rows_twice", "nan_entropy", "inf_grad_norm", "rows_of_an_unlisted_answer",
+                                    "rows_removed", "record_answers_not_ints"])
+def test_merge_checks_each_chunk_record_against_its_rows(tamper, model_dir, tmp_path, monkeypatch):
+    import numpy as np
+    import pandas as pd
+
+    from gmts_analysis.run.sharding import merge as merge_mod
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 3, 2))
+    out = tmp_path / "run"
+
+    def stop(*a, **k):  # every chunk recorded, then the job dies before the run is written
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(merge_mod, "write_merged_run", stop)
+    assert run_cli(probe(model_dir, r, out, "--answers-per-chunk", "3"))[0] == 130
+    monkeypatch.undo()
+    for p in (out / "parts").iterdir():
+        p.unlink()
+    rec_path = sorted((out / "chunks").glob("c*.json"))[0]
+    rec = json.loads(rec_path.read_text())
+    tpath = out / "chunks" / rec["tokens"]
+    df = pd.read_parquet(tpath)
+    if tamper == "rows_twice":
+        df = pd.concat([df, df.iloc[:2]], ignore_index=True)
+        rec["n_rows"] = len(df)  # the record edited to match: only the duplicates tell
+    elif tamper == "nan_entropy":
+        df.loc[1, "entropy"] = np.nan
+    elif tamper == "inf_grad_norm":
+        df.loc[0, "grad_norm_logp"] = np.inf
+    elif tamper == "rows_of_an_unlisted_answer":
+        extra = df.iloc[:1].copy()
+        extra["_answer_index"] = 999
+        df = pd.concat([df, extra], ignore_index=True)
+        rec["n_rows"] = len(df)
+    elif tamper == "rows_removed":
+        df = df.iloc[1:]
+    else:
+        rec["answers"] = [str(i) for i in rec["answers"]]
+    df.to_parquet(tpath, index=False)
+    rec_path.write_text(json.dumps(rec))
+    before = snapshot(tmp_path)
+    needle = {"rows_twice": "twice", "nan_entropy": "non-finite entropy", "inf_grad_norm": "non-finite grad_norm_logp",
+              "rows_of_an_unlisted_answer": "does not list", "rows_removed": "its record says",
+              "record_answers_not_ints": "not probed yet"}[tamper]
+    line = assert_one_line_error(*run_cli(["merge", str(out), "--device", "cpu", "--quiet"]), needle)
+    assert tamper == "record_answers_not_ints" or rec["tokens"] in line, line
+    assert_untouched(before, snapshot(tmp_path))
+    assert not (out / "tokens.parquet").exists()
