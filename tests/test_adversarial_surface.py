@@ -426,3 +426,76 @@ def test_merge_checks_each_chunk_record_against_its_rows(tamper, model_dir, tmp_
     assert tamper == "record_answers_not_ints" or rec["tokens"] in line, line
     assert_untouched(before, snapshot(tmp_path))
     assert not (out / "tokens.parquet").exists()
+
+
+# ---------------------------------------------------------------- 3. gmts rl-report on tampered referee data
+
+REFEREE = Path(__file__).resolve().parent.parent / "data" / "rl" / "referee"
+SETTING = "rho0.05_batch"
+
+
+@pytest.fixture
+def referee_copy(tmp_path):
+    """One setting of the committed referee data (plan and its 56 run records)."""
+    import shutil
+
+    d = tmp_path / "ref"
+    d.mkdir()
+    plan = json.loads((REFEREE / "plan.json").read_text())
+    plan["settings"] = [s for s in plan["settings"] if s["name"] == SETTING]
+    plan["contrasts"] = [c for c in plan["contrasts"] if c["setting"] == SETTING]
+    (d / "plan.json").write_text(json.dumps(plan))
+    shutil.copytree(REFEREE / f"{SETTING}.runs", d / f"{SETTING}.runs")
+    return d
+
+
+@pytest.mark.parametrize("case", ["nan_pass1", "missing_pass1", "string_pass1", "infinite_pass1",
+                                  "duplicated_seed_in_plan", "duplicated_seed_in_records", "unknown_arm_in_plan",
+                                  "plan_not_json", "plan_not_an_object", "record_not_an_object"])
+def test_rl_report_on_tampered_referee_data_is_one_line(case, referee_copy, tmp_path):
+    d, runs = referee_copy, referee_copy / f"{SETTING}.runs"
+    rec = runs / "gmts-s0.json"
+    text = rec.read_text()
+    plan = json.loads((d / "plan.json").read_text())
+    key = next(iter(json.loads(text)["final_pass1"]))
+    needle = {"plan_not_json": "invalid JSON", "plan_not_an_object": "expected a JSON object",
+              "duplicated_seed_in_plan": "seeds", "unknown_arm_in_plan": "bogus",
+              "duplicated_seed_in_records": "config.seed", "record_not_an_object": "gmts-s0.json"}.get(case, "final_pass1")
+    if case in ("nan_pass1", "infinite_pass1", "string_pass1"):
+        r = json.loads(text)
+        r["final_pass1"][key] = {"nan_pass1": float("nan"), "infinite_pass1": float("inf"),
+                                 "string_pass1": "0.4"}[case]
+        rec.write_text(json.dumps(r))
+    elif case == "missing_pass1":
+        r = json.loads(text)
+        del r["final_pass1"]
+        rec.write_text(json.dumps(r))
+    elif case == "duplicated_seed_in_plan":
+        plan["seeds"].append(plan["seeds"][0])
+    elif case == "duplicated_seed_in_records":  # the record of seed 1 is a copy of seed 0's
+        (runs / "gmts-s1.json").write_text(text)
+    elif case == "unknown_arm_in_plan":
+        plan["settings"][0]["arms"].append("bogus")
+    elif case == "plan_not_json":
+        (d / "plan.json").write_text('{"seeds": [0, 1')
+    elif case == "plan_not_an_object":
+        (d / "plan.json").write_text("[1, 2]")
+    else:
+        rec.write_text("[]")
+    if case in ("duplicated_seed_in_plan", "unknown_arm_in_plan"):
+        (d / "plan.json").write_text(json.dumps(plan))
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["rl-report", str(d), "--out", str(tmp_path / "out"), "-q"]), needle)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_rl_report_missing_seed_reports_the_setting_cut_never_a_verdict(referee_copy, tmp_path):
+    (referee_copy / f"{SETTING}.runs" / "gmts-s3.json").unlink()
+    out = tmp_path / "out"
+    assert run_cli(["rl-report", str(referee_copy), "--out", str(out), "-q"])[0] == 0
+    rep = json.loads((out / "rl_report.json").read_text())
+    s = next(s for s in rep["settings"] if s["name"] == SETTING)
+    assert s["status"] == "cut" and s["missing"] == [f"{SETTING}.runs/gmts-s3.json"]
+    assert rep["contrasts"] and all(c["status"] == "cut" and not c.get("verdict") for c in rep["contrasts"])
+    md = (out / "rl_report.md").read_text()
+    assert "**cut**" in md and " beats " not in md.split("**Settings**", 1)[1]
