@@ -499,3 +499,88 @@ def test_rl_report_missing_seed_reports_the_setting_cut_never_a_verdict(referee_
     assert rep["contrasts"] and all(c["status"] == "cut" and not c.get("verdict") for c in rep["contrasts"])
     md = (out / "rl_report.md").read_text()
     assert "**cut**" in md and " beats " not in md.split("**Settings**", 1)[1]
+
+
+# ---------------------------------------------------------------- 3. gmts stats / figures / compare on tampered run directories
+
+
+def _tamper_run(finished: Path, dst: Path, case: str) -> tuple[Path, str]:
+    import numpy as np
+    import pandas as pd
+
+    d = _copy_run(finished, dst)
+    t = pd.read_parquet(d / "tokens.parquet")
+    a = pd.read_parquet(d / "answers.parquet")
+    if case == "nan_token_row":
+        t.loc[0, "entropy"] = np.nan
+        t.to_parquet(d / "tokens.parquet")
+        return d, "non-finite"
+    if case == "nan_answer_reward":
+        a.loc[0, "reward"] = np.nan
+        a.to_parquet(d / "answers.parquet")
+        return d, "answers.parquet: column 'reward'"
+    if case == "wrong_dtype_entropy":
+        t["entropy"] = t["entropy"].astype(str)
+        t.to_parquet(d / "tokens.parquet")
+        return d, "'entropy' must be numeric"
+    if case == "wrong_dtype_position":
+        t["position"] = t["position"].astype(float) + 0.5
+        t.to_parquet(d / "tokens.parquet")
+        return d, "'position' must be integer"
+    if case == "missing_column":
+        t.drop(columns=["omega"]).to_parquet(d / "tokens.parquet")
+        return d, "missing contract column(s) omega"
+    if case == "rows_twice":
+        pd.concat([t, t.iloc[:3]]).to_parquet(d / "tokens.parquet")
+        return d, "row(s) twice"
+    if case == "manifest_not_an_object":
+        (d / "manifest.json").write_text("[1, 2]")
+        return d, "manifest.json: expected a JSON object"
+    if case == "manifest_config_not_an_object":
+        m = json.loads((d / "manifest.json").read_text())
+        m["config"] = ["x"]
+        (d / "manifest.json").write_text(json.dumps(m))
+        return d, "field 'config' must be an object"
+    if case == "huge_stats_json":
+        with open(d / "stats.json", "w") as f:
+            f.write('{"pad": "')
+            f.write("x" * (65 << 20))
+            f.write('"}')
+        return d, "MiB"
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["nan_token_row", "nan_answer_reward", "wrong_dtype_entropy", "wrong_dtype_position",
+                                  "missing_column", "rows_twice", "manifest_not_an_object",
+                                  "manifest_config_not_an_object", "huge_stats_json"])
+def test_stats_and_figures_on_a_tampered_run_directory(case, finished, tmp_path):
+    for cmd in ("stats", "figures"):
+        d, needle = _tamper_run(finished, tmp_path / f"{cmd}-run", case)
+        before = snapshot(tmp_path)
+        args = ["stats", str(d), "-q"] if cmd == "stats" else ["figures", str(d), "--to", str(tmp_path / "figs"), "-q"]
+        assert_one_line_error(*run_cli(args), needle)
+        assert_untouched(before, snapshot(tmp_path))
+
+
+@pytest.mark.parametrize("case", ["manifest_not_an_object", "manifest_config_not_an_object", "huge_stats_json"])
+def test_compare_on_a_tampered_run_directory(case, finished, tmp_path):
+    a = _copy_run(finished, tmp_path / "a")
+    b, needle = _tamper_run(finished, tmp_path / "b", case)
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["compare", str(a), str(b), "--out", str(tmp_path / "cmp"), "--no-figures", "-q"]),
+                          needle)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_compare_runs_of_different_models_are_flagged_never_mixed(finished, tmp_path):
+    a = _copy_run(finished, tmp_path / "a")
+    b = _copy_run(finished, tmp_path / "b")
+    m = json.loads((b / "manifest.json").read_text())
+    m.update(model_class="LlamaForCausalLM", model_type="llama", n_parameters=134_515_008)
+    (b / "manifest.json").write_text(json.dumps(m))
+    rc, err = run_cli(["compare", str(a), str(b), "--out", str(tmp_path / "cmp"), "--no-figures"])
+    assert rc == 0 and "different settings" in err and "model_class" in err
+    js = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    keys = {x["key"] for x in js["settings_mismatch"]}
+    assert {"model_class", "model_type", "n_parameters"} <= keys
+    assert len({r["settings"] for r in js["rows"]}) == 2  # two setting groups, kept apart

@@ -82,9 +82,9 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    from gmts_analysis.probing.validate import validate_tokens_file
+    from gmts_analysis.probing.validate import validate_run_dir
 
-    validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
+    validate_run_dir(run_dir)  # every contract column (no estimator silently dropped), answers, manifest
     if args.out:
         from gmts_analysis.util.io import check_output_file, check_output_location, read_json_object
 

@@ -356,6 +356,63 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                                 "has none")
 
 
+def validate_run_dir(run_dir: Any) -> None:
+    """What ``gmts stats`` and ``gmts figures`` read from a run directory, checked before any work:
+    tokens.parquet (:func:`validate_tokens_file`: contract columns, types, finite values; integer
+    positions; no (answer, position) row twice), answers.parquet when present (one row per answer;
+    reward, advantage and loss_weight numeric and finite), and manifest.json and stats.json when
+    present (JSON objects within :data:`gmts_analysis.util.io.MAX_JSON_BYTES`; the manifest's
+    ``config`` an object). Each failure: one line naming the file and the field."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from gmts_analysis.util.io import read_json_object
+
+    d = Path(run_dir)
+    tok = d / "tokens.parquet"
+    validate_tokens_file(tok)
+    try:
+        ids = pq.read_table(tok, columns=["answer_id", "position"]).to_pandas()
+    except Exception as e:  # noqa: BLE001 - one line naming the file
+        raise GmtsError(f"{tok}: cannot read parquet ({type(e).__name__})") from None
+    if ids["position"].dtype.kind not in "iu":
+        raise GmtsError(f"{tok}: column 'position' must be integer, got {ids['position'].dtype}")
+    dup = ids.duplicated(["answer_id", "position"])
+    if dup.any():
+        r = ids[dup].iloc[0]
+        raise GmtsError(f"{tok}: {int(dup.sum())} row(s) twice (first: answer_id {r['answer_id']!r}, position "
+                        f"{int(r['position'])}); a tokens table written by gmts probe has each token once")
+    ans = d / "answers.parquet"
+    if ans.exists():
+        _validate_answers_file(ans)
+    for name in ("manifest.json", "stats.json"):
+        if (d / name).exists():
+            obj = read_json_object(d / name)
+            if name == "manifest.json" and "config" in obj and not isinstance(obj["config"], dict):
+                raise GmtsError(f"{d / name}: field 'config' must be an object, got {type(obj['config']).__name__}")
+
+
+def _validate_answers_file(path: Any) -> None:
+    from gmts_analysis.util.io import read_parquet
+
+    a = read_parquet(path)
+    if "answer_id" in a.columns and a["answer_id"].duplicated().any():
+        raise GmtsError(f"{path}: answer_id {a['answer_id'][a['answer_id'].duplicated()].iloc[0]!r} appears twice "
+                        "(one row per answer)")
+    for c in ("reward", "advantage", "loss_weight"):
+        if c not in a.columns:
+            continue
+        if a[c].dtype.kind not in "iufb":
+            raise GmtsError(f"{path}: column '{c}' must be numeric, got {a[c].dtype}")
+        v = a[c].to_numpy(dtype=float)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} non-finite value(s) (first {v[i]} at row "
+                            f"{i + 1}); an answers table written by gmts probe has none")
+
+
 # ---------------------------------------------------------------- one pass over every option of every subcommand
 
 def _int_value(flag: str, v: Any) -> int:

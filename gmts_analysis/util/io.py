@@ -122,11 +122,20 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
 
 
-def read_json(path: str | os.PathLike) -> Any:
+#: the largest stats.json / manifest.json / record gmts reads (its own are well under a MiB)
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_json(path: str | os.PathLike, max_bytes: int | None = MAX_JSON_BYTES) -> Any:
+    """The JSON value of ``path``; one-line :class:`GmtsError` for a missing, special, oversized
+    (``max_bytes``; None: no limit), undecodable or invalid file."""
     path = Path(path)
     if not path.exists():
         raise GmtsError(f"{path}: no such file")
     require_regular(path)
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise GmtsError(f"{path}: {path.stat().st_size:,} bytes, more than the {max_bytes >> 20} MiB a JSON file "
+                        "of gmts holds; not read")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
