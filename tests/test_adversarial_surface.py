@@ -584,3 +584,230 @@ def test_compare_runs_of_different_models_are_flagged_never_mixed(finished, tmp_
     keys = {x["key"] for x in js["settings_mismatch"]}
     assert {"model_class", "model_type", "n_parameters"} <= keys
     assert len({r["settings"] for r in js["rows"]}) == 2  # two setting groups, kept apart
+
+
+# ---------------------------------------------------------------- 3. thread settings
+
+
+@pytest.mark.parametrize("flag,env,needle", [
+    (["--threads", "0"], {}, "--threads"), (["--threads", "-1"], {}, "--threads"),
+    (["--threads", "abc"], {}, "--threads"), ([], {"GMTS_THREADS": "abc"}, "GMTS_THREADS"),
+    ([], {"GMTS_THREADS": "0"}, "GMTS_THREADS"), ([], {"OMP_NUM_THREADS": "0"}, "OMP_NUM_THREADS"),
+])
+def test_thread_settings_out_of_domain_are_one_line(flag, env, needle, finished, model_dir, tmp_path):
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    before = snapshot(tmp_path)
+    for args in (probe(model_dir, r, tmp_path / "out", *flag), ["stats", str(finished), *flag]):
+        rc, err = _sub(args, timeout=120, **env)
+        assert_one_line_error(rc, err, needle)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+# ---------------------------------------------------------------- 3. odd rewards and odd text
+
+
+def _rows_with(tmp_path: Path, name: str, edit) -> Path:
+    rows = [json.loads(x) for x in write_rollouts(tmp_path / "base.jsonl", sizes=(2, 2)).read_text().splitlines()]
+    for i, r in enumerate(rows):
+        edit(i, r)
+    p = tmp_path / name
+    p.write_text("".join(json.dumps(r, allow_nan=True) + "\n" for r in rows))
+    return p
+
+
+@pytest.mark.parametrize("value,needle", [("1", "must be a number"), (True, "must be a number"),
+                                          (1e308, "outside"), (float("-inf"), "finite")])
+def test_rewards_as_strings_booleans_huge_or_infinite_are_one_line(value, needle, model_dir, tmp_path):
+    def edit(i, r):
+        if i == 1:
+            r["reward"] = value
+
+    p = _rows_with(tmp_path, "r.jsonl", edit)
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(probe(model_dir, p, tmp_path / "out")), "line 2", "reward", needle)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_text_lone_surrogate_and_10k_emoji_are_one_line(tmp_path):
+    from gmts_analysis.readers.models import resolve_model_path
+
+    rows = [{"prompt": "1+1=", "response": "2", "reward": float(i % 2), "group_id": "g"} for i in range(2)]
+    p = tmp_path / "surrogate.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows).replace('"response": "2"', '"response": "\\ud800"', 1))
+    e = tmp_path / "emoji.jsonl"
+    e.write_text("".join(json.dumps({**r, "response": "\U0001F600" * 10_000}) + "\n" for r in rows))
+    tiny = resolve_model_path("tiny")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(probe(tiny, p, tmp_path / "o1")), "line 1", "lone surrogate")
+    assert_one_line_error(*run_cli(probe(tiny, e, tmp_path / "o2")), "line 1", "response", "10,000 characters")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_empty_prompt_is_probed(tmp_path):
+    from gmts_analysis.readers.models import resolve_model_path
+
+    rows = [{"prompt": "", "response": "1+1=2#2", "reward": float(i % 2), "group_id": "g", "answer_id": f"a{i}"}
+            for i in range(2)]
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert run_cli(probe(resolve_model_path("tiny"), p, tmp_path / "out"))[0] == 0
+
+
+# ---------------------------------------------------------------- 3. output paths and odd inputs
+
+
+@pytest.mark.parametrize("name", ["with spaces/run 1", "naïve-ü/实验 ✓"])
+def test_out_with_spaces_and_non_ascii_names(name, model_dir, tmp_path):
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    out = tmp_path / name
+    assert run_cli(probe(model_dir, r, out))[0] == 0
+    assert (out / "tokens.parquet").is_file() and json.loads((out / "manifest.json").read_text())["config"]["out"]
+
+
+def test_out_whose_parent_is_a_file(model_dir, tmp_path):
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    (tmp_path / "afile").write_text("mine")
+    before = snapshot(tmp_path)
+    for cmd in (probe(model_dir, r, tmp_path / "afile" / "run"),
+                ["sample", "--model", "tiny", "--num-prompts", "1", "--out", str(tmp_path / "afile" / "r.jsonl")]):
+        assert_one_line_error(*run_cli(cmd), "afile is a file")
+    assert_untouched(before, snapshot(tmp_path))
+
+
+def test_a_folder_of_a_thousand_empty_files(model_dir, tmp_path):
+    d = tmp_path / "many"
+    d.mkdir()
+    for i in range(1000):
+        (d / f"{i:04d}.jsonl").write_bytes(b"")
+    before = snapshot(tmp_path)
+    for args, needle in ((probe(model_dir, d, tmp_path / "out"), "no rollouts"),
+                         (["stats", str(d)], "tokens.parquet"),
+                         (["compare", str(d), "--out", str(tmp_path / "cmp")], "neither a run"),
+                         (["probe", "--model", str(d), "--rollouts", str(d), "--out", str(tmp_path / "o2")],
+                          "--model")):
+        assert_one_line_error(*run_cli(args), needle)
+    assert_untouched(before, snapshot(tmp_path))
+
+
+# ---------------------------------------------------------------- 3. characters the tokenizer drops; 4. friction
+
+
+def test_characters_the_tokenizer_drops_are_reported(tmp_path):
+    from gmts_analysis.readers.models import resolve_model_path
+
+    rows = [{"prompt": "1+1=", "response": text, "reward": float(i % 2), "group_id": "g", "answer_id": f"a{i}"}
+            for i, text in enumerate(["2\x00#2", "\u202e2#2"])]
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    rc, msg = run_cli(probe(resolve_model_path("tiny"), p, out))  # -q: warnings only
+    assert rc == 0
+    assert "the tokenizer dropped or replaced characters in 2 text field(s)" in msg and "U+0000" in msg, msg
+    ctx = json.loads((out / "manifest.json").read_text())["rollouts"]["read"]["context"]
+    assert ctx["text_changed_by_tokenizer"] == 2 and set(ctx["chars_dropped"]) == {"U+0000", "U+202E"}
+
+
+def test_plain_text_prompts_to_a_model_with_a_chat_template_warn_and_are_counted(tmp_path):
+    import shutil
+
+    from gmts_analysis.readers.models import resolve_model_path
+
+    m = tmp_path / "instruct"
+    shutil.copytree(resolve_model_path("tiny"), m)
+    cfg = json.loads((m / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = "{% for x in messages %}{{ x['content'] }}{% endfor %}"
+    (m / "tokenizer_config.json").write_text(json.dumps(cfg))
+    rows = [{"prompt": "1+1=", "response": "2#2", "reward": float(i % 2), "group_id": "g"} for i in range(2)]
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rc, err = run_cli(probe(m, p, tmp_path / "out"))  # -q: warnings only
+    assert rc == 0
+    warned = [x for x in err.splitlines() if "without the tokenizer's chat template" in x]
+    assert len(warned) == 1 and "2 text prompt(s)" in warned[0]
+    ctx = json.loads((tmp_path / "out" / "manifest.json").read_text())["rollouts"]["read"]["context"]
+    assert ctx["text_prompts_plain"] == 2 and ctx["tokenizer_has_template"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--prompts", "2"], "did you mean --num-prompts"),
+    (["probe", "--model", "tiny", "--rollouts", "r.jsonl", "--grad-norms", "none"], "did you mean --grad-norm"),
+    (["run", "--model", "smol"], "did you mean smollm2 or small"),
+    (["sample", "--model", "tinyy"], "did you mean tiny"),
+])
+def test_did_you_mean_for_flags_and_shipped_model_names(args, needle, tmp_path, monkeypatch):
+    from gmts_analysis.readers import models
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(models, "hub_reachable", lambda *a, **k: pytest.fail("the hub was tried"))
+    assert_one_line_error(*run_cli(args), needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_help_lists_smollm2_and_gguf_and_follows_the_readme_on_threads():
+    import contextlib
+    import io as _io
+
+    from gmts_analysis.cli import main
+
+    for cmd in ("run", "probe", "sample"):
+        buf = _io.StringIO()
+        with contextlib.redirect_stdout(buf), pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        text = buf.getvalue()
+        assert "smollm2" in text and ".gguf" in text, cmd
+        assert "--threads 2" not in text, cmd  # the README: the default (cores not already busy) is the advice
+
+
+def test_one_group_is_written_in_the_singular(model_dir, tmp_path):
+    import gmts_analysis as gmts
+    from gmts_analysis.analysis.summary import summary_text
+
+    rows = [json.loads(x) for x in write_rollouts(tmp_path / "r.jsonl", sizes=(3,)).read_text().splitlines()]
+    rows[0]["reward"], rows[1]["reward"] = 1.0, 0.0
+    text = summary_text(gmts.probe(str(model_dir), rows, progress=False, fidelity="off").stats)
+    assert "1 groups" not in text and "1 group" in text
+
+
+def test_quiet_hides_transformers_loading_bars(tmp_path, capfd):
+    import gmts_analysis as gmts
+
+    rows = [json.loads(x) for x in write_rollouts(tmp_path / "r.jsonl", sizes=(2,)).read_text().splitlines()]
+    gmts.probe("tiny", rows, quiet=True, fidelity="off", grad_norm="none")
+    assert "Loading weights" not in capfd.readouterr().err
+    rc, err = _sub(["probe", "--model", "tiny", "--rollouts", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "o"),
+                    "-q", "--no-figures", "--grad-norm", "none"])
+    assert rc == 0 and "Loading weights" not in err and "it/s" not in err, err[-2000:]
+
+
+def test_api_picks_threads_as_the_cli_does_and_restores_torch(tmp_path, monkeypatch):
+    import torch
+
+    import gmts_analysis as gmts
+
+    rows = [json.loads(x) for x in write_rollouts(tmp_path / "r.jsonl", sizes=(2,)).read_text().splitlines()]
+    torch.set_num_threads(2)
+    monkeypatch.setenv("GMTS_THREADS", "1")
+    run = gmts.probe("tiny", rows, progress=False, fidelity="off", grad_norm="none")
+    assert run.manifest["torch_threads"] == 1 and torch.get_num_threads() == 2  # the CLI's choice, then restored
+    run = gmts.probe("tiny", rows, progress=False, fidelity="off", grad_norm="none", threads=None)
+    assert run.manifest["torch_threads"] == 2
+    torch.set_num_threads(1)
+
+
+def test_without_math_verify_run_refuses_before_converting_a_gguf(tmp_path, monkeypatch):
+    import importlib.util
+
+    from gmts_analysis.readers import gguf as g
+
+    d = tmp_path / "folder"
+    d.mkdir()
+    _tiny_gguf(d / "m.gguf")
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+    monkeypatch.setattr(g, "load_gguf", lambda *a: pytest.fail("the GGUF was converted before the check"))
+    monkeypatch.setenv("GMTS_CACHE", str(tmp_path / "cache"))
+    before = snapshot(tmp_path)
+    for cmd in ("run", "sample"):
+        assert_one_line_error(*run_cli([cmd, "--model", str(d), "--num-prompts", "1", "--out", str(tmp_path / cmd),
+                                        *(["--domains", "word"] if cmd == "sample" else [])]), "math-verify")
+    assert_untouched(before, snapshot(tmp_path))

@@ -123,7 +123,7 @@ _GROUP_OF = {name: g for g, names in HELP_GROUPS.items() for name in names}
 
 # metavars that state the unit of a value
 METAVARS: dict[str, str] = {
-    "model": "PATH|HUB_ID|tiny|small", "rollouts": "PATH", "out": "DIR", "max_len": "TOKENS",
+    "model": "PATH|FILE.gguf|HUB_ID|tiny|small|smollm2", "rollouts": "PATH", "out": "DIR", "max_len": "TOKENS",
     "max_completion_length": "TOKENS", "max_memory": "MiB", "chunk_size": "TOKENS|auto", "probes": "K",
     "temperature": "TAU", "clip_low": "EPS", "clip_high": "EPS", "clip_ratio_c": "C", "kl_beta": "BETA",
     "rho": "FRACTION", "uncertain_below": "PROB", "seed": "INT", "answers_per_chunk": "ANSWERS", "num_generations": "G",

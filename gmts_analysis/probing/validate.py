@@ -579,9 +579,18 @@ def _model(flag: str, v: Any) -> None:
     if p.exists() and not p.is_dir():
         raise GmtsError(f"{flag} {v}: is a file; give a model directory, a .gguf file, a hub id, or "
                         "tiny | small | smollm2")
-    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.readers.models import ALIASES, REAL_MODELS, hub_cached, resolve_model_path
 
-    resolve_model_path(str(v))
+    s = str(v)
+    if not p.exists() and "/" not in s and "," not in s and s not in ALIASES + REAL_MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(s.lower(), ALIASES + REAL_MODELS, n=2, cutoff=0.6)
+        close += [n for n in ALIASES + REAL_MODELS if s and n.startswith(s.lower()) and n not in close]
+        if close and not hub_cached(s):  # a typo of a shipped name, not a hub id to download
+            raise GmtsError(f"{flag} {v}: not a shipped model, a local directory or a cached hub id; did you "
+                            f"mean {' or '.join(close[:2])}? (a hub id is written org/name)")
+    resolve_model_path(s)
 
 
 #: ``{dest: check}`` for every option taking a value, in every subcommand (``{command: {dest: check}}``

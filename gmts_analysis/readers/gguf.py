@@ -265,8 +265,8 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
         problem = cache_entry_problem(out)
         if problem is None:
             return out
-        log.warning("--model %s: the cached conversion %s was changed after it was made (%s): converting again",
-                    src, out, problem)
+        why = "cannot be verified" if "no checksums" in problem else "was changed after it was made"
+        log.warning("--model %s: the cached conversion %s %s (%s): converting again", src, out, why, problem)
         _set_aside(out)
     writable_cache()
     t0 = time.perf_counter()
