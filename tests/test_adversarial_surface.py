@@ -315,7 +315,7 @@ def test_gguf_cache_in_an_odd_or_read_only_place_is_one_line(where, fake_gguf, m
 
 
 def test_gguf_two_conversions_at_once_and_one_killed_midway_leave_a_valid_cache(fake_gguf, monkeypatch):
-    import threading
+    import sys
 
     from gmts_analysis.readers import gguf as g
 
@@ -335,21 +335,21 @@ def test_gguf_two_conversions_at_once_and_one_killed_midway_leave_a_valid_cache(
     stale.mkdir()
     (stale / "config.json").write_text("{}")
     monkeypatch.setattr(g, "_logits", real_logits)
-    results, errors = [], []
-
-    def convert():
-        try:
-            results.append(g.converted_checkpoint(src, progress=False))
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
-    threads = [threading.Thread(target=convert) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and results == [out, out]
-    assert g.cache_entry_problem(out) is None and len(calls) == 3
+    # two processes convert at once (as two jobs on one machine would); each loads the fake GGUF
+    script = (
+        "import sys; from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "from gmts_analysis.readers import gguf as g; from gmts_analysis.readers.models import resolve_model_path\n"
+        "t = resolve_model_path('tiny')\n"
+        "g.load_gguf = lambda p: (AutoModelForCausalLM.from_pretrained(t).eval(), AutoTokenizer.from_pretrained(t))\n"
+        "print(g.converted_checkpoint(sys.argv[1], progress=False))\n")
+    env = subprocess_env(GMTS_CACHE=os.environ["GMTS_CACHE"])
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(src)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-2000:] for o in outs]
+    assert [o[0].strip() for o in outs] == [str(out), str(out)]
+    assert g.cache_entry_problem(out) is None
+    assert g.converted_checkpoint(src, progress=False) == out and len(calls) == 1  # used as it is, not redone
     assert sorted(p.name for p in out.parent.iterdir() if not p.name.startswith(".")) == [out.name]
 
 
