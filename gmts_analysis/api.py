@@ -125,7 +125,8 @@ def load_run(path: str | os.PathLike) -> Run:
 # ------------------------------------------------------------------------------------ probe
 
 
-def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True, threads: int | None = None,
+def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True,
+          threads: int | str | None = "auto",
           **options: Any) -> Run:
     """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
 
@@ -142,7 +143,9 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
     ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
     for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
     that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
-    recorded in chunks). threads: torch CPU threads to set (default: leave torch as it is).
+    recorded in chunks). threads: torch CPU threads: ``"auto"`` (default) picks them as the command line
+    does (``GMTS_THREADS``, ``OMP_NUM_THREADS``, else the cores not already busy) for this call and
+    restores torch's setting after; an int sets them (kept after); ``None`` leaves torch as it is.
     TRL/verl names (``loss_type``, ``epsilon``, ``beta``, ``top_entropy_quantile``, ...) are accepted
     and recorded in ``manifest["aliases"]``; an error names an option as the keyword it is here
     (``max_completion_length=``), not as a flag.
@@ -186,14 +189,9 @@ def api_spelling(message: str) -> str:
     return re.sub(r"(?<![\w-])--([a-z][a-z0-9_-]*)(\s(\S+))?", sub, message)
 
 
-def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: int | None,
+def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: "int | str | None",
            options: dict[str, Any]) -> Run:
     from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
-    from gmts_analysis.probing import kernel
-    from gmts_analysis.probing.inputs import prepare_inputs
-    from gmts_analysis.probing.preflight import check_before_probe
-    from gmts_analysis.probing.validate import validate_options
-    from gmts_analysis.run.finalize import result_tables
 
     options = dict(options)
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
@@ -202,10 +200,21 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
     aliases = {k: ALIAS_BY_NAME[k].dest if k in ALIAS_BY_NAME else k for k in options
                if (k in ALIAS_BY_NAME and k not in names) or k in TRL_NAMES}
     opts = options_from_kwargs(options)
-    if threads is not None:
-        from gmts_analysis.util.threads import set_threads
+    from gmts_analysis.util.progress import bars_off
+    from gmts_analysis.util.threads import api_threads
 
-        set_threads(threads, "threads=")
+    with api_threads(threads), bars_off(not progress):
+        return _probe_with(model, rollouts, tokenizer, progress, opts, options, settings, aliases)
+
+
+def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts: Any, options: dict[str, Any],
+                settings: dict[str, Any], aliases: dict[str, str]) -> Run:
+    from gmts_analysis.probing import kernel
+    from gmts_analysis.probing.inputs import prepare_inputs
+    from gmts_analysis.probing.preflight import check_before_probe
+    from gmts_analysis.probing.validate import validate_options
+    from gmts_analysis.run.finalize import result_tables
+
     validate_options(opts)
     if isinstance(rollouts, (str, os.PathLike)):
         rollouts = Path(rollouts)  # the manifest names it as a path
@@ -234,7 +243,8 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: i
 
 
 def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tokenizer: Any = None,
-           progress: bool = True, offline: bool = False, threads: int | None = None, **options: Any) -> list[dict]:
+           progress: bool = True, offline: bool = False, threads: int | str | None = "auto",
+           **options: Any) -> list[dict]:
     """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each domain, verified.
 
     model: ``tiny``/``small``, ``smollm2``, a directory, a GGUF file, a hub id (not downloaded when
@@ -244,19 +254,18 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
     and scored by the ``math_boxed`` verifier (``verifier="math"`` adds its fallback; :mod:`gmts_analysis.sampling.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same
     defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
     ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
-    auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: torch CPU
-    threads to set (default: leave torch as it is).
+    auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: as :func:`probe`
+    (``"auto"``: the command line's choice for this call; an int: set and kept; ``None``: torch left alone).
     Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
     ready for :func:`probe`; the same arguments give the same rows on one device.
     """
     from gmts_analysis.sampling.domains import sample_rows, sampling_options
+    from gmts_analysis.util.progress import bars_off
+    from gmts_analysis.util.threads import api_threads
 
     opts = sampling_options(model, domains, options)
-    if threads is not None:
-        from gmts_analysis.util.threads import set_threads
-
-        set_threads(threads, "threads=")
-    return sample_rows(opts.model if model is None else model, opts, tokenizer=tokenizer, progress=progress,
-                       offline=offline)
+    with api_threads(threads), bars_off(not progress):
+        return sample_rows(opts.model if model is None else model, opts, tokenizer=tokenizer, progress=progress,
+                           offline=offline)
 
 

@@ -35,6 +35,40 @@ class GmtsArgumentParser(GmtsParser):
         print(f"gmts: error: {where}{_one_line(message)} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """As argparse's, but an unknown flag is refused by the subcommand's parser with the closest
+        flags it has (``gmts run --prompts 2`` -> did you mean --num-prompts?)."""
+        ns, extra = self.parse_known_args(args, namespace)
+        if extra:
+            sub = _subparser(self, getattr(ns, "command", None))
+            (sub or self).error(f"unrecognized arguments: {' '.join(extra)}{did_you_mean(sub or self, extra)}")
+        return ns
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str | None) -> argparse.ArgumentParser | None:
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction) and command in a.choices:
+            return a.choices[command]
+    return None
+
+
+def did_you_mean(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """``"; did you mean --num-prompts?"`` for the first unknown flag of ``extra`` that is close to a
+    flag of ``parser`` (its shown flags: hidden aliases are not suggested); ``""`` when none is."""
+    import difflib
+
+    shown = sorted({s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings
+                    if s.startswith("--")})
+    for tok in extra:
+        if not tok.startswith("--"):
+            continue
+        name = tok.split("=", 1)[0].replace("_", "-")
+        close = difflib.get_close_matches(name, shown, n=2, cutoff=0.7)
+        close += [s for s in shown if name[2:] and s.endswith("-" + name[2:]) and s not in close][:1]
+        if close:
+            return f"; did you mean {' or '.join(close[:2])}?"
+    return ""
+
 
 def _one_line(text: str) -> str:
     lines = [x.strip() for x in str(text).strip().splitlines() if x.strip()]
@@ -151,7 +185,24 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point; returns the exit status (tests call it in-process)."""
+    """Entry point; returns the exit status (tests call it in-process). Ctrl-C (SIGINT) at any point
+    after the import ends the command with exit 130, even where Python lost its KeyboardInterrupt
+    (:mod:`gmts_analysis.util.interrupt`)."""
+    from gmts_analysis.util.interrupt import interrupted, sigint_latch
+
+    with sigint_latch():
+        try:
+            rc = _main(argv)
+        except KeyboardInterrupt:
+            rc = 130
+        if interrupted() and rc != 130:  # the KeyboardInterrupt was swallowed on the way: still stop
+            rc = 130
+        if rc == 130:
+            print("gmts: interrupted", file=sys.stderr)
+    return rc
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     quiet = getattr(args, "quiet", False)
@@ -172,7 +223,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from gmts_analysis.util.threads import set_threads
 
             args.threads = set_threads(args.threads)
-        rc = args.func(args)
+        from gmts_analysis.util.progress import bars_off
+
+        with bars_off(quiet):  # -q: transformers' loading and GGUF conversion bars too
+            rc = args.func(args)
     except GmtsError as e:
         if debug:
             raise
@@ -181,7 +235,6 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("gmts: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
         plain = os_error_message(e)

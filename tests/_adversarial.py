@@ -82,6 +82,9 @@ def snapshot(root: Path, skip: Path | None = None) -> dict[str, str]:
             snap[str(p.relative_to(root)) + "/"] = "dir"
         for n in filenames:
             p = d / n
+            if p.exists() and not p.is_file():  # a FIFO or device: opening it would block
+                snap[str(p.relative_to(root))] = f"special {os.stat(p).st_mode:o}"
+                continue
             try:
                 snap[str(p.relative_to(root))] = hashlib.sha1(p.read_bytes()).hexdigest()
             except OSError:

@@ -307,8 +307,8 @@ def test_every_writer_checks_its_target_compare_out_over_user_files(finished, tm
                           "did not write", "paper.tex")
     assert_untouched(before, snapshot(tmp_path))
     out = tmp_path / "cmp"
-    for _ in range(2):  # a comparison of ours is replaced whole
-        assert run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q"])[0] == 0
+    for extra in ([], ["--overwrite"]):  # a comparison of ours is replaced whole, with --overwrite
+        assert run_cli(["compare", str(a), str(b), "--out", str(out), "--no-figures", "-q", *extra])[0] == 0
     assert (out / "compare.json").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [
         "a", "b", "cmp", "mine"]
 

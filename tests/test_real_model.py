@@ -217,3 +217,26 @@ def test_gmts_run_smollm2_end_to_end(cache, smollm2, tmp_path, capsys):
     assert all(len(r["response_ids"]) <= 4 and r["solution"].isdigit() for r in rows)
     assert all(math.isfinite(r["reward"]) for r in rows)
     assert "word" in capsys.readouterr().out
+
+
+@needs_smollm2
+def test_probe_takes_a_gguf_file_and_a_folder_holding_one(cache, smollm2, tmp_path):
+    """The README: "Any .gguf file, or a folder holding one, is accepted as --model" (gmts probe too)."""
+    from gmts_analysis.cli import main
+    from gmts_analysis.readers import gguf
+
+    src = gguf.smollm2_gguf()
+    rows = [{"prompt": [{"role": "user", "content": "What is 2 + 3?"}], "response": r, "reward": w, "group_id": "g"}
+            for r, w in (("5", 1.0), ("6", 0.0))]
+    p = tmp_path / "r.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for i, model in enumerate((src, src.parent)):
+        out = tmp_path / f"run{i}"
+        assert main(["probe", "--model", str(model), "--rollouts", str(p), "--out", str(out), "--device", "cpu",
+                     "--fidelity", "off", "--no-figures", "--quiet"]) == 0
+        m = json.loads((out / "manifest.json").read_text())
+        assert m["model_class"] == "LlamaForCausalLM" and m["n_parameters"] == 134_515_008
+    import pandas as pd
+
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run0" / "tokens.parquet"),
+                                  pd.read_parquet(tmp_path / "run1" / "tokens.parquet"))

@@ -107,6 +107,11 @@ def summary_table(stats: StatsLike, slices: Sequence[str] | None = None, section
     return "\n".join(lines)
 
 
+def _units(n: Any, unit: str) -> str:
+    """``"1 group"``, ``"8 groups"``: a count with its noun in the right number."""
+    return f"{n} {unit}" + ("" if n == 1 else "s")
+
+
 def _slice_units(block: Slice) -> int | None:
     """Groups of a slice (its within_group count over informative groups plus its groups without
     signal), or None when unknown."""
@@ -147,7 +152,7 @@ def compare(block: Block | Mapping[str, Any], stat: str, a: str, b: str, n_units
     if math.isnan(lo) or math.isnan(hi):  # no interval (too few groups, or --n-boot 0): no verdict either way
         return f"{a} - {b} = {num} (no interval)"
     if lo <= 0.0 <= hi:
-        n = f" with {n_units} {unit}s" if n_units else ""
+        n = f" with {_units(n_units, unit)}" if n_units else ""
         return f"{a} and {b} are not distinguishable{n} ({a} - {b} = {num})"
     if lo > 0:
         return f"{a} beats {b} by {num}"
@@ -183,7 +188,7 @@ def _leader_clause(st: Statistics, t: Any, stat: str, col: str, rank_col: str, w
     if same:
         s_ += f"; identical to it by construction: {', '.join(same)}"
     if tied:
-        s_ += (f"; not distinguishable from it with {n_units} {unit}s: {', '.join(tied)}" if n_units
+        s_ += (f"; not distinguishable from it with {_units(n_units, unit)}: {', '.join(tied)}" if n_units
                else f"; tied with it: {', '.join(tied)}")
     if "entropy" in by.index and "entropy" != lead and "entropy" not in tied + same:
         s_ += f"; {compare(st, stat, lead, 'entropy', n_units, unit)}"
@@ -230,11 +235,11 @@ def _scope_sentence(st: Statistics) -> str:
         return (f"Too small to compare: {small} informative {unit}{'' if small == 1 else 's'} (of {n}), fewer than "
                 f"the {st.meta.min_groups} a bootstrap interval needs (meta.min_groups); the numbers above are "
                 "point estimates, with no interval and no verdict between scores.")
-    s = (f"Intervals: 95% percentile bootstrap over the {n} {unit}s of one checkpoint and one sampling seed "
+    s = (f"Intervals: 95% percentile bootstrap over the {_units(n, unit)} of one checkpoint and one sampling seed "
          f"(they cover the choice of prompts, not of the model or of the sampling); a score is said to win only where "
          "the paired CI of the difference excludes 0.")
     if n is not None and n < MIN_GROUPS:
-        s += f" Only {n} {unit}s: every interval here is fragile."
+        s += f" Only {_units(n, unit)}: every interval here is fragile."
     return s
 
 
@@ -292,7 +297,7 @@ def _zero_sentences(st: Statistics) -> list[str]:
     za, meta = st.zero_advantage, st.meta
     if not za:
         return []
-    groups = f" in {int(_f(za.groups))} of {int(_f(meta.n_groups))} groups" if za.groups is not None \
+    groups = f" in {int(_f(za.groups))} of {_units(int(_f(meta.n_groups)), 'group')}" if za.groups is not None \
         and meta.n_groups else ""
     return [f"{int(_f(za.tokens)):,} of {int(_f(meta.n_tokens)):,} tokens ({_pct(_f(za.token_share))}) carry no "
             f"gradient (omega = 0): {int(_f(za.answers))} of {int(_f(meta.n_answers))} answers{groups} have a zero "
@@ -342,7 +347,7 @@ def _topk_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
             parts.append(f"{s} {vals}")
     excl = st.topk_scopes_excluded
     n_ex = int(_f(excl["group"])) if "group" in excl else 0
-    note = f"; {n_ex} groups without gradient left out" if n_ex else ""
+    note = f"; {_units(n_ex, 'group')} without gradient left out" if n_ex else ""
     c = compare(st, "topk_overlap", "gmts", "entropy_inf", st.meta.units, _unit(st))
     return [f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note
             + (f"; batch scope, {c}" if c else "") + "."]

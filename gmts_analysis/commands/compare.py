@@ -33,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one directory holding run directories")
     p.add_argument("--out", default=None, help="output directory for compare.parquet, compare.json, "
                    "figures/ and compare.html (TRL's output_dir) (default: runs/compare-YYYYmmdd-HHMMSS)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing comparison that gmts wrote "
+                   "(a folder of other files is never replaced)")
     p.add_argument("--no-figures", action="store_true", help="skip the PNG figures (the HTML then has tables only)")
     add_run_control(p)
     p.set_defaults(func=run)
@@ -59,8 +61,11 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.util.io import check_ours, staged_directory
 
     check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
+    if out.is_dir() and any(out.iterdir()) and not args.overwrite:  # refused before the runs are read
+        raise GmtsError(f"--out {args.out}: holds a previous comparison (pass --overwrite to replace it)")
     cmp = compare_runs(args.runs)
-    with staged_directory(out, overwrite=True, kind="compare") as tmp:  # a comparison of ours is replaced whole
+    # an existing comparison is replaced whole, and only with --overwrite when it is provably ours
+    with staged_directory(out, overwrite=args.overwrite, kind="compare") as tmp:
         paths = write_comparison(cmp, tmp, figures=not args.no_figures)
     log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",
              len(cmp.runs), cmp.x_label, ", ".join(str(r["x"]) for r in cmp.runs),

@@ -62,11 +62,11 @@ def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
-    from gmts_analysis.probing.validate import validate_tokens_file
+    from gmts_analysis.probing.validate import validate_run_dir
 
     if args.max_answers is not None and args.max_answers < 1:
         raise GmtsError(f"--max-answers must be >= 1, got {args.max_answers}")
-    validate_tokens_file(run_dir / "tokens.parquet")
+    validate_run_dir(run_dir)  # tokens, answers, manifest and stats.json, before any figure
     if args.to is not None:
         from gmts_analysis.util.io import check_output_location
 

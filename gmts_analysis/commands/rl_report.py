@@ -72,7 +72,7 @@ def _check_targets(out, update, tag) -> dict:
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.util.io import check_output_file
+    from gmts_analysis.util.io import check_output_file, require_regular
     from gmts_analysis.util.markers import block_markers, find_block
 
     for name, ours in zip(OUTPUTS, (_is_report_json, _is_report_md, _is_forest_png)):
@@ -83,6 +83,7 @@ def _check_targets(out, update, tag) -> dict:
         p = Path(f)
         if p.is_symlink():
             raise GmtsError(f"--update {f}: is a symbolic link; give the file itself")
+        require_regular(p, f"--update {f}")
         try:
             text = p.read_text(encoding="utf-8")
         except UnicodeDecodeError:

@@ -36,7 +36,7 @@ def is_toy_policy(model: str) -> bool:
 
 EXAMPLES = """examples:
   gmts run                                             # small policy, three toy domains, runs/run-<time>/
-  gmts run --model smollm2 --threads 2                 # SmolLM2-135M-Instruct on word problems (the real extra)
+  gmts run --model smollm2                             # SmolLM2-135M-Instruct on word problems (the real extra)
   gmts run --loss_type dr_grpo --max_completion_length 96 --epsilon 0.2 --beta 0.04 --top_entropy_quantile 0.2"""
 
 #: options of gmts probe that gmts run does not take: its input is the rollouts it samples
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.readers.models import resolve_device, resolve_model_path
     from gmts_analysis.run.job import sample_and_probe
-    from gmts_analysis.sampling.domains import WORD_DOMAIN, domain_list
+    from gmts_analysis.sampling.domains import WORD_DOMAIN, check_verifiers_installed, domain_list
     from gmts_analysis.util import io
 
     t0 = time.perf_counter()
@@ -79,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     if given is None:
         given = [DEFAULT_DOMAINS if is_toy_policy(args.model) else WORD_DOMAIN]
     domains = domain_list(given, flag="--domains")
+    check_verifiers_installed(domains)  # before the model is loaded (or a GGUF file converted)
     for k, v in (WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS).items():
         if getattr(args, k, None) is None:
             setattr(args, k, v)

@@ -69,12 +69,18 @@ def run(args: argparse.Namespace) -> int:
     if args.prompts is not None:
         return _run_prompts(args)
     from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.sampling.domains import DEFAULT_DOMAINS, card_max_new_tokens, domain_list
+    from gmts_analysis.sampling.domains import (
+        DEFAULT_DOMAINS,
+        card_max_new_tokens,
+        check_verifiers_installed,
+        domain_list,
+    )
 
     if args.num_prompts is None:
         args.num_prompts = 8
     given = args.domains if args.domains is not None else [",".join(DEFAULT_DOMAINS)]
     domains = domain_list(given, flag="--domains")
+    check_verifiers_installed(domains)  # before the model is loaded (or a GGUF file converted)
     if args.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
     out = _check_out(args)

@@ -102,9 +102,9 @@ def run(args: argparse.Namespace) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    from gmts_analysis.probing.validate import validate_tokens_file
+    from gmts_analysis.probing.validate import validate_run_dir
 
-    validate_tokens_file(run_dir / "tokens.parquet")  # every contract column: no estimator silently dropped
+    validate_run_dir(run_dir)  # every contract column (no estimator silently dropped), answers, manifest
     if args.verifier is not None or args.rewards is not None or args.mask_truncated_completions:
         return _rescore(args, run_dir)
     if args.out:

@@ -123,7 +123,7 @@ _GROUP_OF = {name: g for g, names in HELP_GROUPS.items() for name in names}
 
 # metavars that state the unit of a value
 METAVARS: dict[str, str] = {
-    "model": "PATH|HUB_ID|tiny|small", "rollouts": "PATH", "out": "DIR", "max_len": "TOKENS",
+    "model": "PATH|FILE.gguf|HUB_ID|tiny|small|smollm2", "rollouts": "PATH", "out": "DIR", "max_len": "TOKENS",
     "max_completion_length": "TOKENS", "max_memory": "MiB", "chunk_size": "TOKENS|auto", "probes": "K",
     "temperature": "TAU", "clip_low": "EPS", "clip_high": "EPS", "clip_ratio_c": "C", "kl_beta": "BETA",
     "rho": "FRACTION", "uncertain_below": "PROB", "seed": "INT", "answers_per_chunk": "ANSWERS", "num_generations": "G",
@@ -324,7 +324,10 @@ def read_config_file(path: str) -> Any:
     Every failure is a :class:`GmtsError` naming the file (and the line where YAML gives one)."""
     import yaml
 
+    from gmts_analysis.util.io import require_regular
+
     p = Path(path)
+    require_regular(p, f"{CONFIG_FLAG} {path}")
     try:
         with open(p, "rb") as f:
             raw = f.read(CONFIG_MAX_BYTES + 1)

@@ -93,7 +93,7 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
         # never the absolute path it resolved to on the machine that made the run
         return m, tokenizer if tokenizer is not None else tok, name, opts
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
-        raise GmtsError(f"model: expected a path, hub id, tiny|small or a loaded causal LM, got {type(model).__name__}")
+        raise GmtsError(f"model: expected a path, a .gguf file, a hub id, tiny|small|smollm2 or a loaded causal LM, got {type(model).__name__}")
     dev = next(model.parameters()).device
     want = resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
     if (want.type, want.index or 0) != (dev.type, dev.index or 0):

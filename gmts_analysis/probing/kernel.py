@@ -28,6 +28,7 @@ from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions
 from gmts_analysis.probing.tables import answers_table, concat_columns, id_column
 from gmts_analysis.readers.rollouts import Answer
+from gmts_analysis.util.interrupt import raise_if_interrupted
 
 log = logging.getLogger("gmts_analysis.probing.kernel")
 
@@ -304,6 +305,7 @@ def probe_answers(
     try:
         for a, c in zip(answers, coefs):
             cols, g = probe_answer(model, a, c, cfg, token_text, strict=strict)
+            raise_if_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost on the way
             parts.append(cols)
             if g is not None:
                 gparts.append(g)

@@ -13,6 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import require_regular, special_kind
 
 SEED_MAX = 2**63 - 1
 
@@ -355,6 +356,63 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                                 "has none")
 
 
+def validate_run_dir(run_dir: Any) -> None:
+    """What ``gmts stats`` and ``gmts figures`` read from a run directory, checked before any work:
+    tokens.parquet (:func:`validate_tokens_file`: contract columns, types, finite values; integer
+    positions; no (answer, position) row twice), answers.parquet when present (one row per answer;
+    reward, advantage and loss_weight numeric and finite), and manifest.json and stats.json when
+    present (JSON objects within :data:`gmts_analysis.util.io.MAX_JSON_BYTES`; the manifest's
+    ``config`` an object). Each failure: one line naming the file and the field."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from gmts_analysis.util.io import read_json_object
+
+    d = Path(run_dir)
+    tok = d / "tokens.parquet"
+    validate_tokens_file(tok)
+    try:
+        ids = pq.read_table(tok, columns=["answer_id", "position"]).to_pandas()
+    except Exception as e:  # noqa: BLE001 - one line naming the file
+        raise GmtsError(f"{tok}: cannot read parquet ({type(e).__name__})") from None
+    if ids["position"].dtype.kind not in "iu":
+        raise GmtsError(f"{tok}: column 'position' must be integer, got {ids['position'].dtype}")
+    dup = ids.duplicated(["answer_id", "position"])
+    if dup.any():
+        r = ids[dup].iloc[0]
+        raise GmtsError(f"{tok}: {int(dup.sum())} row(s) twice (first: answer_id {r['answer_id']!r}, position "
+                        f"{int(r['position'])}); a tokens table written by gmts probe has each token once")
+    ans = d / "answers.parquet"
+    if ans.exists():
+        _validate_answers_file(ans)
+    for name in ("manifest.json", "stats.json"):
+        if (d / name).exists():
+            obj = read_json_object(d / name)
+            if name == "manifest.json" and "config" in obj and not isinstance(obj["config"], dict):
+                raise GmtsError(f"{d / name}: field 'config' must be an object, got {type(obj['config']).__name__}")
+
+
+def _validate_answers_file(path: Any) -> None:
+    from gmts_analysis.util.io import read_parquet
+
+    a = read_parquet(path)
+    if "answer_id" in a.columns and a["answer_id"].duplicated().any():
+        raise GmtsError(f"{path}: answer_id {a['answer_id'][a['answer_id'].duplicated()].iloc[0]!r} appears twice "
+                        "(one row per answer)")
+    for c in ("reward", "advantage", "loss_weight"):
+        if c not in a.columns:
+            continue
+        if a[c].dtype.kind not in "iufb":
+            raise GmtsError(f"{path}: column '{c}' must be numeric, got {a[c].dtype}")
+        v = a[c].to_numpy(dtype=float)
+        bad = ~np.isfinite(v)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} non-finite value(s) (first {v[i]} at row "
+                            f"{i + 1}); an answers table written by gmts probe has none")
+
+
 # ---------------------------------------------------------------- one pass over every option of every subcommand
 
 def _int_value(flag: str, v: Any) -> int:
@@ -494,6 +552,7 @@ def _input_file(flag: str, v: Any) -> None:
             raise GmtsError(f"{flag} {x}: no such file")
         if p.is_dir():
             raise GmtsError(f"{flag} {x}: is a directory, not a file")
+        require_regular(p, f"{flag} {x}")
 
 
 def _input_path(flag: str, v: Any) -> None:
@@ -502,6 +561,7 @@ def _input_path(flag: str, v: Any) -> None:
     for x in (v if isinstance(v, (list, tuple)) else [v]):
         if not Path(str(x)).exists():
             raise GmtsError(f"{flag} {x}: no such file or directory")
+        require_regular(str(x), f"{flag} {x}")
 
 
 def _model(flag: str, v: Any) -> None:
@@ -509,12 +569,28 @@ def _model(flag: str, v: Any) -> None:
     that is a file (not a directory) is refused."""
     from pathlib import Path
 
-    p = Path(str(v))
-    if p.exists() and not p.is_dir():
-        raise GmtsError(f"{flag} {v}: is a file; give a model directory, a hub id, or tiny | small")
-    from gmts_analysis.readers.models import resolve_model_path
+    from gmts_analysis.readers.gguf import check_gguf_file, find_gguf
 
-    resolve_model_path(str(v))
+    p = Path(str(v))
+    if (p.suffix.lower() == ".gguf" and (p.is_file() or p.is_symlink() or special_kind(p))) or \
+            (p.is_dir() and find_gguf(p) is not None):  # a GGUF file, or the one in a folder: checked whole
+        check_gguf_file(find_gguf(p) or p, flag)
+        return
+    if p.exists() and not p.is_dir():
+        raise GmtsError(f"{flag} {v}: is a file; give a model directory, a .gguf file, a hub id, or "
+                        "tiny | small | smollm2")
+    from gmts_analysis.readers.models import ALIASES, REAL_MODELS, hub_cached, resolve_model_path
+
+    s = str(v)
+    if not p.exists() and "/" not in s and "," not in s and s not in ALIASES + REAL_MODELS:
+        import difflib
+
+        close = difflib.get_close_matches(s.lower(), ALIASES + REAL_MODELS, n=2, cutoff=0.6)
+        close += [n for n in ALIASES + REAL_MODELS if s and n.startswith(s.lower()) and n not in close]
+        if close and not hub_cached(s):  # a typo of a shipped name, not a hub id to download
+            raise GmtsError(f"{flag} {v}: not a shipped model, a local directory or a cached hub id; did you "
+                            f"mean {' or '.join(close[:2])}? (a hub id is written org/name)")
+    resolve_model_path(s)
 
 
 #: ``{dest: check}`` for every option taking a value, in every subcommand (``{command: {dest: check}}``

@@ -61,6 +61,8 @@ class ContextReport:
     eos_not_restored_no_token: int = 0
     max_completion_length: int | None = None
     eos_length_limit_unknown: int = 0  # EOS appended without a length limit to tell cut answers
+    text_changed_by_tokenizer: int = 0  # text fields whose characters the tokenizer dropped or replaced
+    chars_dropped: list[str] = field(default_factory=list)  # those characters, as U+XXXX (the first 16)
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -95,8 +97,18 @@ class ContextReport:
                        "tokenizer has no eos_token")
         if self.text_prompts_plain and self.tokenizer_has_template:
             out.append(f"{self.text_prompts_plain} text prompt(s) tokenized as given, without the tokenizer's chat "
-                       "template (as TRL does for text prompts; --chat-template on to apply it)")
+                       "template although the model has one (as TRL does for text prompts; an instruct model's "
+                       "probabilities differ without it: give message lists or --chat-template on to apply it)")
+        if self.text_changed_by_tokenizer:
+            out.append(f"the tokenizer dropped or replaced characters in {self.text_changed_by_tokenizer} text "
+                       f"field(s) ({', '.join(self.chars_dropped)}): those are probed without them (give "
+                       "prompt_ids/response_ids to probe exact tokens)")
         return out + list(self.notes)
+
+    def warnings(self) -> list[str]:
+        """The lines of :meth:`lines` that change what is probed against what was logged (logged as warnings)."""
+        return [x for x in self.lines() if x.startswith(("could not", "no --max", "the tokenizer dropped"))
+                or "although the model has one" in x]
 
 
 class Contextualizer:
@@ -164,7 +176,25 @@ class Contextualizer:
             raise GmtsError(f"{where}: cannot tokenize field '{name}' ({type(e).__name__})") from None
         if text and not ids:
             raise GmtsError(f"{where}: the tokenizer turned the non-empty field '{name}' into no tokens")
+        self._note_dropped(text, ids)
         return ids
+
+    def _note_dropped(self, text: str, ids: list[int]) -> None:
+        """Count a text whose characters do not all come back from its tokens (NUL, bidirectional
+        controls, zero-width characters are dropped by some tokenizers), and name those characters."""
+        if text.isascii() and text.isprintable():
+            return
+        try:
+            back = self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: nothing to compare
+            return
+        gone = sorted(set(text) - set(back))
+        if gone:
+            self.report.text_changed_by_tokenizer += 1
+            for c in gone:
+                u = f"U+{ord(c):04X}"
+                if u not in self.report.chars_dropped and len(self.report.chars_dropped) < 16:
+                    self.report.chars_dropped.append(u)
 
     def _render(self, messages: list[dict], where: str) -> str:
         if not getattr(self.tok, "chat_template", None):

@@ -64,7 +64,7 @@ def find_gguf(path: str | os.PathLike) -> Path | None:
     if p.is_file() and p.suffix.lower() == ".gguf":
         return p
     if p.is_dir() and not (p / "config.json").exists():
-        found = sorted(x for x in p.iterdir() if x.is_file() and x.suffix.lower() == ".gguf")
+        found = sorted(x for x in p.iterdir() if x.suffix.lower() == ".gguf" and not x.is_dir())
         if len(found) > 1:
             raise GmtsError(f"--model {path}: {len(found)} GGUF files in one directory "
                             f"({', '.join(x.name for x in found[:3])}): name the file")
@@ -72,10 +72,70 @@ def find_gguf(path: str | os.PathLike) -> Path | None:
     return None
 
 
+#: the first bytes of every GGUF file
+GGUF_MAGIC = b"GGUF"
+
+
+def check_gguf_file(path: str | os.PathLike, flag: str = "--model") -> Path:
+    """Refuse, in one line and before any model is built, a ``.gguf`` that is not a complete GGUF file:
+    a link to nothing, a FIFO or device, empty, without the GGUF magic, or whose header or tensor table
+    does not parse or points past the end of the file (truncated). The header is parsed with the
+    ``gguf`` package when it is installed (its tensors are memory-mapped, not read). Returns the path."""
+    from gmts_analysis.util.io import require_regular
+
+    p = Path(path)
+    if not p.exists():
+        raise GmtsError(f"{flag} {path}: no such file" + (" (a dangling symbolic link)" if p.is_symlink() else ""))
+    require_regular(p, f"{flag} {path}")
+    size = p.stat().st_size
+    if size == 0:
+        raise GmtsError(f"{flag} {path}: is empty (0 bytes), not a GGUF file")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise GmtsError(f"{flag} {path}: cannot read ({e.strerror or type(e).__name__})") from None
+    if head != GGUF_MAGIC:
+        raise GmtsError(f"{flag} {path}: not a GGUF file (it starts with {head!r}, not {GGUF_MAGIC!r})")
+    try:
+        import gguf
+    except ImportError:
+        return p
+    try:
+        reader = gguf.GGUFReader(str(p))
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as e:  # ValueError, IndexError, struct errors of a cut or corrupt header/table
+        why = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise GmtsError(f"{flag} {path}: a truncated or corrupt GGUF file ({size:,} bytes; the gguf reader "
+                        f"says: {why})") from None
+    if not reader.tensors:
+        raise GmtsError(f"{flag} {path}: a GGUF file without tensors (no weights to load)")
+    if end > size:
+        raise GmtsError(f"{flag} {path}: truncated: its tensors end at byte {end:,}, the file has {size:,}")
+    return p
+
+
 def cache_root() -> Path:
-    """``$GMTS_CACHE``, else ``~/.cache/gmts_analysis``."""
+    """``$GMTS_CACHE``, else ``~/.cache/gmts_analysis`` (made absolute)."""
     env = os.environ.get("GMTS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "gmts_analysis"
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "gmts_analysis").absolute()
+
+
+def writable_cache(root: Path | None = None) -> Path:
+    """The GGUF cache directory ``cache_root()/gguf``, created if needed; a one-line :class:`GmtsError`
+    naming GMTS_CACHE when it cannot be (a file on the way, a read-only or unreachable place)."""
+    root = cache_root() if root is None else root
+    d = root / "gguf"
+    name = "GMTS_CACHE" if os.environ.get("GMTS_CACHE") else "the cache (~/.cache/gmts_analysis; set GMTS_CACHE)"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise GmtsError(f"{name} {root}: cannot hold the GGUF conversion ({e.strerror or type(e).__name__}"
+                        f"{': ' + str(e.filename) if e.filename else ''}); set GMTS_CACHE to a writable "
+                        "directory") from None
+    if not d.is_dir() or not os.access(d, os.W_OK | os.X_OK):
+        raise GmtsError(f"{name} {root}: {d} is not a writable directory; set GMTS_CACHE to a writable directory")
+    return d
 
 
 def gguf_key(path: Path) -> str:
@@ -134,6 +194,62 @@ def _logits(model, ids: list[int]):
         return model(input_ids=torch.tensor([ids])).logits.float()
 
 
+def _entry_files(d: Path) -> dict[str, dict]:
+    """``{name: {"size", "sha256"}}`` of every file of a cache entry but its record (the checksums
+    recorded at conversion, checked before every use)."""
+    from gmts_analysis.util.io import file_sha256
+
+    return {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
+            for p in sorted(d.iterdir()) if p.name != SOURCE_RECORD and not p.name.startswith(".")}
+
+
+def cache_entry_problem(d: Path) -> str | None:
+    """Why the cache entry ``d`` must not be used (a file truncated, edited, added or removed since its
+    conversion, a record without checksums, a link or special file), or ``None`` when every file has the
+    size and sha256 recorded at conversion."""
+    import stat
+
+    try:
+        if os.path.islink(d) or not d.is_dir():
+            return "not a directory"
+        rec = json.loads((d / SOURCE_RECORD).read_text(encoding="utf-8")) \
+            if stat.S_ISREG(os.stat(d / SOURCE_RECORD).st_mode) else None
+        files = rec.get("files") if isinstance(rec, dict) else None
+        if not isinstance(files, dict) or not files:
+            return f"{SOURCE_RECORD} records no checksums"
+        names = {p.name for p in d.iterdir() if p.name != SOURCE_RECORD and not p.name.startswith(".")}
+        if names != set(files):
+            extra, gone = sorted(names - set(files)), sorted(set(files) - names)
+            return f"files {'added: ' + ', '.join(extra) if extra else 'removed: ' + ', '.join(gone)}"
+        for name, want in sorted(files.items(), key=lambda kv: (kv[0] != "config.json", kv[0])):
+            p = d / name
+            if p.is_symlink() or not stat.S_ISREG(os.stat(p).st_mode):
+                return f"{name} is not a regular file"
+            if p.stat().st_size != want.get("size"):
+                return f"{name} has {p.stat().st_size:,} bytes, {want.get('size')!r} at conversion (truncated?)"
+        from gmts_analysis.util.io import file_sha256
+
+        for name, want in sorted(files.items(), key=lambda kv: (kv[0] != "config.json", kv[0])):
+            if file_sha256(d / name) != want.get("sha256"):
+                return f"{name} was edited (its sha256 differs from the one recorded at conversion)"
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        return f"unreadable ({type(e).__name__})"
+    return None
+
+
+def _set_aside(out: Path) -> None:
+    """Move a cache entry that must not be used out of the way (renamed, then removed)."""
+    import secrets
+
+    aside = out.parent / f".{out.name}.bad-{secrets.token_hex(4)}"
+    try:
+        os.replace(out, aside)
+    except OSError as e:
+        raise GmtsError(f"GMTS_CACHE: the changed cache entry {out} cannot be moved aside "
+                        f"({e.strerror or type(e).__name__}); remove it") from None
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path:
     """The cached plain checkpoint (config, safetensors, tokenizer) of the GGUF file ``path``; converted
     and checked on first use (see the module docstring). Raises :class:`GmtsError` when the converted
@@ -143,10 +259,16 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
 
     from gmts_analysis.util.progress import quiet_transformers
 
-    src = Path(path).resolve()
+    src = check_gguf_file(Path(path).resolve())
     out = cache_dir_for(src)
-    if (out / SOURCE_RECORD).is_file():
-        return out
+    if (out / SOURCE_RECORD).is_file() or os.path.lexists(out):
+        problem = cache_entry_problem(out)
+        if problem is None:
+            return out
+        why = "cannot be verified" if "no checksums" in problem else "was changed after it was made"
+        log.warning("--model %s: the cached conversion %s %s (%s): converting again", src, out, why, problem)
+        _set_aside(out)
+    writable_cache()
     t0 = time.perf_counter()
     if progress:
         log.warning("--model %s: converting the GGUF file once (dequantize, save, check logits) into %s",
@@ -163,7 +285,6 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
                         f"(missing {missing[:2]}, unexpected {unexpected[:2]})")
     plain.tie_weights()
     plain.generation_config = gg_model.generation_config
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         plain.save_pretrained(tmp, safe_serialization=True)
@@ -176,16 +297,17 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
         if not torch.equal(want, got):
             raise GmtsError(f"--model {src}: the converted checkpoint's logits differ from the GGUF-loaded "
                             f"model's by up to {diff:.3g} on a {len(ids)}-token input; not cached")
-        record = {"gguf": str(src), "key": gguf_key(src), "size": src.stat().st_size,
+        record = {"gguf": str(src), "key": gguf_key(src), "size": src.stat().st_size, "files": _entry_files(tmp),
                   "logits_check": {"tokens": len(ids), "max_abs_diff": diff, "equal": True},
                   "seconds": {"gguf_load": round(t_load, 2), "total": round(time.perf_counter() - t0, 2)}}
         (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         os.chmod(tmp, 0o755)
         try:
             os.rename(tmp, out)
-        except OSError:  # another process converted it meanwhile: keep theirs
-            if not (out / SOURCE_RECORD).is_file():
-                raise
+        except OSError:  # another process converted it meanwhile: keep theirs when it checks out
+            if cache_entry_problem(out) is not None:
+                raise GmtsError(f"GMTS_CACHE: {out} appeared during the conversion and does not match its "
+                                "record; remove it and run again") from None
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

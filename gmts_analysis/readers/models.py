@@ -260,6 +260,13 @@ def check_loaded(name: str, model: torch.nn.Module, info: dict) -> None:
         raise GmtsError(f"--model {name}: the checkpoint lacks {len(missing)} weight(s) of {type(model).__name__} "
                         f"({', '.join(missing[:2])}{more}), which would be randomly initialized: not a complete "
                         "causal LM checkpoint")
+    unexpected = sorted(k for k in (info.get("unexpected_keys") or []) if not _benign_unused(k))
+    if unexpected:
+        more = f" and {len(unexpected) - 2} more" if len(unexpected) > 2 else ""
+        raise GmtsError(f"--model {name}: the checkpoint holds {len(unexpected)} weight(s) that "
+                        f"{type(model).__name__} as its config.json describes does not use ({', '.join(unexpected[:2])}"
+                        f"{more}): config.json and the weights disagree (fewer layers or other sizes in the "
+                        "config?); refused rather than probing part of the model")
     mismatched = list(info.get("mismatched_keys") or [])
     if mismatched:
         first = mismatched[0][0] if isinstance(mismatched[0], (list, tuple)) else mismatched[0]
@@ -271,6 +278,14 @@ def check_loaded(name: str, model: torch.nn.Module, info: dict) -> None:
     if getattr(cfg, "model_type", None) in MODEL_FOR_MASKED_LM_MAPPING_NAMES and not getattr(cfg, "is_decoder", False):
         raise GmtsError(f"--model {name}: a {cfg.model_type} encoder (bidirectional attention, is_decoder false) "
                         "is not a causal language model")
+
+
+#: weights a checkpoint may carry that the model rightly ignores (buffers older releases saved)
+_BENIGN_UNUSED = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias", "position_ids")
+
+
+def _benign_unused(key: str) -> bool:
+    return key.endswith(_BENIGN_UNUSED)
 
 
 def context_length(model: torch.nn.Module) -> int | None:

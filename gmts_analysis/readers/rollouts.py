@@ -496,8 +496,9 @@ def _read_report(answers: list[Answer], opts: ReaderOptions, state: _ReadState, 
         "restored": ctx.report.lines(),
         "repeated_files_skipped": state.repeated_files,
     }
+    warn = set(ctx.report.warnings())
     for line in ctx.report.lines():
-        (log.warning if line.startswith(("could not", "no --max")) else log.info)(line)
+        (log.warning if line in warn else log.info)(line)
     n_unscorable = sum(1 for a in answers if a.extra.get("unscorable") is True)
     if n_unscorable:
         report["unscorable"] = n_unscorable

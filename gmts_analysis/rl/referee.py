@@ -85,6 +85,12 @@ def load_plan(path: str | Path) -> dict:
         arms = _need(s, "arms", list, ws)
         if not arms or not all(isinstance(a, str) and a for a in arms) or len(set(arms)) != len(arms):
             raise GmtsError(f"{ws}.arms: expected distinct arm names, got {arms!r}")
+        from gmts_analysis.core.scores import SELECTION_ARMS
+
+        unknown = [a for a in arms if a not in SELECTION_ARMS]
+        if unknown:  # a run of it cannot exist: the setting would be reported cut for a typo in the plan
+            raise GmtsError(f"{ws}.arms: '{unknown[0]}' is not a selection gmts rl runs "
+                            f"({' | '.join(SELECTION_ARMS)})")
         for k in SETTING_FIELDS:
             _need(s, k, (int, float, str, bool), ws)
         src = s.get("all_from")

@@ -27,6 +27,10 @@ def checkpoint_series(model: str) -> list[str] | None:
         return items
     p = Path(model)
     if p.is_dir() and not (p / "config.json").exists():
+        from gmts_analysis.readers.gguf import find_gguf
+
+        if find_gguf(p) is not None:  # a folder holding a GGUF file is one model
+            return None
         subs = [d for d in p.iterdir() if d.is_dir() and (d / "config.json").exists()]
         if not subs:
             raise GmtsError(f"--model {model}: neither a model (no config.json) nor a directory of checkpoints")

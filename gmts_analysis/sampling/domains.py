@@ -78,6 +78,18 @@ def domain_list(domains: str | Any, allowed: tuple[str, ...] = ALL_DOMAINS, flag
     return doms
 
 
+def check_verifiers_installed(domains: list[str]) -> None:
+    """The word problems are scored by math-verify (``math_boxed``, or ``math``): refuse its absence before any
+    model is loaded (or a GGUF file converted), in the verifier's own words."""
+    if WORD_DOMAIN in domains:
+        import importlib.util
+
+        if importlib.util.find_spec("math_verify") is None:
+            raise GmtsError(f"--domains {WORD_DOMAIN}: the word problems are scored by the math verifier, which "
+                            "needs the math-verify package: pip install 'gmts_analysis[math]' (or pip install "
+                            "'math-verify>=0.5')")
+
+
 def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, progress: bool = True,
                 offline: bool = False) -> list[dict]:
     """Rollout rows of ``opts`` (docs/definitions.md section 7) from ``model``: a name or path (loaded on
@@ -86,6 +98,7 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
 
     doms = domain_list(opts.domains)
     check_word_verifier(opts.verifier, doms)
+    check_verifiers_installed(doms)
     n_prompts = 8 if opts.num_prompts is None else opts.num_prompts
     if n_prompts < 1 or opts.num_generations < 2:
         raise GmtsError("sample: num_prompts must be >= 1 and num_generations >= 2 (a group needs a baseline)")

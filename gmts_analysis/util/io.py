@@ -25,8 +25,35 @@ from gmts_analysis.errors import GmtsError
 log = logging.getLogger("gmts_analysis.util.io")
 
 
+def special_kind(path: str | os.PathLike) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a directory (links followed):
+    ``"a FIFO (named pipe)"``, ``"a character device"``, ... ; ``None`` otherwise. Opening a FIFO blocks
+    until someone writes to it and a device may never end, so gmts reads only regular files."""
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    for test, what in ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "a special file"
+
+
+def require_regular(path: str | os.PathLike, label: str | None = None) -> None:
+    """Raise a one-line :class:`GmtsError` when ``path`` is a FIFO, device or socket (see
+    :func:`special_kind`); ``label`` names it in the message (default: the path)."""
+    kind = special_kind(path)
+    if kind is not None:
+        raise GmtsError(f"{label or path}: is {kind}, not a regular file (gmts reads only regular files)")
+
+
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    require_regular(path)
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -35,16 +62,13 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 
 def check_regular_file(path: str | os.PathLike, flag: str) -> Path:
-    """``path`` as a Path when it is a regular file; else a one-line error naming ``flag`` (a FIFO or
-    device would block or never end a read; a directory is not a file)."""
+    """``path`` as a Path when it is a regular file; else a one-line error naming ``flag``: missing, a FIFO
+    or device (:func:`require_regular`: a read would block or never end), or a directory."""
     p = Path(path)
-    try:
-        st = os.stat(p)
-    except FileNotFoundError:
-        raise GmtsError(f"{flag} {p}: no such file") from None
-    except OSError as e:
-        raise GmtsError(f"{flag} {p}: cannot read ({e.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
+    if not os.path.lexists(p):
+        raise GmtsError(f"{flag} {p}: no such file")
+    require_regular(p, f"{flag} {p}")
+    if not p.is_file():
         raise GmtsError(f"{flag} {p}: not a regular file")
     return p
 
@@ -134,10 +158,20 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, to_json(obj))
 
 
-def read_json(path: str | os.PathLike) -> Any:
+#: the largest stats.json / manifest.json / record gmts reads (its own are well under a MiB)
+MAX_JSON_BYTES = 64 << 20
+
+
+def read_json(path: str | os.PathLike, max_bytes: int | None = MAX_JSON_BYTES) -> Any:
+    """The JSON value of ``path``; one-line :class:`GmtsError` for a missing, special, oversized
+    (``max_bytes``; None: no limit), undecodable or invalid file."""
     path = Path(path)
     if not path.exists():
         raise GmtsError(f"{path}: no such file")
+    require_regular(path)
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise GmtsError(f"{path}: {path.stat().st_size:,} bytes, more than the {max_bytes >> 20} MiB a JSON file "
+                        "of gmts holds; not read")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -180,6 +214,7 @@ def read_parquet(path: str | os.PathLike) -> "Any":
     path = Path(path)
     if not path.exists():
         raise GmtsError(f"{path}: no such file")
+    require_regular(path)
     try:
         return pd.read_parquet(path)
     except Exception as e:  # pyarrow raises many types for corrupt files
@@ -209,17 +244,37 @@ COMPARE_ENTRIES = frozenset({"compare.parquet", "compare.json", "compare.html", 
 _TMP_NAME = re.compile(r"^\..+\.tmp$")  # atomic_write_* temporaries
 
 
+def _read_regular_text(p: Path) -> str:
+    """The UTF-8 text of ``p``; OSError when it is not a regular file (a FIFO would block the open)."""
+    if special_kind(p) is not None:
+        raise OSError(f"{p}: not a regular file")
+    return p.read_text(encoding="utf-8")
+
+
 def _is_run_marker(d: Path) -> bool:
     """A readable manifest.json with a ``config``, or a ``run.json`` of the run-state format."""
     for name, ok in (("manifest.json", lambda j: "config" in j),
                      ("run.json", lambda j: str(j.get("format", "")).startswith("gmts-run-state/"))):
         try:
-            j = json.loads((d / name).read_text(encoding="utf-8"))
+            j = json.loads(_read_regular_text(d / name))
         except (OSError, ValueError):
             continue
         if isinstance(j, dict) and ok(j):
             return True
     return False
+
+
+def _is_compare_marker(d: Path) -> bool:
+    """A comparison gmts wrote: its listing (:data:`RUN_LISTING`, written last by
+    :func:`staged_directory`) names compare.json, and compare.json carries our ``format``. A user's
+    folder that merely holds files named compare.json / compare.html is not ours."""
+    try:
+        listed = json.loads(_read_regular_text(d / RUN_LISTING))
+        j = json.loads(_read_regular_text(d / "compare.json"))
+    except (OSError, ValueError):
+        return False
+    return (isinstance(listed, list) and "compare.json" in listed and isinstance(j, dict)
+            and str(j.get("format", "")).startswith("gmts-compare/"))
 
 
 def _is_policy_marker(d: Path) -> bool:
@@ -232,7 +287,7 @@ def foreign_entries(d: str | os.PathLike, allowed: frozenset = RUN_ENTRIES) -> l
     d = Path(d)
     listed: set[str] = {RUN_LISTING, OWNER_MARKER}
     try:
-        names = json.loads((d / RUN_LISTING).read_text(encoding="utf-8"))
+        names = json.loads(_read_regular_text(d / RUN_LISTING))
         if isinstance(names, list):
             listed.update(n for n in names if isinstance(n, str))
     except (OSError, ValueError):
@@ -258,7 +313,7 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
     allowed, marker, what = {
         "run": (RUN_ENTRIES, _is_run_marker, "a gmts run"),
         "policy": (POLICY_ENTRIES, _is_policy_marker, "a gmts toy policy"),
-        "compare": (COMPARE_ENTRIES, lambda d: (d / "compare.json").is_file(), "a gmts comparison"),
+        "compare": (COMPARE_ENTRIES, _is_compare_marker, "a gmts comparison"),
     }[kind]
     foreign = foreign_entries(out, allowed)
     if foreign:
@@ -266,7 +321,8 @@ def check_ours(out: str | os.PathLike, kind: str = "run") -> None:
         raise GmtsError(f"{out}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
                         "gmts never replaces such a directory: choose another output directory")
     if not marker(out):
-        raise GmtsError(f"{out}: is not empty and is not {what} (no manifest.json or run.json of gmts); "
+        proof = "compare.json and .gmts-files of gmts" if kind == "compare" else "manifest.json or run.json of gmts"
+        raise GmtsError(f"{out}: is not empty and is not {what} (no {proof}); "
                         "gmts never replaces such a directory: choose another output directory")
 
 
@@ -284,6 +340,7 @@ def check_output_file(path: str | os.PathLike, flag: str, is_ours_file: Any, ove
         raise GmtsError(f"{flag} {path}: is a symbolic link (to {os.readlink(p)}); give the file itself")
     if p.is_dir():
         raise GmtsError(f"{flag} {path}: is a directory; expected a file name")
+    require_regular(p, f"{flag} {path}")
     if p.exists() and not overwrite:
         try:
             ours = bool(is_ours_file(p))
@@ -358,7 +415,6 @@ def mark_ours(d: str | os.PathLike, role: str, out: str | os.PathLike) -> str:
 def is_ours(d: str | os.PathLike, role: str, out: str | os.PathLike, token: str | None = None) -> bool:
     """Whether ``d`` is a directory (not a link) of the current user holding our marker for ``role``
     of ``out`` (and ``token``, when given). Its name proves nothing: a look-alike is not ours."""
-    import stat
 
     d = Path(d)
     try:
@@ -372,7 +428,7 @@ def is_ours(d: str | os.PathLike, role: str, out: str | os.PathLike, token: str 
     if uid is not None and (st.st_uid != uid or mst.st_uid != uid):
         return False
     try:
-        j = json.loads((d / OWNER_MARKER).read_text(encoding="utf-8"))
+        j = json.loads(_read_regular_text(d / OWNER_MARKER))
     except (OSError, ValueError):
         return False
     return (isinstance(j, dict) and j.get("format") == OWNER_FORMAT and j.get("role") == role
@@ -461,7 +517,6 @@ def _open_lock(path: Path, out: Path) -> int:
     ever truncating or writing a file gmts did not create: an existing file must be a regular file
     of the current user that starts with :data:`LOCK_MAGIC` (or is empty: a job killed between
     creating and writing it)."""
-    import stat
 
     nofollow = getattr(os, "O_NOFOLLOW", 0)
     try:
@@ -558,6 +613,9 @@ def swap_in(new: Path, out: Path, kind: str = "run") -> None:
     in, the backup removed. A failure before the second rename puts the previous directory back; a
     job killed between the two renames leaves the marked backup, which :func:`clean_stale_siblings`
     restores. The previous directory is never emptied before the new one is complete."""
+    from gmts_analysis.util.interrupt import raise_if_interrupted
+
+    raise_if_interrupted()  # a Ctrl-C lost on the way: the finished directory is not put in place
     old = None
     if os.path.lexists(out):
         check_ours(out, kind)  # re-checked: the work before may have run for hours

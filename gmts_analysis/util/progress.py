@@ -10,9 +10,24 @@ Bars go to stderr.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib.util
 import sys
 from typing import Any, Iterator
+
+#: True inside :func:`bars_off` (``-q``, ``quiet=True``): transformers' own bars are silenced too
+_BARS_OFF: contextvars.ContextVar[bool] = contextvars.ContextVar("gmts_bars_off", default=False)
+
+
+@contextlib.contextmanager
+def bars_off(off: bool = True) -> Iterator[None]:
+    """Within the block (when ``off``), :func:`quiet_transformers` also hides transformers' "Loading
+    weights", "Writing model shards" and GGUF "Converting and de-quantizing" bars (``-q``, ``quiet=True``)."""
+    token = _BARS_OFF.set(bool(off) or _BARS_OFF.get())
+    try:
+        yield
+    finally:
+        _BARS_OFF.reset(token)
 
 
 def in_kernel() -> bool:
@@ -75,12 +90,28 @@ def quiet_transformers() -> Iterator[None]:
     lg.setLevel(logging.ERROR)
     # in a notebook without ipywidgets, transformers' "Loading weights" bar (tqdm.auto) would warn
     # "IProgress not found" and write every refresh into the cell: no bar there
-    bars_off = widgetless_kernel() and hf_logging.is_progress_bar_enabled()
-    if bars_off:
+    # and under -q / quiet=True no bar at all (the GGUF loader draws its own tqdm.auto bar: replaced here)
+    quiet = _BARS_OFF.get()
+    off = (quiet or widgetless_kernel()) and hf_logging.is_progress_bar_enabled()
+    if off:
         hf_logging.disable_progress_bar()
+    gguf_utils = sys.modules.get("transformers.modeling_gguf_pytorch_utils") if quiet else None
+    if quiet and gguf_utils is None:
+        with contextlib.suppress(Exception):
+            import transformers.modeling_gguf_pytorch_utils as gguf_utils  # type: ignore[no-redef]
+    gguf_bar = getattr(gguf_utils, "tqdm", None)
+    if gguf_bar is not None:
+        gguf_utils.tqdm = _no_bar  # type: ignore[union-attr]
     try:
         yield
     finally:
         lg.setLevel(old)
-        if bars_off:
+        if off:
             hf_logging.enable_progress_bar()
+        if gguf_bar is not None:
+            gguf_utils.tqdm = gguf_bar  # type: ignore[union-attr]
+
+
+def _no_bar(iterable: Any = None, *args: Any, **kwargs: Any) -> Any:
+    """tqdm's call shape, drawing nothing."""
+    return iterable

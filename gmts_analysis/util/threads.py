@@ -9,7 +9,9 @@ or ``--threads`` / ``threads=`` choose explicitly.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 from gmts_analysis.errors import GmtsError
 
@@ -58,3 +60,32 @@ def set_threads(threads: int | None, name: str = "--threads") -> int:
     if torch.get_num_threads() != n:
         torch.set_num_threads(n)
     return n
+
+
+#: the API's default ``threads=``: pick as the command line does, for the call only
+AUTO = "auto"
+
+
+@contextlib.contextmanager
+def api_threads(threads: "int | str | None", name: str = "threads=") -> Iterator["int | None"]:
+    """torch's CPU threads around one API call (:func:`gmts_analysis.probe`, :func:`gmts_analysis.sample`).
+
+    ``"auto"`` (the default): the command line's choice (:func:`default_threads`: ``GMTS_THREADS``, else
+    ``OMP_NUM_THREADS``, else the cores not already busy) for the call, torch's setting restored after it
+    (torch's own default, every core, collapses on shared cores). An int: set, and kept after the call.
+    ``None``: torch left as it is. Yields the threads used (None: left alone)."""
+    if threads is None:
+        yield None
+        return
+    if isinstance(threads, str) and threads == AUTO:
+        import torch
+
+        before = torch.get_num_threads()
+        n = set_threads(None)
+        try:
+            yield n
+        finally:
+            if torch.get_num_threads() != before:
+                torch.set_num_threads(before)
+        return
+    yield set_threads(threads, name)  # type: ignore[arg-type]

@@ -68,6 +68,8 @@ IGNORED_SETTINGS = _job_fields() | frozenset({
     "model_path", "step", "checkpoint", "chunk_size", "max_memory", "device", "format", "debug", "threads",
     "func", "command",
 })
+#: compare.json's ``format``: with the directory's listing, what proves a comparison is ours (util.io)
+COMPARE_FORMAT = "gmts-compare/1"
 PRIMARY_KEYS = ("spearman", "mean", "value")
 CI_KEYS = ("ci_low", "ci_high")
 STEP_PATTERN = re.compile(r"(?:checkpoint|ckpt|global_step|step|iter)[-_]?(\d+)", re.IGNORECASE)
@@ -89,6 +91,7 @@ class Comparison:
 
     def to_json(self) -> dict:
         return {
+            "format": COMPARE_FORMAT,
             "x_label": self.x_label,
             "runs": self.runs,
             "settings_mismatch": self.mismatches,
@@ -145,6 +148,8 @@ def _read(path: Path, name: str) -> dict:
         raise GmtsError(f"{f}: not valid JSON ({e})") from None
     if not isinstance(obj, dict):
         raise GmtsError(f"{f}: expected a JSON object, got {type(obj).__name__}")
+    if name == "manifest.json" and "config" in obj and not isinstance(obj["config"], dict):
+        raise GmtsError(f"{f}: field 'config' must be an object, got {type(obj['config']).__name__}")
     return obj
 
 
@@ -229,12 +234,18 @@ def estimators_of(stats: Mapping) -> list[str]:
     return names
 
 
+#: what a run records of its model's identity: checkpoints of one model share them, other models do not
+MODEL_IDENTITY = ("model_class", "model_type", "n_parameters", "tied_embeddings")
+
+
 def settings_of(manifest: Mapping) -> dict[str, Any]:
-    """The run's settings: ``manifest["config"]`` without :data:`IGNORED_SETTINGS`."""
+    """The run's settings: ``manifest["config"]`` without :data:`IGNORED_SETTINGS`, and the model's
+    identity (:data:`MODEL_IDENTITY`, where the manifest records it): runs of different models are
+    flagged as different settings, never mixed (checkpoints of one model are what is compared)."""
     cfg = manifest.get("config")
-    if not isinstance(cfg, Mapping):
-        return {}
-    return {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS}
+    out = {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS} if isinstance(cfg, Mapping) else {}
+    out.update({k: manifest[k] for k in MODEL_IDENTITY if k in manifest})
+    return out
 
 
 def inputs_of(manifest: Mapping) -> dict[str, Any]:

@@ -46,6 +46,45 @@ def _concat(frames: list[pd.DataFrame], order: Sequence[str] = ()) -> pd.DataFra
     return df[first + [c for c in df.columns if c not in first]]
 
 
+def check_rows(df: pd.DataFrame, path: Path, answers: Sequence[int], n_rows: int | None = None) -> pd.DataFrame:
+    """The rows of one chunk or part table, checked against its record before they enter a run:
+    the index and position columns present, only answers the record lists, no (answer, position) row
+    twice, as many rows as the record says, and no NaN or infinity in a float column (the gradient
+    norms may be NaN, under --grad-norm none, and ``rsi`` where the entropy is 0; never infinite).
+    A table edited or damaged after it was recorded is refused in one line naming it, never merged."""
+    for c in (state.INDEX_COLUMN, "position"):
+        if c not in df.columns:
+            raise GmtsError(f"{path}: no {c} column (not a table gmts recorded); remove it and its record "
+                            "and run the probe again")
+    listed = {int(i) for i in answers}
+    idx = df[state.INDEX_COLUMN].to_numpy()
+    stray = sorted({int(i) for i in idx} - listed)
+    if stray:
+        raise GmtsError(f"{path}: rows of answer number {stray[0]}, which its record does not list "
+                        f"({len(stray)} such answer(s)); the table was changed after it was recorded")
+    dup = df.duplicated([state.INDEX_COLUMN, "position"])
+    if dup.any():
+        r = df[dup].iloc[0]
+        raise GmtsError(f"{path}: {int(dup.sum())} row(s) twice (first: answer number {int(r[state.INDEX_COLUMN])}, "
+                        f"position {int(r['position'])}); the table was changed after it was recorded")
+    if n_rows is not None and len(df) != int(n_rows):
+        raise GmtsError(f"{path}: {len(df)} rows, its record says {int(n_rows)}; the table was changed after "
+                        "it was recorded")
+    for c in df.columns:
+        if df[c].dtype.kind != "f":
+            continue
+        v = df[c].to_numpy()
+        bad = ~np.isfinite(v)
+        if c.startswith("grad_norm") or c == "rsi":
+            bad &= ~np.isnan(v)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise GmtsError(f"{path}: non-finite {c} ({v[i]}) at row {i} (answer number "
+                            f"{int(idx[i])}, position {int(df['position'].iloc[i])}); the table was changed "
+                            "after it was recorded")
+    return df
+
+
 def gather_chunks(out: Path, records: Sequence[state.ChunkRecord], wanted: set[int]
                   ) -> tuple[pd.DataFrame | None, pd.DataFrame | None, list[dict]]:
     """Rows (tokens, groups) and errors of the answers ``wanted``, each from its one owning record."""
@@ -59,6 +98,11 @@ def gather_chunks(out: Path, records: Sequence[state.ChunkRecord], wanted: set[i
         for fname, frames in ((rec.tokens, tok_frames), (rec.groups, grp_frames)):
             if fname:
                 df = io.read_parquet(out / state.CHUNKS / fname)
+                if fname == rec.tokens:
+                    check_rows(df, out / state.CHUNKS / fname, rec.answers, rec.n_rows or None)
+                elif state.INDEX_COLUMN not in df.columns:
+                    raise GmtsError(f"{out / state.CHUNKS / fname}: no {state.INDEX_COLUMN} column; the table was "
+                                    "changed after it was recorded")
                 frames.append(df[df[state.INDEX_COLUMN].isin(mine)])
     return (_concat(tok_frames, tables.TOKEN_COLUMNS), _concat(grp_frames),
             sorted(errors, key=lambda e: e["index"]))
@@ -125,7 +169,8 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
             tok, grp = [], []
             for m in parts:
                 if m.get("tokens"):
-                    tok.append(io.read_parquet(out / state.PARTS / m["tokens"]))
+                    tok.append(check_rows(io.read_parquet(out / state.PARTS / m["tokens"]),
+                                          out / state.PARTS / m["tokens"], m["answers"]))
                 if m.get("groups"):
                     grp.append(io.read_parquet(out / state.PARTS / m["groups"]))
             errors = sorted((e for m in parts for e in m["errors"]), key=lambda e: e["index"])

@@ -371,6 +371,13 @@ def read_chunks(out: Path, run_hash: str) -> list[ChunkRecord]:
         if not isinstance(d, dict) or d.get("run_hash") != run_hash:
             log.warning("%s: ignoring an unreadable or foreign record", p)
             continue
+        ids = d.get("answers")
+        if not (isinstance(ids, list) and ids and all(type(i) is int and i >= 0 for i in ids)
+                and len(set(ids)) == len(ids) and type(d.get("n_rows", 0)) is int
+                and isinstance(d.get("errors", []), list) and isinstance(d.get("tokens") or "", str)
+                and isinstance(d.get("groups") or "", str)):
+            log.warning("%s: ignoring a record whose answers, rows or files are not as gmts writes them", p)
+            continue
         rec = ChunkRecord(**{k: d[k] for k in ChunkRecord.__dataclass_fields__ if k in d})
         missing = [f for f in (rec.tokens, rec.groups) if f and not (out / CHUNKS / f).exists()]
         if missing:

@@ -32,6 +32,7 @@ from gmts_analysis.probing import kernel, tables
 from gmts_analysis.readers.rollouts import Answer
 from gmts_analysis.run.sharding import state
 from gmts_analysis.run.sharding.context import DistContext
+from gmts_analysis.util.interrupt import raise_if_interrupted
 
 log = logging.getLogger("gmts_analysis.run.sharding")
 
@@ -132,6 +133,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
             record = _ChunkRecord(out, run_hash, meta)
             for i in chunk:
                 _probe_one(model, answers[i], i, coefs[i], cfg, token_text, record)
+                raise_if_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost: stop before recording
                 bar.update(1)
                 if slow:
                     time.sleep(slow)
