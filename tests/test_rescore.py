@@ -85,7 +85,7 @@ def test_mask_truncated_completions_zeroes_their_weight(run):
     ('{"answer_id": "0-0", "reward": "1"}\n', "not a finite number"),
     ('{"answer_id": "0-0", "reward": true}\n', "not a finite number"),
     ('not json\n', "line 1: invalid JSON"),
-    ('{"answer_id": "zz", "reward": 1}\n', ""),
+    ('{"answer_id": "zz", "reward": 1}\n', "no reward for"),
 ])
 def test_bad_reward_files_are_refused_by_line(run, tmp_path, body, needle):
     f = tmp_path / "r.jsonl"
@@ -143,3 +143,11 @@ def test_a_probe_at_another_temperature_than_the_sampling_is_warned(llama, rows,
     with caplog.at_level("WARNING"):
         gmts.probe(str(llama), hot, progress=False, temperature=0.7, **FAST)
     assert "sampled at temperature" not in caplog.text
+
+
+def test_a_reward_for_an_answer_the_run_does_not_have_is_refused(run, rows, tmp_path):
+    f = tmp_path / "extra.jsonl"
+    f.write_text("".join(json.dumps({"answer_id": str(r["answer_id"]), "reward": 1.0}) + "\n" for r in rows)
+                 + json.dumps({"answer_id": "not-in-run", "reward": 0.0}) + "\n")
+    with pytest.raises(GmtsError, match="'not-in-run' is not in the run"):
+        run.rescore(rewards=f, n_boot=0)
