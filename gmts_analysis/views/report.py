@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 
 log = logging.getLogger(__name__)
 
 MAX_ANSWERS = 200  # answers in the audit view (paged, PAGE_SIZE a page; the page says how many)
 MAX_TOKENS = 1000  # tokens shown per answer (an answer cut says so)
 PAGE_SIZE = 20
-RHO = 0.2  # keep fraction of runs that recorded none (stats meta.rho)
 # off-policy columns shown on hover when the run has them: (column, data attribute, label, unit)
 OFF_POLICY_FIELDS = (("ratio", "ra", "ratio", ""), ("ref_logprob", "rl", "ref logprob", " nats"),
                      ("kl_k3", "kl", "KL term (k3)", " nats"), ("clipped", "cl", "clipped", ""))
@@ -431,7 +431,7 @@ def _answer_block(a: _AuditTokens, d: Mapping[str, Any], rows: np.ndarray, ans_i
     )
 
 
-def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = RHO) -> str:
+def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = DEFAULT_RHO) -> str:
     """The audit: the ``max_answers`` answers whose tokens entropy and GMTS select most differently."""
     from gmts_analysis.core.selection import answer_disagreement
 
