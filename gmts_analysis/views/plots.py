@@ -41,6 +41,7 @@ from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Statistics, WithinEntry
+from gmts_analysis.core.scores import ANSWER_CONSTANT_SCORES, HEADLINE_SCORES, figure_scores, get_score
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.style import COLORS, display_token  # noqa: F401 - display_token re-exported (report)
@@ -102,7 +103,7 @@ def _empty(fig: Figure, ax, msg: str) -> Figure:
 # ----------------------------------------------------------------------------- figures
 
 
-WITHIN_CROSS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "gmts_lgn")
+WITHIN_CROSS_ESTIMATORS = figure_scores("within_vs_cross")  # the registry's scores with this figure (core/scores.py)
 
 
 def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Block, rng: np.random.Generator) -> None:
@@ -307,10 +308,10 @@ def fig_topk_overlap(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
             ks = sorted(by_rho, key=float)
             xs = [float(k) for k in ks]
             ys = [_num(by_rho[k]) for k in ks]
-            bold = s in ("entropy", "entropy_inf", "gmts")  # entropy_inf: the masked baseline (dashed)
+            bold = s in HEADLINE_SCORES  # a masked baseline among them (scale informative): dashed
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
                     color=_color(s, i), alpha=1.0 if bold else 0.75, label=s,
-                    ls="--" if s == "entropy_inf" else "-")
+                    ls="--" if bold and get_score(s).scale == "informative" else "-")
             ci = st.topk_overlap_ci.series(scope, s)
             for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
                 v, lo, hi = _num(by_rho.get(k)), _num(b.ci_low), _num(b.ci_high)
@@ -329,7 +330,7 @@ def fig_topk_overlap(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
     return fig
 
 
-MASS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "one_minus_prob_inf", "gmts_lgn")
+MASS_ESTIMATORS = figure_scores("mass_capture")
 
 
 def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"),
@@ -512,7 +513,7 @@ def _rect(x: float, y: float, face) -> Any:
     return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
 
 
-DECOMPOSITION_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
+DECOMPOSITION_ESTIMATORS = figure_scores("decomposition")
 
 
 def _errbar(ax, x: float, entry: CrossEntry | WithinEntry | None, key: str, **kw) -> float:
@@ -664,7 +665,7 @@ def fig_estimators(tokens: pd.DataFrame, stats: StatsLike, ref: str = "entropy")
     for ax, (stat, title) in zip(axes, panels):
         pdiff = st.paired_difference
         # the axis spans the estimators' intervals; the |omega| baseline (far off) is written at the edge
-        ends = [_num(v) for s in ests if s != "abs_omega" and (d := pdiff.get(stat, s, ref)) is not None
+        ends = [_num(v) for s in ests if s not in ANSWER_CONSTANT_SCORES and (d := pdiff.get(stat, s, ref)) is not None
                 for v in (d.diff, d.ci_low, d.ci_high)]
         ends = [e for e in ends if np.isfinite(e)] + [0.0]
         pad = 0.08 * (max(ends) - min(ends) or 1e-3)
