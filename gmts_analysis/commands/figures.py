@@ -49,7 +49,7 @@ def _check_figures_dir(to) -> None:
     import re
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import FIGURES
+    from gmts_analysis.views.figures import FIGURES
 
     if not to.is_dir():
         return
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import render_all
+    from gmts_analysis.views.figures import render_all
 
     log = logging.getLogger("gmts_analysis.views.plots")
     run_dir = Path(args.run_dir)

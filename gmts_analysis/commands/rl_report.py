@@ -68,7 +68,7 @@ def _is_report_md(path) -> bool:
 
 def _is_forest_png(path) -> bool:
     from gmts_analysis.rl.plots import FOREST_TITLE
-    from gmts_analysis.views.plots import CREATOR, png_metadata
+    from gmts_analysis.views.figures import CREATOR, png_metadata
 
     meta = png_metadata(path)
     return meta.get("Creator") == CREATOR and meta.get("Title") == FOREST_TITLE

@@ -241,6 +241,8 @@ ESTIMATOR_NAMES = NameView(lambda s: s.column)
 DIAGNOSTIC_SCORES = NameView(lambda s: s.diagnostic)
 #: the chance arms: selections drawn from the seeded uniform (the trainer's fidelity baseline)
 CHANCE_ARMS = NameView(lambda s: s.arm and "uniform" in s.needs, _arm_order)
+#: the masked baselines (``base * 1[omega != 0]``), drawn dashed
+MASKED_SCORES = NameView(lambda s: s.scale == "informative")
 #: the scores drawn bold (with their intervals) where a figure draws every estimator
 HEADLINE_SCORES = NameView(lambda s: s.headline)
 #: the scores constant inside an answer on-policy (baselines left out of the paired-difference axis)

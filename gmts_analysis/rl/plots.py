@@ -269,7 +269,7 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     Deterministic bytes (fixed PNG metadata, title :data:`FOREST_TITLE`)."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.views.plots import save_figure
+    from gmts_analysis.views.figures import save_figure
 
     rows = [r for r in report["contrasts"] if r["status"] == "reported"]
     order = [s["name"] for s in report["settings"]]

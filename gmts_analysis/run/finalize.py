@@ -179,7 +179,7 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
         for name, text in (extra_files or {}).items():  # a text, or a file to copy
             io.atomic_write_text(tmp / name, text.read_text(encoding="utf-8") if isinstance(text, Path) else text)
         if figures:
-            from gmts_analysis.views.plots import render_all
+            from gmts_analysis.views.figures import render_all
             from gmts_analysis.views.report import write_report
 
             t0 = time.perf_counter()
