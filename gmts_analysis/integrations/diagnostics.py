@@ -429,6 +429,9 @@ def verl_diagnostics(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: int = 0,
     temperature: float = 1.0,
+    actor: Any = None,
+    algorithm: Any = None,
+    entropy_coeff: float = 0.0,
 ) -> dict[str, float]:
     """The same ``gmts/...`` dictionary from a verl ``DataProto`` (before the selection masks
     the advantages, i.e. before :func:`gmts_analysis.integrations.verl_recipe.apply_token_selection`).
@@ -440,18 +443,18 @@ def verl_diagnostics(
     ``batch["prompts"]``/``["responses"]``/``["attention_mask"]`` (verl's left-padded prompts).
     """
     from gmts_analysis.core.selection import token_omega
-    from gmts_analysis.integrations.verl_recipe import VERL_LOSS_AGG
+    from gmts_analysis.integrations.verl_recipe import verl_settings
 
-    if loss_agg_mode not in VERL_LOSS_AGG:
-        raise ValueError(f"loss_agg_mode {loss_agg_mode!r}; choose from {tuple(VERL_LOSS_AGG)}")
+    # the loss omega is computed under: verl's actor config, read as the recipe reads it
+    settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,
+                             entropy_coeff=entropy_coeff)
+    kl_beta = settings.kl_beta
     b = data.batch
     keys = set(b.keys())
     ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
     ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
     old = b["old_log_probs"] if "old_log_probs" in keys else None
-    omega = token_omega(adv, mask, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
-                        logprobs=old if ref is not None else None, ref_logprobs=ref,
-                        kl_beta=kl_beta if ref is not None else 0.0)
+    omega = token_omega(adv, mask, settings=settings, logprobs=old if ref is not None else None, ref_logprobs=ref)
     uid = data.non_tensor_batch.get("uid")
     lgn = b[lgn_key] if lgn_key in keys else None
     seqs = None
