@@ -68,7 +68,7 @@ class Run(RunTables):
 
     def figure(self, name: str) -> "Figure | None":
         """One figure, drawn in memory (``None`` when its data is absent). Names: :func:`figure_names`."""
-        from gmts_analysis.views.plots import FIGURES
+        from gmts_analysis.views.figures import FIGURES
 
         if name not in FIGURES:
             raise GmtsError(f"unknown figure '{name}' (choose from {', '.join(FIGURES)})")
@@ -76,7 +76,7 @@ class Run(RunTables):
 
     def figures(self, to: str | os.PathLike | None = None) -> list[Path]:
         """Write every figure as PNG and PDF into ``to`` (default: ``<path>/figures`` of a saved run)."""
-        from gmts_analysis.views.plots import render_all
+        from gmts_analysis.views.figures import render_all
 
         if to is None and self.path is None:
             raise GmtsError("Run.figures: give a directory (this run is not saved; or call run.save(path))")
@@ -111,7 +111,7 @@ class Run(RunTables):
 
 def figure_names() -> list[str]:
     """Names accepted by :meth:`Run.figure`."""
-    from gmts_analysis.views.plots import FIGURES
+    from gmts_analysis.views.figures import FIGURES
 
     return list(FIGURES)
 

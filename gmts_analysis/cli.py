@@ -17,10 +17,13 @@ import importlib
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from typing import Sequence
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options import GmtsParser, install
+from gmts_analysis.options import GmtsParser, add_fields, install
+from gmts_analysis.options.config import Debug
+from gmts_analysis.options.fields import opt
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
 COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "rl_report", "toy_train", "bench"]
@@ -70,6 +73,15 @@ def did_you_mean(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
     return ""
 
 
+@dataclass
+class GmtsFlags:
+    """The flags of ``gmts`` itself, before the subcommand."""
+
+    version: str = opt(None, "", action="version")
+    debug: bool = opt(False, "show the full traceback of an unexpected error (before the subcommand: gmts --debug "
+                      "probe ...)", show_default=False)
+
+
 def _one_line(text: str) -> str:
     lines = [x.strip() for x in str(text).strip().splitlines() if x.strip()]
     return " ".join(lines)[:500] if lines else ""
@@ -80,15 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gmts",
         description="Which tokens matter in RLVR: entropy vs exact per-token policy-gradient norms.",
     )
-    parser.add_argument("--version", action="version", version=_version())
-    parser.add_argument("--debug", action="store_true",
-                        help="show the full traceback of an unexpected error (before the subcommand: gmts --debug probe ...)")
+    add_fields(parser, GmtsFlags, defaults={"version": _version()}, grouped=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         importlib.import_module(f"gmts_analysis.commands.{name}").register(sub)
     for p in set(sub.choices.values()):  # --debug also after the subcommand (keeps the global value if absent)
-        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show the full traceback of an unexpected error")
+        add_fields(p, Debug)
     install(parser)  # every flag also with underscores; TRL/verl names as hidden aliases
     return parser
 
@@ -178,6 +187,33 @@ def as_spelled(message: str, argv: Sequence[str]) -> str:
     return message
 
 
+def cli_doc_blocks() -> dict[str, str]:
+    """The generated blocks of docs/cli.md (:mod:`gmts_analysis.options.reference`), from the parser."""
+    from gmts_analysis.options import ALIASES
+    from gmts_analysis.options.reference import alias_table, options_reference
+
+    return {"aliases": alias_table(ALIASES), "options": options_reference(build_parser(), ALIASES)}
+
+
+def write_cli_doc(path: str | os.PathLike | None = None) -> bool:
+    """Rewrite the generated blocks of docs/cli.md; True when the file changed."""
+    from pathlib import Path
+
+    from gmts_analysis.options.reference import render_blocks
+
+    p = Path(path) if path is not None else Path(__file__).resolve().parent.parent / "docs" / "cli.md"
+    old = p.read_text(encoding="utf-8")
+    new = render_blocks(old, cli_doc_blocks())
+    if new != old:
+        p.write_text(new, encoding="utf-8")
+    return new != old
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices[command]
+
+
 def _version() -> str:
     from gmts_analysis import __version__
 
@@ -205,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from gmts_analysis.options.parser import parser_checks
+
+    checks = parser_checks(_subparser(parser, args.command))
     quiet = getattr(args, "quiet", False)
     if quiet:  # also silences transformers' "Loading weights" bar (read when it first draws one)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -218,7 +257,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         from gmts_analysis.probing.validate import validate_namespace
 
-        validate_namespace(args.command, args)  # every option in its domain before any work
+        validate_namespace(args.command, args, checks)  # every option in its domain before any work
         if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
             from gmts_analysis.util.threads import set_threads
 

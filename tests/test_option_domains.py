@@ -104,7 +104,17 @@ def test_option_domains_edges_inside_the_domain_are_accepted(argv):
     from gmts_analysis.probing.validate import validate_namespace
 
     ns = build_parser().parse_args([argv[0], *(["RUN"] if argv[0] == "stats" else ["--out", "x.json"]), *argv[1:]])
-    validate_namespace(argv[0], ns)
+    validate_namespace(argv[0], ns, _checks(argv[0]))
+
+
+def _checks(command: str) -> dict:
+    """The declared checks of ``gmts <command>``'s options (what ``gmts`` runs before any work)."""
+    import argparse
+
+    from gmts_analysis.options.parser import parser_checks
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return parser_checks(sub.choices[command])
 
 
 def test_option_domains_word_problems_sample_but_do_not_train():
@@ -114,7 +124,7 @@ def test_option_domains_word_problems_sample_but_do_not_train():
 
     ns = build_parser().parse_args(["rl", "--out", "x.json", "--domains", "arithmetic", "word"])
     with pytest.raises(GmtsError, match=r"^--domains: unknown domain\(s\) word \(choose from arithmetic, program, logic\)$"):
-        validate_namespace("rl", ns)
+        validate_namespace("rl", ns, _checks("rl"))
 
 
 def test_option_domains_shared_by_the_api():

@@ -156,7 +156,7 @@ def test_replace_dont_pre_empty_a_late_failure_keeps_the_old_run(model_dir, roll
         monkeypatch.setattr("gmts_analysis.analysis.stats.write_stats", _fail(enospc))
         extra = ()
     elif where == "figures":
-        monkeypatch.setattr("gmts_analysis.views.plots.render_all", _fail(enospc))
+        monkeypatch.setattr("gmts_analysis.views.figures.render_all", _fail(enospc))
         extra = ("figures",)
     elif where == "manifest":
         real = gio.atomic_write_json

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from dataclasses import dataclass
 
-from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import QUIET_HELP, ExamplesHelpFormatter, add_options
+from gmts_analysis.options.fields import opt
 
 
 def _ints(s: str) -> list[int]:
@@ -34,42 +37,44 @@ EXAMPLES = """examples:
   gmts bench --models small --lengths 64,256 --probes 16,32 --out /tmp/bench"""
 
 
+@dataclass
+class BenchOptions:
+    """The flags of ``gmts bench``."""
+
+    models: str = opt("small,qwen0.5b", "comma-separated: small, qwen0.5b (default both)", group="inputs")
+    lengths: str = opt(None, "response lengths T (default 64,256,1024; --quick: 64,256)", group="gradient engine",
+                       metavar="T[,T...]", check=checks.int_list)
+    probes: str = opt("16,32,64", "sketch K values (default 16,32,64)", group="gradient engine", metavar="K",
+                      check=checks.int_list)
+    quick: bool = opt(False, "short run: T=64,256, 0.5B shape with 1 layer, 4 naive tokens", group="gradient engine")
+    layers: int = opt(None, "decoder layers of the 0.5B-shaped model (default 2; --quick 1)", group="gradient engine",
+                      metavar="LAYERS", check=checks.int_at_least(1))
+    prompt_len: int = opt(32, "prompt tokens before each answer (default 32)", group="gradient engine",
+                          metavar="TOKENS", check=checks.int_at_least(1))
+    naive_tokens: int = opt(None, "tokens timed for naive/loop when T > 64 (default 8; --quick 4)",
+                            group="gradient engine", metavar="TOKENS", check=checks.int_at_least(2))
+    naive_full_max: int = opt(64, "time naive/loop on every token up to this T, above it on --naive-tokens tokens "
+                              "(default 64)", group="gradient engine", metavar="TOKENS",
+                              check=checks.int_at_least(0))  # 0: no full naive reference
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu", group="gradient engine",
+                      metavar="DEVICE", check=checks.device)
+    dtype: str = opt("float32", "float32, float64, bfloat16, float16", group="gradient engine", check=checks.dtype)
+    max_memory: int = opt(None, "transient memory budget in MiB for the engines", group="gradient engine",
+                          metavar="MiB", check=checks.int_at_least(1))
+    threads: int = opt(None, "torch CPU threads (default: torch's choice)", metavar="THREADS",
+                       check=checks.int_at_least(1))
+    seed: int = opt(0, "seed of the random models and the sampled answers", metavar="INT", check=checks.seed)
+    out: str = opt("benchmarks/results", "directory for the JSON and markdown results", group="output",
+                   metavar="DIR", check=checks.output_path)
+    quiet: bool = opt(False, QUIET_HELP, short="-q")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "bench", help="benchmark the gradient-norm engines", description=__doc__.split("\n\n", 1)[1],
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
-    p.add_argument("--models", default="small,qwen0.5b", help="comma-separated: small, qwen0.5b (default both)")
-    p.add_argument("--lengths", default=None, help="response lengths T (default 64,256,1024; --quick: 64,256)")
-    p.add_argument("--probes", default="16,32,64", help="sketch K values (default 16,32,64)")
-    p.add_argument("--quick", action="store_true", help="short run: T=64,256, 0.5B shape with 1 layer, 4 naive tokens")
-    p.add_argument(
-        "--layers",
-        type=int,
-        default=None,
-        help="decoder layers of the 0.5B-shaped model (default 2; --quick 1)",
-    )
-    p.add_argument("--prompt-len", type=int, default=32, help="prompt tokens before each answer (default 32)")
-    p.add_argument(
-        "--naive-tokens",
-        type=int,
-        default=None,
-        help="tokens timed for naive/loop when T > 64 (default 8; --quick 4)",
-    )
-    p.add_argument(
-        "--naive-full-max",
-        type=int,
-        default=64,
-        help="time naive/loop on every token up to this T, above it on --naive-tokens tokens (default 64)",
-    )
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N; auto = cuda if available, else cpu")
-    p.add_argument("--dtype", default="float32", help="float32, float64, bfloat16, float16")
-    p.add_argument("--max-memory", type=int, default=None, metavar="MiB",
-                   help="transient memory budget in MiB for the engines (default: none)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default="benchmarks/results", help="directory for the JSON and markdown results")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_options(p, BenchOptions)
     p.set_defaults(func=run)
 
 

@@ -14,13 +14,28 @@ content, logged), not a setting.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
   gmts compare runs/ckpt-100 runs/ckpt-200 runs/ckpt-300 --out runs/cmp
   gmts compare runs/series                       # a directory of runs; -> runs/compare-<time>/
   gmts compare runs/a runs/b --no-figures --output_dir cmp -q"""
+
+
+@dataclass
+class CompareOptions:
+    """The flags of ``gmts compare`` (the runs are positional)."""
+
+    out: str = opt(None, "output directory for compare.parquet, compare.json, figures/ and compare.html (TRL's "
+                   "output_dir) (default: runs/compare-YYYYmmdd-HHMMSS)", group="output", metavar="DIR",
+                   check=checks.output_path)
+    overwrite: bool = opt(False, "replace an existing comparison that gmts wrote (a folder of other files is never "
+                          "replaced)", group="output")
+    no_figures: bool = opt(False, "skip the PNG figures (the HTML then has tables only)", group="output")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,12 +46,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one directory holding run directories")
-    p.add_argument("--out", default=None, help="output directory for compare.parquet, compare.json, "
-                   "figures/ and compare.html (TRL's output_dir) (default: runs/compare-YYYYmmdd-HHMMSS)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing comparison that gmts wrote "
-                   "(a folder of other files is never replaced)")
-    p.add_argument("--no-figures", action="store_true", help="skip the PNG figures (the HTML then has tables only)")
-    add_run_control(p)
+    add_options(p, CompareOptions, RunControl, skip=("offline",))
     p.set_defaults(func=run)
 
 

@@ -8,13 +8,27 @@ rewrites RUN_DIR/report.html with the new figures.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
   gmts figures runs/mine                    # runs/mine/figures/*.png and *.pdf
   gmts figures runs/mine --to /tmp/figs
   gmts figures runs/mine --report --max-answers 50"""
+
+
+@dataclass
+class FiguresOptions:
+    """The flags of ``gmts figures`` (the run directory is positional)."""
+
+    to: str = opt(None, "output folder (default RUN_DIR/figures)", group="output", metavar="DIR",
+                  check=checks.output_path)
+    report: bool = opt(False, "also rewrite RUN_DIR/report.html (default: off)", group="output")
+    max_answers: int = opt(None, "answers in the report's audit view, most disagreeing first (default: 200)",
+                           group="output", metavar="N", check=checks.int_at_least(1))
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,11 +39,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
-    p.add_argument("--to", default=None, metavar="DIR", help="output folder (default RUN_DIR/figures)")
-    p.add_argument("--report", action="store_true", help="also rewrite RUN_DIR/report.html (default: off)")
-    p.add_argument("--max-answers", type=int, default=None, metavar="N",
-                   help="answers in the report's audit view, most disagreeing first (default: 200)")
-    add_run_control(p)
+    add_options(p, FiguresOptions, RunControl, skip=("offline",))
     p.set_defaults(func=run)
 
 
@@ -39,7 +49,7 @@ def _check_figures_dir(to) -> None:
     import re
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import FIGURES
+    from gmts_analysis.views.figures import FIGURES
 
     if not to.is_dir():
         return
@@ -56,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import render_all
+    from gmts_analysis.views.figures import render_all
 
     log = logging.getLogger("gmts_analysis.views.plots")
     run_dir = Path(args.run_dir)

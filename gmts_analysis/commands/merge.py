@@ -11,12 +11,27 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 
-from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
   gmts merge runs/big                       # rank 0 died after every chunk was recorded
   gmts merge runs/big --no-figures --fidelity off"""
+
+
+@dataclass
+class MergeOptions:
+    """The flags of ``gmts merge`` (None: as the probe command said)."""
+
+    device: str = opt("auto", "device for the model (manifest, fidelity)", group="gradient engine", metavar="DEVICE",
+                      check=checks.device)
+    figures: bool = opt(None, "", flag_off="--no-figures",
+                        help_off="skip figures and report (default: as the probe command said)", group="output")
+    fidelity: str = opt(None, "update fidelity of selections (default: as the probe command said)",
+                        choices=("auto", "on", "off"), group="output")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,12 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the probe's --out directory")
-    p.add_argument("--device", default="auto", help="device for the model (manifest, fidelity) (default: auto)")
-    p.add_argument("--no-figures", dest="figures", action="store_false", default=None,
-                   help="skip figures and report (default: as the probe command said)")
-    p.add_argument("--fidelity", default=None, choices=("auto", "on", "off"),
-                   help="update fidelity of selections (default: as the probe command said)")
-    add_run_control(p)
+    add_options(p, MergeOptions, RunControl, skip=("offline",))
     p.set_defaults(func=run)
 
 

@@ -16,8 +16,7 @@ EXAMPLES = """examples:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.options import help_group
-    from gmts_analysis.options.config import ProbeConfig, add_dataclass_args
+    from gmts_analysis.options.config import ConfigFile, ProbeConfig, add_options
 
     p = sub.add_parser(
         "probe",
@@ -28,11 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--top_entropy_quantile, ...: docs/cli.md).",
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
-    help_group(p, "config").add_argument(
-        "--config", metavar="FILE.yaml", default=None,
-        help="read options from a YAML file (keys: option names, ours or TRL's/verl's, either spelling); "
-        "flags on the command line override it; unknown keys are refused (default: none)")
-    add_dataclass_args(p, ProbeConfig)
+    add_options(p, ConfigFile, ProbeConfig)
     p.set_defaults(func=run)
 
 

@@ -46,7 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="the keep fraction the paired differences and the headline quote (default: the run's "
                    "manifest value, else 0.2)")
     p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
-                   "(estimators.csv beside it)")
+                   "(estimators.csv beside it); with --verifier, --rewards or --mask-truncated-completions: the new "
+                   "run directory")
     p.add_argument("--verifier", default=None, metavar="NAME",
                    help="re-score: new rewards from this verifier (math_boxed, math, a toy domain, or "
                    "module:function) on the run's response texts; writes a new run directory to --out")

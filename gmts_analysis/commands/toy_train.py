@@ -3,12 +3,33 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 
-from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import QUIET_HELP, ExamplesHelpFormatter, add_options
+from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
   gmts toy-train --size tiny --out /tmp/tiny --max-steps 50
   gmts toy-train --size small --overwrite          # rewrites data/policies/small"""
+
+
+@dataclass
+class ToyTrainOptions:
+    """The flags of ``gmts toy-train``."""
+
+    size: str = opt(None, "which policy to train", choices=("tiny", "small"), required=True, group="inputs")
+    seed: int = opt(0, "seed of initialisation and training data (default 0)", metavar="INT", check=checks.seed)
+    out: str = opt(None, "output directory (default data/policies/<size>)", group="output", metavar="DIR",
+                   check=checks.output_path)
+    max_steps: int = opt(None, "optimizer steps (TRL's max_steps) (default: the size's recipe)", metavar="STEPS",
+                         check=checks.int_at_least(1))
+    threads: int = opt(2, "CPU threads (default 2, as the shipped runs)", metavar="THREADS",
+                       check=checks.int_at_least(1))
+    eval_prompts: int = opt(None, "held-out prompts per domain for the card (default 200)", group="inputs",
+                            metavar="PROMPTS", check=checks.int_at_least(1))
+    overwrite: bool = opt(False, "replace an existing output directory", group="output")
+    quiet: bool = opt(False, QUIET_HELP, short="-q")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -19,15 +40,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "per domain on held-out prompts, and save weights, tokenizer and card.",
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
-    p.add_argument("--size", choices=["tiny", "small"], required=True, help="which policy to train")
-    p.add_argument("--seed", type=int, default=0, help="seed of initialisation and training data (default 0)")
-    p.add_argument("--out", default=None, help="output directory (default data/policies/<size>)")
-    p.add_argument("--max-steps", type=int, default=None,
-                   help="optimizer steps (TRL's max_steps) (default: the size's recipe)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads (default 2, as the shipped runs)")
-    p.add_argument("--eval-prompts", type=int, default=None, help="held-out prompts per domain for the card (default 200)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; only warnings and errors on stderr")
+    add_options(p, ToyTrainOptions)
     p.set_defaults(func=run)
 
 

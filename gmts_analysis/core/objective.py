@@ -58,6 +58,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.core.loss_terms import AGGREGATIONS, OmegaParts, omega_sum
 from gmts_analysis.core.vocabulary import (  # noqa: F401 - the loss names, re-exported
     IS_LEVELS,
     LOSS_AGGS,
@@ -230,8 +231,9 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
 
 #: verl's ``loss_agg_mode`` values (verl/workers/config/actor.py): the four of every release
 #: through v0.7.0, and ``token-sum`` (verl-project/verl#7197, merged 2026-07-30: the masked token
-#: sum, scaled by the data-parallel size so the reduced gradient is the global sum: w = 1)
-VERL_LOSS_AGG = {a: a for a in LOSS_AGGS}
+#: sum, scaled by the data-parallel size so the reduced gradient is the global sum: w = 1); from the
+#: aggregation table (:data:`gmts_analysis.core.loss_terms.AGGREGATIONS`, each entry's ``verl`` name)
+VERL_LOSS_AGG = {a.verl: a.name for a in AGGREGATIONS.values()}
 
 
 def _get(obj: Any, name: str, default: Any = None) -> Any:
@@ -302,22 +304,13 @@ def answer_weights(lengths: Tensor, loss_agg: str = "token-mean", max_len: int |
     mean over answers) and token-sum ``1`` (plain sum). Counts below 1 are taken as 1 (as TRL's
     ``clamp(min=1)``).
     """
-    if loss_agg not in LOSS_AGGS:
+    if loss_agg not in AGGREGATIONS:
         raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
     L = torch.as_tensor(lengths).to(torch.float64)
     n = L.numel()
     if n == 0:
         return L.clone()
-    if loss_agg == "token-mean":
-        return torch.full_like(L, 1.0) / L.sum().clamp(min=1.0)
-    if loss_agg == "seq-mean-token-mean":
-        return 1.0 / (n * L.clamp(min=1.0))
-    if loss_agg == "seq-mean-token-sum":
-        return torch.full_like(L, 1.0 / n)
-    if loss_agg == "token-sum":
-        return torch.ones_like(L)
-    lmax = float(max_len) if max_len else float(L.max().clamp(min=1.0))
-    return torch.full_like(L, 1.0 / (n * lmax))
+    return AGGREGATIONS[loss_agg].weights(L, n, max_len)
 
 
 def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor, mode: str,
@@ -431,30 +424,7 @@ def omega_tensor(
         c = vllm_is_ratio(f64(old_logprobs), f64(sampling_logprobs), m, s.vllm_is_mode, s.vllm_is_min, s.vllm_is_max)
     else:
         c = torch.ones_like(m)
-    if s.importance_sampling_level == "sequence":
-        pol = ratio * (W * c * A * trust).sum(-1, keepdim=True) / L
-    else:
-        pol = W * c * ratio * A * trust
-    pol = pol * live
-    om = pol
-    if s.kl_beta:
-        if ref_logprobs is None:
-            raise GmtsError(f"kl_beta={s.kl_beta}: the KL term of omega needs ref_logprobs for every answer")
-        x = f64(ref_logprobs) - lp
-        kl_live = torch.ones_like(m)
-        if s.log_ratio_clamp is not None:
-            kl_live = (x.abs() <= s.log_ratio_clamp).to(torch.float64)
-            x = x.clamp(-s.log_ratio_clamp, s.log_ratio_clamp)
-        k = k3_kl(x)
-        gk = k3_kl_grad(x) * kl_live  # d k / d lp
-        if s.kl_clamp is not None:
-            gk = gk * (k.abs() <= s.kl_clamp).to(torch.float64)
-            k = k.clamp(-s.kl_clamp, s.kl_clamp)
-        if not s.kl_bias_correction:
-            kl = -W * gk
-        elif s.importance_sampling_level == "sequence":
-            kl = -ratio * (W * gk + (W * k).sum(-1, keepdim=True) / L)
-        else:
-            kl = -W * ratio * (gk + k)
-        om = om + s.kl_beta * kl
+    parts = OmegaParts(m=m, W=W, A=A, lp=lp, L=L, ratio=ratio, trust=trust, c=c, live=live, settings=s,
+                       ref=f64(ref_logprobs) if ref_logprobs is not None else None)
+    om = omega_sum(parts)  # the terms of core/loss_terms.py: policy, then KL
     return torch.where(m > 0, om, torch.zeros_like(om))

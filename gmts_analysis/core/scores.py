@@ -17,8 +17,13 @@ token's coefficient in the loss gradient, section 4), ``logit_grad_norm``, ``hea
 
 Fields beyond the function: ``arm`` (a selection arm: ``gmts rl --selection``, TRL's
 ``token_selection``, verl's ``selection``), ``default_arm`` (run by ``gmts rl`` unless asked
-otherwise), ``diagnostic`` (logged by the live diagnostics), ``color`` (its line in the RL
-figures), ``base`` and ``scale`` (``base`` times ``|omega|`` (``scale="abs_omega"``) or times
+otherwise), ``diagnostic`` (logged by the live diagnostics and ``gmts rl``'s per-step records: its
+selection waste, its overlaps with the other diagnostic scores, its update fidelity and grad-norm
+correlations, and their RL figures), ``color`` (its line in the RL figures), ``figures`` (the run
+figures whose estimator list includes it: ``within_vs_cross``, ``mass_capture``, ``decomposition``),
+``headline`` (drawn bold, with its interval, where a figure draws every estimator),
+``answer_constant`` (constant inside an answer on-policy: a baseline the paired-difference axis leaves
+out of its range), ``base`` and ``scale`` (``base`` times ``|omega|`` (``scale="abs_omega"``) or times
 ``1[omega != 0]`` (``scale="informative"``): what the statistics know by construction about it).
 
 The formulas of GMTS, ``entropy * |omega|`` (:func:`gmts_score`), of every "magnitude times
@@ -100,6 +105,9 @@ class Score:
     color: str | None = None
     base: str | None = None
     scale: str | None = None
+    figures: tuple[str, ...] = ()
+    headline: bool = False
+    answer_constant: bool = False
 
     @property
     def column(self) -> bool:
@@ -231,6 +239,26 @@ DEFAULT_ARMS = NameView(lambda s: s.arm and s.default_arm, _arm_order)
 ESTIMATOR_NAMES = NameView(lambda s: s.column)
 #: the scores the live diagnostics log (when their quantities are known)
 DIAGNOSTIC_SCORES = NameView(lambda s: s.diagnostic)
+#: the chance arms: selections drawn from the seeded uniform (the trainer's fidelity baseline)
+CHANCE_ARMS = NameView(lambda s: s.arm and "uniform" in s.needs, _arm_order)
+#: the masked baselines (``base * 1[omega != 0]``), drawn dashed
+MASKED_SCORES = NameView(lambda s: s.scale == "informative")
+#: the scores drawn bold (with their intervals) where a figure draws every estimator
+HEADLINE_SCORES = NameView(lambda s: s.headline)
+#: the scores constant inside an answer on-policy (baselines left out of the paired-difference axis)
+ANSWER_CONSTANT_SCORES = NameView(lambda s: s.answer_constant)
+
+
+def figure_scores(figure: str) -> NameView:
+    """The scores whose ``figures`` name ``figure`` (its estimator list), in registry order."""
+    return NameView(lambda s: figure in s.figures)
+
+
+def diagnostic_pairs(names: Sequence[str] | None = None) -> list[tuple[str, str]]:
+    """Every pair ``(a, b)`` of the diagnostic scores (or ``names``), ``a`` registered before ``b``:
+    the selection overlaps the live diagnostics and ``gmts rl`` log (``overlap_<a>_<b>``)."""
+    names = list(DIAGNOSTIC_SCORES if names is None else names)
+    return [(a, b) for i, a in enumerate(names) for b in names[i + 1:]]
 #: the masked baselines among the arms (a score times 1[omega != 0])
 MASKED_ARMS = NameView(lambda s: s.arm and s.scale == "informative", _arm_order)
 #: ``{arm: colour}`` of the RL figures
@@ -239,29 +267,38 @@ ARM_COLORS = FieldView(lambda s: s.arm and s.color is not None, lambda s: s.colo
 
 # --- the built-in scores (registered once, at import) ---------------------------------------------
 
+#: the run figures with an estimator list (``Score.figures``; views/plots.py draws them)
+WITHIN, MASS, DECOMPOSITION = "within_vs_cross", "mass_capture", "decomposition"
+
+
 def _register_builtins() -> None:
     r = register
     r(Score("all", (), None, "keep every response token (stock GRPO)", arm=True, arm_rank=0, default_arm=True,
             color="#4d4d4d"))
     r(Score("entropy", ("entropy",), lambda q: q["entropy"], "entropy of the next-token distribution (nats)",
-            arm=True, arm_rank=1, default_arm=True, diagnostic=True, color="#1f77b4"))
+            arm=True, arm_rank=1, default_arm=True, diagnostic=True, color="#1f77b4", headline=True,
+            figures=(WITHIN, MASS, DECOMPOSITION)))
     r(scaled("entropy_inf", "entropy", "informative", "masked baseline: entropy on tokens with omega != 0, 0 elsewhere",
-             arm=True, arm_rank=5, color="#17becf"))
+             arm=True, arm_rank=5, color="#17becf", headline=True, figures=(WITHIN, MASS, DECOMPOSITION)))
     r(scaled("gmts", "entropy", "abs_omega", "GMTS: entropy * |omega|", arm=True, arm_rank=2, default_arm=True,
-             diagnostic=True, color="#d62728"))
+             diagnostic=True, color="#d62728", headline=True, figures=(WITHIN, MASS, DECOMPOSITION)))
     # baseline: the token's coefficient alone (constant inside an answer on-policy); how much of a
     # ranking comes from |omega| = |w A| without any per-token information
-    r(Score("abs_omega", ("omega",), lambda q: abs(q["omega"]), "baseline: |omega| alone", scale="abs_omega"))
-    r(Score("surprisal", ("logprob",), lambda q: -q["logprob"], "surprisal -log p of the sampled token (nats)"))
-    r(Score("one_minus_prob", ("prob",), lambda q: 1.0 - q["prob"], "1 - p of the sampled token"))
+    r(Score("abs_omega", ("omega",), lambda q: abs(q["omega"]), "baseline: |omega| alone", scale="abs_omega",
+            answer_constant=True, figures=(DECOMPOSITION,)))
+    r(Score("surprisal", ("logprob",), lambda q: -q["logprob"], "surprisal -log p of the sampled token (nats)",
+            figures=(DECOMPOSITION,)))
+    r(Score("one_minus_prob", ("prob",), lambda q: 1.0 - q["prob"], "1 - p of the sampled token",
+            figures=(WITHIN, MASS)))
     r(scaled("one_minus_prob_inf", "one_minus_prob", "informative",
-             "masked baseline: 1 - p on tokens with omega != 0, 0 elsewhere", arm=True, arm_rank=6, color="#ff7f0e"))
+             "masked baseline: 1 - p on tokens with omega != 0, 0 elsewhere", arm=True, arm_rank=6, color="#ff7f0e",
+             figures=(MASS,)))
     r(Score("rsi", ("logprob", "entropy"), lambda q: -q["logprob"] / positive_or_nan(q["entropy"]),
             "surprisal / entropy (NaN where the entropy is 0)"))
     r(Score("logit_grad_norm", ("logit_grad_norm",), lambda q: q["logit_grad_norm"],
-            "||d logprob / d z||_2 (closed form)"))
+            "||d logprob / d z||_2 (closed form)", figures=(DECOMPOSITION,)))
     r(scaled("gmts_lgn", "logit_grad_norm", "abs_omega", "logit_grad_norm * |omega|", arm=True, arm_rank=3,
-             default_arm=True, diagnostic=True, color="#9467bd"))
+             default_arm=True, diagnostic=True, color="#9467bd", figures=(WITHIN, MASS)))
     r(Score("head_grad_norm", ("head_grad_norm",), lambda q: q["head_grad_norm"],
             "exact norm of the output head's part of the token's gradient"))
     r(scaled("gmts_head", "head_grad_norm", "abs_omega", "head_grad_norm * |omega|"))

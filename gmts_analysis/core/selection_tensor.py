@@ -343,18 +343,11 @@ def aggregate_loss(
     sel = m if selected is None else selected.to(per_token_loss.dtype) * m
     denom_mask = m if normalizer == "all" else sel
     num = per_token_loss * sel
-    if loss_agg == "token-mean":
-        return num.sum() / denom_mask.sum().clamp(min=1.0)
-    if loss_agg == "seq-mean-token-mean":
-        return (num.sum(-1) / denom_mask.sum(-1).clamp(min=1.0)).mean()
-    if loss_agg == "seq-mean-token-sum-norm":
-        lmax = float(max_len) if max_len else float(denom_mask.sum(-1).max().clamp(min=1.0))
-        return num.sum() / (per_token_loss.shape[0] * lmax)
-    if loss_agg == "seq-mean-token-sum":  # verl: sum over each row, mean over rows
-        return num.sum() / per_token_loss.shape[0]
-    if loss_agg == "token-sum":  # verl: plain sum
-        return num.sum()
-    raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
+    from gmts_analysis.core.loss_terms import AGGREGATIONS
+
+    if loss_agg not in AGGREGATIONS:
+        raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
+    return AGGREGATIONS[loss_agg].reduce(num, denom_mask, per_token_loss.shape[0], max_len)
 
 
 def selection_overlap(a: Tensor, b: Tensor) -> float:

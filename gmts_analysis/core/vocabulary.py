@@ -1,7 +1,8 @@
 """The names every layer shares, each listed once (no imports: the command line's --help reads them).
 
 - selection: :data:`DEFAULT_RHO` (keep fraction of every top-k selection unless a caller says
-  otherwise), :data:`RHOS` (the statistics' grid), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
+  otherwise), :data:`RHOS` (the statistics' grid), :data:`DEFAULT_UNCERTAIN_BELOW`
+  (the uncertain-token view), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
   normalizer after selection: ``all`` counts the dropped tokens as zeros, ``selected`` divides by
   the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`);
 - the loss (docs/definitions.md sections 3 and 4, :mod:`gmts_analysis.core.objective`):
@@ -18,6 +19,8 @@ from __future__ import annotations
 DEFAULT_RHO = 0.2
 #: the keep fractions the statistics report (their grid)
 RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
+#: the statistics' uncertain-token view: tokens whose probability under the policy is below this
+DEFAULT_UNCERTAIN_BELOW = 0.9
 #: selection scopes: every response token of the batch pooled, or each group (answers to one prompt)
 SCOPES = ("batch", "group")
 #: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``

@@ -229,8 +229,9 @@ def grad_norms(
     :class:`GmtsError` instead.
     """
     _check_args(model, input_ids, prompt_len, temperature, method, groups, probes)
-    if chunk_size != "auto" and (not str(chunk_size).isdigit() or int(chunk_size) < 1):
-        raise GmtsError(f"chunk size must be a positive integer or 'auto' (got {chunk_size!r})")
+    from gmts_analysis.core.sizes import parse_chunk_size
+
+    chunk_size = parse_chunk_size(chunk_size, "chunk_size")
     if method == "loop":
         return _loop(model, input_ids, prompt_len, temperature, groups)
     if method == "sketch":

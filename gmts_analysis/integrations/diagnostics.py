@@ -12,11 +12,13 @@ Cheap part (:func:`selection_diagnostics`, tensors only, no model call):
   (answers / groups without a token with omega != 0);
 - ``gmts/selection_waste/<s>`` for ``s`` in the diagnostic scores of the registry
   (:data:`gmts_analysis.core.scores.DIAGNOSTIC_SCORES`: entropy, gmts, and gmts_lgn when the
-  logit-gradient norms are known; a score is logged when its quantities are): the share of the top-``rho`` selection by ``s`` (exact ``k = ceil(rho n)``
+  logit-gradient norms are known; a score is logged when its quantities are, and a warning names each
+  one left out for want of a quantity): the share of the top-``rho`` selection by ``s`` (exact ``k = ceil(rho n)``
   per scope, :func:`gmts_analysis.core.selection.select_tokens`) made of omega = 0 tokens
   (``selection_waste.<scope>.<s>.<rho>`` of ``stats.json``);
-- ``gmts/overlap/entropy_gmts`` = |S_entropy ∩ S_gmts| / |S_gmts| (and ``entropy_gmts_lgn``,
-  ``gmts_gmts_lgn``).
+- ``gmts/overlap/<a>_<b>`` = |S_a ∩ S_b| / |S_b| for every pair of logged diagnostic scores, ``a``
+  registered before ``b`` (:func:`gmts_analysis.core.scores.diagnostic_pairs`: ``entropy_gmts``,
+  ``entropy_gmts_lgn``, ``gmts_gmts_lgn``).
 
 Gradient part (:func:`gradient_diagnostics`, needs the model): exact per-token gradient norms
 (:func:`gmts_analysis.engine.grad_norms`, method ``exact``) on a seeded sample of informative
@@ -44,6 +46,8 @@ Entry points: :func:`diagnose_batch` (both parts on ``(B, T)`` tensors), :class:
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import time
 from collections.abc import Sequence
@@ -53,9 +57,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gmts_analysis.core.scores import DIAGNOSTIC_SCORES, get_score, times_abs_omega
+from gmts_analysis.core.scores import DIAGNOSTIC_SCORES, diagnostic_pairs, get_score, times_abs_omega
 from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, SCOPES
+from gmts_analysis.errors import GmtsError
 
 PREFIX = "gmts/"
 SCORES = DIAGNOSTIC_SCORES  # live view of the registry
@@ -67,16 +72,43 @@ def _share(num: Tensor, den: Tensor) -> float:
     return float(num) / d if d else math.nan
 
 
+#: the per-token quantities the live diagnostics can be given (entropy and omega always; the others
+#: when the caller has them: log-probs from TRL's or verl's forward, logit-gradient norms)
+DIAGNOSTIC_QUANTITIES = ("entropy", "omega", "logprob", "prob", "logit_grad_norm")
+
+
 def diagnostic_scores(entropy: Tensor, omega: Tensor, mask: Tensor,
-                      logit_grad_norm: Tensor | None = None) -> dict[str, Tensor]:
+                      logit_grad_norm: Tensor | None = None, logprob: Tensor | None = None) -> dict[str, Tensor]:
     """``{name: (B, T) float64 score}`` (0 on padding) for every score of :data:`SCORES` whose quantities
-    are given: ``entropy``, ``gmts`` = entropy * |omega| and, when ``logit_grad_norm`` is given,
-    ``gmts_lgn`` = logit_grad_norm * |omega|."""
+    are given (entropy, omega, and ``logprob`` / ``logit_grad_norm`` when given): ``entropy``, ``gmts`` =
+    entropy * |omega| and, with ``logit_grad_norm``, ``gmts_lgn`` = logit_grad_norm * |omega|.
+
+    A diagnostic score is never dropped silently: one that needs a quantity the diagnostics cannot
+    have (:data:`DIAGNOSTIC_QUANTITIES`) is refused with a :class:`~gmts_analysis.errors.GmtsError`, and
+    one whose quantity this caller did not give is left out with a warning (once per score)."""
     from gmts_analysis.core.selection_tensor import ScoreInputs, score_tensor
 
-    inputs = ScoreInputs("diagnostics", mask, omega.device, entropy=entropy, omega=omega,
+    inputs = ScoreInputs("diagnostics", mask, omega.device, entropy=entropy, omega=omega, logprob=logprob,
                          logit_grad_norm=logit_grad_norm, uniform=False)
-    return {k: score_tensor(k, inputs, mask) for k in SCORES if all(q in inputs for q in get_score(k).needs)}
+    out = {}
+    for k in SCORES:
+        needs = get_score(k).needs
+        impossible = [q for q in needs if q not in DIAGNOSTIC_QUANTITIES]
+        if impossible:
+            raise GmtsError(f"score '{k}' is registered with diagnostic=True but needs {', '.join(impossible)}, "
+                            f"which the live diagnostics do not have ({', '.join(DIAGNOSTIC_QUANTITIES)})")
+        missing = tuple(q for q in needs if q not in inputs)
+        if missing:
+            _warn_left_out(k, missing)
+            continue
+        out[k] = score_tensor(k, inputs, mask)
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_left_out(score: str, missing: tuple[str, ...]) -> None:
+    logging.getLogger("gmts").warning("gmts diagnostics: score '%s' left out: this trainer gives no %s",
+                                      score, ", ".join(missing))
 
 
 def selection_diagnostics(
@@ -88,6 +120,7 @@ def selection_diagnostics(
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     logit_grad_norm: Tensor | None = None,
+    logprob: Tensor | None = None,
 ) -> dict[str, float]:
     """The cheap metrics of the module docstring on ``(B, T)`` tensors.
 
@@ -113,14 +146,12 @@ def selection_diagnostics(
         g_inf = torch.zeros(n_groups, device=m.device).index_add_(0, codes, row_inf.float()) > 0
         g_tok = torch.zeros(n_groups, device=m.device).index_add_(0, codes, has_tok.float()) > 0
         out[PREFIX + "zero_advantage/group_share"] = _share((g_tok & ~g_inf).sum(), g_tok.sum())
-    scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm)
+    scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm, logprob)
     sels = {k: select_tokens(v, mask, rho, scope, group_ids) for k, v in scores.items()}
     for k, sel in sels.items():
         out[PREFIX + f"selection_waste/{k}"] = _share((sel & ~informative).sum(), sel.sum())
-    out[PREFIX + "overlap/entropy_gmts"] = selection_overlap(sels["entropy"], sels["gmts"])
-    if "gmts_lgn" in sels:
-        out[PREFIX + "overlap/entropy_gmts_lgn"] = selection_overlap(sels["entropy"], sels["gmts_lgn"])
-        out[PREFIX + "overlap/gmts_gmts_lgn"] = selection_overlap(sels["gmts"], sels["gmts_lgn"])
+    for a, b in diagnostic_pairs(list(sels)):
+        out[PREFIX + f"overlap/{a}_{b}"] = selection_overlap(sels[a], sels[b])
     return out
 
 
@@ -212,6 +243,7 @@ def diagnose_batch(
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
     logit_grad_norm: Tensor | None = None,
+    logprob: Tensor | None = None,
     model: torch.nn.Module | None = None,
     sequences: Sequence[tuple[Tensor, int]] | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -221,10 +253,10 @@ def diagnose_batch(
     """:func:`selection_diagnostics`, plus :func:`gradient_diagnostics` when ``model`` and
     ``sequences`` are given and ``max_tokens > 0``."""
     out = selection_diagnostics(entropy, omega, mask, rho=rho, scope=scope, group_ids=group_ids,
-                                logit_grad_norm=logit_grad_norm)
+                                logit_grad_norm=logit_grad_norm, logprob=logprob)
     if model is not None and sequences is not None and max_tokens > 0:
         picks = sample_answers(omega, mask, max_tokens, seed)
-        scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm)
+        scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm, logprob)
         out.update(gradient_diagnostics(model, sequences, picks, scores, omega, temperature=temperature))
     return out
 
@@ -293,7 +325,7 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
         raise ValueError("diagnostics scope 'group' needs each row's generation index (selection_row_ids or "
                          "gmts_row_ids); attach the callback with GmtsDiagnosticsCallback.attach")
     seqs = trl_sequences(inputs["prompt_ids"], pm, inputs["completion_ids"], cm) if max_tokens > 0 else None
-    return diagnose_batch(ent, omega, cm, rho=rho, scope=scope, group_ids=groups, logit_grad_norm=lgn,
+    return diagnose_batch(ent, omega, cm, rho=rho, scope=scope, group_ids=groups, logit_grad_norm=lgn, logprob=lp,
                           model=unwrapped if max_tokens > 0 else None, sequences=seqs, max_tokens=max_tokens,
                           seed=seed, temperature=float(trainer.temperature))
 
@@ -397,6 +429,9 @@ def verl_diagnostics(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: int = 0,
     temperature: float = 1.0,
+    actor: Any = None,
+    algorithm: Any = None,
+    entropy_coeff: float = 0.0,
 ) -> dict[str, float]:
     """The same ``gmts/...`` dictionary from a verl ``DataProto`` (before the selection masks
     the advantages, i.e. before :func:`gmts_analysis.integrations.verl_recipe.apply_token_selection`).
@@ -408,18 +443,18 @@ def verl_diagnostics(
     ``batch["prompts"]``/``["responses"]``/``["attention_mask"]`` (verl's left-padded prompts).
     """
     from gmts_analysis.core.selection import token_omega
-    from gmts_analysis.integrations.verl_recipe import VERL_LOSS_AGG
+    from gmts_analysis.integrations.verl_recipe import verl_settings
 
-    if loss_agg_mode not in VERL_LOSS_AGG:
-        raise ValueError(f"loss_agg_mode {loss_agg_mode!r}; choose from {tuple(VERL_LOSS_AGG)}")
+    # the loss omega is computed under: verl's actor config, read as the recipe reads it
+    settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,
+                             entropy_coeff=entropy_coeff)
+    kl_beta = settings.kl_beta
     b = data.batch
     keys = set(b.keys())
     ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
     ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
     old = b["old_log_probs"] if "old_log_probs" in keys else None
-    omega = token_omega(adv, mask, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
-                        logprobs=old if ref is not None else None, ref_logprobs=ref,
-                        kl_beta=kl_beta if ref is not None else 0.0)
+    omega = token_omega(adv, mask, settings=settings, logprobs=old if ref is not None else None, ref_logprobs=ref)
     uid = data.non_tensor_batch.get("uid")
     lgn = b[lgn_key] if lgn_key in keys else None
     seqs = None
@@ -428,5 +463,5 @@ def verl_diagnostics(
         pm = b["attention_mask"][:, :P]
         seqs = trl_sequences(b["prompts"], pm, b["responses"], mask)
     return diagnose_batch(ent, omega, mask, rho=rho, scope=scope, group_ids=list(uid) if uid is not None else None,
-                          logit_grad_norm=lgn, model=model, sequences=seqs, max_tokens=max_tokens, seed=seed,
+                          logit_grad_norm=lgn, logprob=old, model=model, sequences=seqs, max_tokens=max_tokens, seed=seed,
                           temperature=temperature)

@@ -34,7 +34,14 @@ term exactly, and a token with A scaled by ``c > 0`` has its term scaled by ``c`
 the GMTS authors' convention); ``normalizer="selected"`` rescales so the policy term is the
 mean over the selected tokens (the 80/20 code), exactly when verl normalizes over the same
 batch (one mini-batch per step); with several mini-batches the factor is the batch's, not each
-mini-batch's. The KL loss and entropy bonus are left on every token (as TRL does).
+mini-batch's. The KL loss is left on every token (as TRL does).
+
+The loss the scores are computed under is read from verl's actor config by
+:func:`gmts_analysis.core.objective.verl_loss_settings`, the same reader the verl diagnostics use
+(:func:`verl_settings`: pass ``actor=`` the ``actor_rollout_ref.actor`` config, or the
+``loss_agg_mode`` / ``kl_beta`` / ``entropy_coeff`` keywords). An entropy bonus (``entropy_coeff != 0``)
+is refused: its gradient is not a multiple of ``grad logprob``, so omega, and every score built on it,
+does not describe the update it trains (:mod:`gmts_analysis.core.loss_terms`).
 
 Differences from selecting inside the update, stated plainly: the scores are the *old*
 policy's (the same for every PPO epoch and mini-batch), which is what on-policy GMTS
@@ -60,10 +67,23 @@ from typing import Any
 
 import torch
 
-from gmts_analysis.core.objective import VERL_LOSS_AGG  # noqa: F401  (verl loss_agg_mode -> our aggregation)
+from gmts_analysis.core.objective import VERL_LOSS_AGG, LossSettings, verl_loss_settings
 from gmts_analysis.core.scores import SELECTION_ARMS, get_score
 from gmts_analysis.core.selection import select_tokens, selection_overlap, token_scores
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS
+
+
+def verl_settings(actor: Any = None, algorithm: Any = None, *, loss_agg_mode: str = "token-mean",
+                  kl_beta: float = 0.0, entropy_coeff: float = 0.0) -> LossSettings:
+    """The :class:`~gmts_analysis.core.objective.LossSettings` of verl's actor config (``actor``), or of
+    the recipe's keywords when no config is given, through :func:`~gmts_analysis.core.objective.verl_loss_settings`
+    (which refuses what omega does not model: an entropy bonus, other loss modes, rollout correction)."""
+    if actor is None:
+        if loss_agg_mode not in VERL_LOSS_AGG:
+            raise ValueError(f"loss_agg_mode {loss_agg_mode!r}; choose from {tuple(VERL_LOSS_AGG)}")
+        actor = {"loss_agg_mode": loss_agg_mode, "use_kl_loss": bool(kl_beta), "kl_loss_coef": kl_beta,
+                 "kl_loss_type": "low_var_kl", "entropy_coeff": entropy_coeff}
+    return verl_loss_settings(actor, algorithm)
 
 
 def verl_selection_mask(
@@ -81,20 +101,21 @@ def verl_selection_mask(
     kl_beta: float = 0.0,
     seed: int = 0,
     logit_grad_norm: torch.Tensor | None = None,
+    settings: LossSettings | None = None,
 ) -> torch.Tensor:
     """Boolean ``(bs, response_length)`` selection on verl-shaped tensors (see module docstring).
 
     GMTS uses the token-level advantages as A (so it also works with GAE) and the token weight
-    of ``loss_agg_mode``; ``selection="all"`` keeps every response token.
+    of the loss (``settings``, default :func:`verl_settings` of ``loss_agg_mode`` and ``kl_beta``);
+    ``selection="all"`` keeps every response token.
     """
-    if loss_agg_mode not in VERL_LOSS_AGG:
-        raise ValueError(f"loss_agg_mode {loss_agg_mode!r}; choose from {tuple(VERL_LOSS_AGG)}")
+    if settings is None:
+        settings = verl_settings(loss_agg_mode=loss_agg_mode, kl_beta=kl_beta)
     g = torch.Generator().manual_seed(int(seed))
     s = token_scores(
-        selection, old_entropys, advantages, response_mask, g, loss_agg=VERL_LOSS_AGG[loss_agg_mode],
+        selection, old_entropys, advantages, response_mask, g, settings=settings,
         logprobs=old_log_probs if ref_log_prob is not None else None, ref_logprobs=ref_log_prob,
-        kl_beta=kl_beta if ref_log_prob is not None else 0.0, logit_grad_norm=logit_grad_norm,
-        token_logprobs=old_log_probs,
+        logit_grad_norm=logit_grad_norm, token_logprobs=old_log_probs,
     )
     if s is None:
         return response_mask.bool().clone()
@@ -113,16 +134,25 @@ def apply_token_selection(
     kl_beta: float = 0.0,
     seed: int = 0,
     lgn_key: str = "old_logit_grad_norm",
+    actor: Any = None,
+    algorithm: Any = None,
+    entropy_coeff: float = 0.0,
 ) -> dict[str, float]:
     """Select tokens of a verl ``DataProto`` in place; returns metrics for verl's logger.
 
     Reads ``data.batch[entropy_key]``, ``["advantages"]``, ``["response_mask"]`` (and
-    ``["old_log_probs"]``, ``["ref_log_prob"]`` when present and ``kl_beta > 0``) and
+    ``["old_log_probs"]``, ``["ref_log_prob"]`` when present and the KL loss is on) and
     ``data.non_tensor_batch["uid"]`` for ``scope="group"``. Writes ``advantages * mask * factor``
     back to ``data.batch["advantages"]`` and the mask to ``data.batch["token_selection_mask"]``.
+    The loss: ``actor`` (verl's ``actor_rollout_ref.actor`` config, and ``algorithm``) when given, else
+    ``loss_agg_mode``, ``kl_beta`` and ``entropy_coeff`` (:func:`verl_settings`; a nonzero entropy
+    bonus is refused).
     """
     if normalizer not in NORMALIZERS:
         raise ValueError(f"normalizer must be {' or '.join(NORMALIZERS)}, got {normalizer!r}")
+    settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,
+                             entropy_coeff=entropy_coeff)
+    loss_agg_mode, kl_beta = settings.loss_agg, settings.kl_beta
     b = data.batch
     ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
     uid = data.non_tensor_batch.get("uid") if scope == "group" else None
@@ -134,8 +164,8 @@ def apply_token_selection(
         raise ValueError(f"selection '{selection}' needs batch[{lgn_key!r}] (the old policy's logit-gradient norms)")
     lgn = b[lgn_key] if needs_lgn else None
     sel = verl_selection_mask(ent, adv, mask, selection=selection, rho=rho, scope=scope, uid=uid,
-                              loss_agg_mode=loss_agg_mode, old_log_probs=old, ref_log_prob=ref, kl_beta=kl_beta,
-                              seed=seed, logit_grad_norm=lgn)
+                              old_log_probs=old, ref_log_prob=ref, seed=seed, logit_grad_norm=lgn,
+                              settings=settings)
     factor = selected_normalizer_factor(mask, sel, loss_agg_mode) if normalizer == "selected" else 1.0
     b["advantages"] = adv * sel.to(adv.dtype) * factor
     b["token_selection_mask"] = sel
@@ -148,10 +178,11 @@ def apply_token_selection(
 
 def selected_normalizer_factor(mask: torch.Tensor, selected: torch.Tensor, loss_agg_mode: str) -> torch.Tensor:
     """``n_all / n_selected``: a scalar (token-mean) or ``(bs, 1)`` per row (seq-mean-token-mean)."""
+    from gmts_analysis.core.loss_terms import AGGREGATIONS
+
     m = mask.to(torch.float32)
     s = selected.to(torch.float32) * m
-    if loss_agg_mode == "token-mean":
-        return m.sum() / s.sum().clamp(min=1.0)
-    if loss_agg_mode == "seq-mean-token-mean":
-        return m.sum(-1, keepdim=True) / s.sum(-1, keepdim=True).clamp(min=1.0)
-    raise ValueError(f"normalizer 'selected' is not defined for loss_agg_mode {loss_agg_mode!r}")
+    agg = AGGREGATIONS.get(VERL_LOSS_AGG.get(loss_agg_mode, ""))
+    if agg is None or agg.selected_factor is None:
+        raise ValueError(f"normalizer 'selected' is not defined for loss_agg_mode {loss_agg_mode!r}")
+    return agg.selected_factor(m, s)

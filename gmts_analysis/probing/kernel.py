@@ -130,16 +130,9 @@ class TokenText:
 
 
 def _chunk_size(cfg: ProbeOptions) -> int | str:
-    cs = cfg.chunk_size
-    if cs in (None, "auto"):
-        return "auto"
-    try:
-        v = int(cs)
-    except (TypeError, ValueError):
-        raise GmtsError(f"--chunk-size: expected an integer or 'auto', got '{cs}'") from None
-    if v < 1:
-        raise GmtsError(f"--chunk-size: must be at least 1, got {v}")
-    return v
+    from gmts_analysis.core.sizes import parse_chunk_size
+
+    return parse_chunk_size(cfg.chunk_size)
 
 
 def probe_answer(

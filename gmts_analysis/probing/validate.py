@@ -13,134 +13,32 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.util.io import require_regular, special_kind
-
-SEED_MAX = 2**63 - 1
-
-
-#: the most sketch directions --probes takes (K forward-mode passes per answer)
-MAX_PROBES = 4096
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _number(cfg: Any, name: str) -> float | None:
-    v = getattr(cfg, name, None)
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        raise GmtsError(f"{_flag(name)}: expected a number, got {v!r}")
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise GmtsError(f"{_flag(name)}: expected a number, got {v!r}") from None
-
-
-def _integer(cfg: Any, name: str) -> int | None:
-    v = getattr(cfg, name, None)
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        raise GmtsError(f"{_flag(name)}: expected an integer, got {v!r}")
-    if isinstance(v, float):
-        if not v.is_integer():
-            raise GmtsError(f"{_flag(name)}: expected an integer, got {v!r}")
-        return int(v)
-    try:
-        return int(str(v).strip())
-    except (TypeError, ValueError):
-        raise GmtsError(f"{_flag(name)}: expected an integer, got {v!r}") from None
-
-
-def _check(ok: bool, name: str, domain: str, v: Any) -> None:
-    if not ok:
-        raise GmtsError(f"{_flag(name)}: must be {domain}, got {v}")
 
 
 def validate_options(cfg: Any) -> None:
-    """Every numeric option of a probe in its domain; the device exists; the verifier is known.
-
-    Domains: temperature finite and > 0; clip_low and clip_high in [0, 1); clip_ratio_c > 1;
-    kl_beta finite and >= 0; vllm_is_min >= 0 and < vllm_is_max; 2 <= probes <= MAX_PROBES; max_len,
-    chunk_size (unless ``auto``), max_memory, answers_per_chunk, num_generations,
-    max_completion_length >= 1; seed in [0, 2**63); rho in (0, 1]; steps parse; reward_weights one
-    finite number per --reward-columns name.
-    Fields absent from ``cfg`` are skipped (it may be a :class:`~gmts_analysis.options.config.ProbeOptions`
-    or a full :class:`~gmts_analysis.options.config.ProbeConfig`).
+    """Every probe option in its domain (the ``check`` of its declaration in
+    :class:`~gmts_analysis.options.config.ProbeOptions`), then what holds between options: the vLLM
+    bounds in order, --steps and the reward weights parse, the loss options together, the device and
+    the verifier resolve. Fields absent from ``cfg`` are skipped (it may be a
+    :class:`~gmts_analysis.options.config.ProbeOptions`, a full
+    :class:`~gmts_analysis.options.config.ProbeConfig` or a parsed namespace).
     """
-    _check_objective_numbers(cfg)
-    _check_engine_numbers(cfg)
-    _check_selection_numbers(cfg)
+    from gmts_analysis.options.checks import check_fields
+    from gmts_analysis.options.config import ProbeOptions
+    from gmts_analysis.options.fields import fields_of
+
+    fields = fields_of(ProbeOptions)
+    check_fields(fields, {k: getattr(cfg, k, None) for k in fields})
+    lo, hi = getattr(cfg, "vllm_is_min", None), getattr(cfg, "vllm_is_max", None)
+    if lo is not None and hi is not None and not float(lo) < float(hi):
+        raise GmtsError(f"--vllm-is-min {float(lo)} must be below --vllm-is-max {float(hi)}")
     _check_reader_options(cfg)
     _check_resolvable(cfg)
-
-
-def _check_objective_numbers(cfg: Any) -> None:
-    """The RL objective's numbers: temperature, the clip range, the dual clip, the KL weight and
-    the vLLM importance-sampling bounds."""
-    t = _number(cfg, "temperature")
-    if t is not None:
-        _check(math.isfinite(t) and t > 0, "temperature", "a finite number > 0", t)
-    for name in ("clip_low", "clip_high"):
-        v = _number(cfg, name)
-        if v is not None:
-            _check(math.isfinite(v) and 0 <= v < 1, name, "in [0, 1)", v)
-    c = _number(cfg, "clip_ratio_c")
-    if c is not None:
-        _check(math.isfinite(c) and c > 1, "clip_ratio_c", "a finite number > 1", c)
-    b = _number(cfg, "kl_beta")
-    if b is not None:
-        _check(math.isfinite(b) and b >= 0, "kl_beta", "a finite number >= 0", b)
-    lo, hi = _number(cfg, "vllm_is_min"), _number(cfg, "vllm_is_max")
-    if lo is not None:
-        _check(math.isfinite(lo) and lo >= 0, "vllm_is_min", "a finite number >= 0", lo)
-    if hi is not None:
-        _check(math.isfinite(hi) and hi > 0, "vllm_is_max", "a finite number > 0", hi)
-        if lo is not None and not lo < hi:
-            raise GmtsError(f"--vllm-is-min {lo} must be below --vllm-is-max {hi}")
-
-
-def _check_engine_numbers(cfg: Any) -> None:
-    """Sizes and seed: sketch directions, L_max, memory, answers per chunk, chunk size, seed."""
-    p = _integer(cfg, "probes")
-    if p is not None:
-        _check(2 <= p <= MAX_PROBES, "probes", f"an integer in [2, {MAX_PROBES}] (a sketch needs two directions for "
-               "its error bar; past a few thousand, --grad-norm exact costs less and is exact)", p)
-    for name in ("max_len", "max_memory", "answers_per_chunk"):
-        v = _integer(cfg, name)
-        if v is not None:
-            _check(v >= 1, name, "an integer >= 1", v)
-    cs = getattr(cfg, "chunk_size", None)
-    if cs is not None and str(cs).strip() != "auto":
-        try:
-            v = int(str(cs).strip())
-        except ValueError:
-            raise GmtsError(f"--chunk-size: expected an integer or 'auto', got {cs!r}") from None
-        _check(v >= 1, "chunk_size", "an integer >= 1 or 'auto'", v)
-    s = _integer(cfg, "seed")
-    if s is not None:
-        _check(0 <= s <= SEED_MAX, "seed", f"an integer in [0, {SEED_MAX}]", s)
-
-
-def _check_selection_numbers(cfg: Any) -> None:
-    """The analysis fractions: the keep fraction rho and the uncertain-token threshold."""
-    r = _number(cfg, "rho")
-    if r is not None:
-        _check(math.isfinite(r) and 0 < r <= 1, "rho", "a keep fraction in (0, 1]", r)
-    u = _number(cfg, "uncertain_below")
-    if u is not None:
-        _check(math.isfinite(u) and 0 < u <= 1, "uncertain_below", "a probability in (0, 1]", u)
 
 
 def _check_reader_options(cfg: Any) -> None:
     """How rollouts are read: group size, completion length limit, --steps, reward columns and
     their weights."""
-    for name in ("num_generations", "max_completion_length"):
-        v = _integer(cfg, name)
-        if v is not None:
-            _check(v >= 1, name, "an integer >= 1", v)
     if getattr(cfg, "steps", None) is not None:
         from gmts_analysis.readers.sources import parse_steps
 
@@ -153,20 +51,11 @@ def _check_reader_options(cfg: Any) -> None:
 
 
 def _check_resolvable(cfg: Any) -> None:
-    """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max), the device
-    and the verifier name resolve."""
-    if hasattr(cfg, "loss_agg"):  # the loss options together (--loss-type against --loss-agg, dr_grpo's L_max)
+    """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max)."""
+    if hasattr(cfg, "loss_agg"):
         from gmts_analysis.core.objective import settings_of
 
         settings_of(cfg)
-    if getattr(cfg, "device", None) is not None:
-        from gmts_analysis.readers.models import resolve_device
-
-        resolve_device(cfg.device)
-    if getattr(cfg, "verifier", None):
-        from gmts_analysis.readers.verifiers import resolve_verifier
-
-        resolve_verifier(cfg.verifier)
 
 
 def check_answers(answers: Sequence[Any], model_name: str) -> None:
@@ -413,228 +302,16 @@ def _validate_answers_file(path: Any) -> None:
                             f"{i + 1}); an answers table written by gmts probe has none")
 
 
-# ---------------------------------------------------------------- one pass over every option of every subcommand
-
-def _int_value(flag: str, v: Any) -> int:
-    if isinstance(v, bool) or isinstance(v, float) and not v.is_integer():
-        raise GmtsError(f"{flag}: expected an integer, got {v!r}")
-    try:
-        return int(str(v).strip()) if not isinstance(v, (int, float)) else int(v)
-    except (TypeError, ValueError):
-        raise GmtsError(f"{flag}: expected an integer, got {v!r}") from None
-
-
-def _float_value(flag: str, v: Any) -> float:
-    if isinstance(v, bool):
-        raise GmtsError(f"{flag}: expected a number, got {v!r}")
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise GmtsError(f"{flag}: expected a number, got {v!r}") from None
-
-
-def _int_at_least(k: int, why: str = "") -> Any:
-    def check(flag: str, v: Any) -> None:
-        for x in (v if isinstance(v, (list, tuple)) else [v]):
-            n = _int_value(flag, x)
-            if n < k:
-                raise GmtsError(f"{flag}: must be an integer >= {k}{f' ({why})' if why else ''}, got {x}")
-    return check
-
-
-def _seed(flag: str, v: Any) -> None:
-    for x in (v if isinstance(v, (list, tuple)) else [v]):
-        n = _int_value(flag, x)
-        if not 0 <= n <= SEED_MAX:
-            raise GmtsError(f"{flag}: must be an integer in [0, {SEED_MAX}], got {x}")
-
-
-def _positive_finite(flag: str, v: Any) -> None:
-    x = _float_value(flag, v)
-    if not (math.isfinite(x) and x > 0):
-        raise GmtsError(f"{flag}: must be a finite number > 0, got {v}")
-
-
-def _nonneg_finite(flag: str, v: Any) -> None:
-    x = _float_value(flag, v)
-    if not (math.isfinite(x) and x >= 0):
-        raise GmtsError(f"{flag}: must be a finite number >= 0, got {v}")
-
-
-def _difficulty(flag: str, v: Any) -> None:
-    n = _int_value(flag, v)
-    if not 1 <= n <= 3:
-        raise GmtsError(f"{flag}: must be a difficulty level 1, 2 or 3, got {v}")
-
-
-def _rho(flag: str, v: Any) -> None:
-    x = _float_value(flag, v)
-    if not (math.isfinite(x) and 0 < x <= 1):
-        raise GmtsError(f"{flag}: must be a keep fraction in (0, 1], got {v}")
-
-
-def _probability(flag: str, v: Any) -> None:
-    x = _float_value(flag, v)
-    if not (math.isfinite(x) and 0 < x <= 1):
-        raise GmtsError(f"{flag}: must be a probability in (0, 1], got {v}")
-
-
-def _device(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.models import resolve_device
-
-    try:
-        resolve_device(str(v))
-    except GmtsError as e:
-        msg = str(e)
-        raise GmtsError(msg if msg.startswith(flag) else f"{flag}: {msg.split(': ', 1)[-1]}") from None
-
-
-def _dtype(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.models import DTYPES
-
-    if v not in DTYPES:
-        raise GmtsError(f"{flag}: unknown dtype '{v}' (choose from {', '.join(DTYPES)})")
-
-
-def _domains(flag: str, v: Any) -> None:
-    """Sampling domains: the toy domains and the word problems (gmts run, gmts sample)."""
-    from gmts_analysis.sampling.domains import domain_list
-
-    domain_list(v, flag=flag)
-
-
-def _toy_domains(flag: str, v: Any) -> None:
-    """Training domains: the toy domains only (gmts rl)."""
-    from gmts_analysis.sampling.domains import domain_list
-    from gmts_analysis.toy.domains import DOMAINS
-
-    domain_list(v, tuple(DOMAINS), flag)
-
-
-def _verifier(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.verifiers import resolve_verifier
-
-    resolve_verifier(v)
-
-
-def _int_list(flag: str, v: Any) -> None:
-    items = [x.strip() for x in str(v).split(",")]
-    try:
-        vals = [int(x) for x in items]
-    except ValueError:
-        raise GmtsError(f"{flag}: expected integers separated by commas, got '{v}'") from None
-    if not vals or min(vals) < 1:
-        raise GmtsError(f"{flag}: every value must be an integer >= 1, got '{v}'")
-
-
-def _output_path(flag: str, v: Any) -> None:
-    """Something can be created at ``v``: no existing ancestor is a file, no part is a dangling link."""
-    from pathlib import Path
-
-    p = Path(str(v)).expanduser()
-    for q in (p, *p.parents):
-        if q.is_symlink() and not q.exists():
-            raise GmtsError(f"{flag} {v}: {q} is a symbolic link to {q.readlink()}, which does not exist")
-        if q != p and q.exists() and not q.is_dir():
-            raise GmtsError(f"{flag} {v}: {q} is a file, so nothing can be created under it")
-    if ".." in p.parts:  # `nope/../run` would create nope/ first: resolved lexically, refused if nope/ is absent
-        anc = Path(*p.parts[:p.parts.index("..")])
-        if not anc.is_dir():
-            raise GmtsError(f"{flag} {v}: {anc} does not exist (write the path without '..')")
-
-
-def _input_file(flag: str, v: Any) -> None:
-    from pathlib import Path
-
-    for x in (v if isinstance(v, (list, tuple)) else [v]):
-        p = Path(str(x))
-        if not p.exists():
-            raise GmtsError(f"{flag} {x}: no such file")
-        if p.is_dir():
-            raise GmtsError(f"{flag} {x}: is a directory, not a file")
-        require_regular(p, f"{flag} {x}")
-
-
-def _input_path(flag: str, v: Any) -> None:
-    from pathlib import Path
-
-    for x in (v if isinstance(v, (list, tuple)) else [v]):
-        if not Path(str(x)).exists():
-            raise GmtsError(f"{flag} {x}: no such file or directory")
-        require_regular(str(x), f"{flag} {x}")
-
-
-def _model(flag: str, v: Any) -> None:
-    """A shipped policy name, a hub id, a model directory or a checkpoint list; an existing path
-    that is a file (not a directory) is refused."""
-    from pathlib import Path
-
-    from gmts_analysis.readers.gguf import check_gguf_file, find_gguf
-
-    p = Path(str(v))
-    if (p.suffix.lower() == ".gguf" and (p.is_file() or p.is_symlink() or special_kind(p))) or \
-            (p.is_dir() and find_gguf(p) is not None):  # a GGUF file, or the one in a folder: checked whole
-        check_gguf_file(find_gguf(p) or p, flag)
-        return
-    if p.exists() and not p.is_dir():
-        raise GmtsError(f"{flag} {v}: is a file; give a model directory, a .gguf file, a hub id, or "
-                        "tiny | small | smollm2")
-    from gmts_analysis.readers.models import ALIASES, REAL_MODELS, hub_cached, resolve_model_path
-
-    s = str(v)
-    if not p.exists() and "/" not in s and "," not in s and s not in ALIASES + REAL_MODELS:
-        import difflib
-
-        close = difflib.get_close_matches(s.lower(), ALIASES + REAL_MODELS, n=2, cutoff=0.6)
-        close += [n for n in ALIASES + REAL_MODELS if s and n.startswith(s.lower()) and n not in close]
-        if close and not hub_cached(s):  # a typo of a shipped name, not a hub id to download
-            raise GmtsError(f"{flag} {v}: not a shipped model, a local directory or a cached hub id; did you "
-                            f"mean {' or '.join(close[:2])}? (a hub id is written org/name)")
-    resolve_model_path(s)
-
-
-#: ``{dest: check}`` for every option taking a value, in every subcommand (``{command: {dest: check}}``
-#: overrides where one name means something else there). ``check(flag, value)`` raises a
-#: :class:`GmtsError` naming the flag. Options with ``choices`` are checked by argparse (and by
-#: :func:`gmts_analysis.options.config.check_options` in the API); switches have no value to check.
-OPTION_DOMAINS: dict[str, Any] = {
-    "seed": _seed, "eval_seed": _seed, "temperature": _positive_finite, "rho": _rho, "device": _device, "dtype": _dtype,
-    "num_prompts": _int_at_least(1), "group_size": _int_at_least(2), "max_new_tokens": _int_at_least(1),
-    "answers_per_chunk": _int_at_least(1), "domains": _domains, "verifier": _verifier, "model": _model,
-    "out": _output_path, "to": _output_path, "prompts": _input_file, "plan": _input_file, "update": _input_file,
-    "rewards": _input_file,
-    "rollouts": _input_path, "difficulty": _difficulty,
-    "batch_size": _int_at_least(1), "n_boot": _int_at_least(1), "max_answers": _int_at_least(1),
-    "max_steps": _int_at_least(1), "lr": _positive_finite, "prompts_per_domain": _int_at_least(1),
-    "eval_every": _int_at_least(1), "eval_prompts": _int_at_least(1),
-    "final_eval_prompts": _int_at_least(0),  # 0: --eval-prompts
-    "diag_every": _int_at_least(0),  # 0: never
-    "diag_answers": _int_at_least(1), "threads": _int_at_least(1), "layers": _int_at_least(1),
-    "prompt_len": _int_at_least(1), "naive_tokens": _int_at_least(2),
-    "naive_full_max": _int_at_least(0),  # 0: no full naive reference
-    "max_memory": _int_at_least(1), "lengths": _int_list, "probes": _int_list, "models": _input_path,
-    "num_generations": _int_at_least(2, "a group needs a baseline"), "max_completion_length": _int_at_least(1),  # TRL's names (sample, run, rl)
-    "uncertain_below": _probability,
-}
-COMMAND_DOMAINS: dict[str, dict[str, Any]] = {
-    "probe": {"probes": None, "max_memory": None, "seed": None, "temperature": None, "device": None,  # validate_options
-              "num_generations": None, "max_completion_length": None, "uncertain_below": None},
-    "bench": {"models": None},  # names or paths: checked when each loads
-    "rl": {"figures": _output_path, "max_steps": _int_at_least(0), "domains": _toy_domains},  # 0: evaluate the start only (RLConfig)
-    "sample": {"temperature": _nonneg_finite},  # 0: greedy
-    "stats": {"n_boot": _int_at_least(0)},  # 0: no confidence intervals
-}
-
-
-def validate_namespace(command: str, args: Any) -> None:
+def validate_namespace(command: str, args: Any, checks: Mapping[str, Any] | None = None) -> None:
     """One pass over the parsed options of ``gmts <command>``, before any model, file or directory
-    work: every option with a domain in :data:`OPTION_DOMAINS`, then the probe options' domains and
-    cross-option constraints (:func:`validate_options`) where the command takes them."""
-    table = {**OPTION_DOMAINS, **COMMAND_DOMAINS.get(command, {})}
+    work: every option's declared ``check`` (``checks``: ``{dest: check}`` of the subcommand,
+    :func:`gmts_analysis.options.parser.parser_checks`), then for ``gmts probe`` what holds between
+    the probe options (:func:`validate_options`)."""
+    from gmts_analysis.options.fields import flag
+
     for dest, value in vars(args).items():
-        check = table.get(dest)
-        if check is None or value is None:
-            continue
-        check(_flag(dest), value)
+        check = (checks or {}).get(dest)
+        if check is not None and value is not None:
+            check(flag(dest), value)
     if command == "probe":
         validate_options(args)

@@ -5,9 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gmts_analysis.core.scores import DEFAULT_ARMS, SELECTION_ARMS  # noqa: F401 - live views of the registry
+from gmts_analysis.core.scores import DEFAULT_ARMS, MASKED_ARMS, SELECTION_ARMS  # noqa: F401 - live views
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import OFFLINE_HELP, QUIET_HELP
+from gmts_analysis.options.fields import opt
 from gmts_analysis.toy.domains import DOMAINS as TOY_DOMAINS
 
 ALL_DOMAINS = tuple(TOY_DOMAINS)  # the training domains: every toy domain
@@ -73,6 +76,78 @@ class RLConfig:
     def final_prompts(self) -> int:
         """Held-out prompts per domain of the final evaluation."""
         return self.final_eval_prompts or self.eval_prompts
+
+
+_D = RLConfig
+
+
+@dataclass
+class RLOptions:
+    """The flags of ``gmts rl`` (defaults: :class:`RLConfig`'s; :meth:`RLConfig` fields are named as the
+    results JSON records them, ``policy``, ``steps``, ``group_size``, ``max_new_tokens``)."""
+
+    model: str = opt(_D.policy, "shipped policy tiny | small, a checkpoint directory or a hub id", group="inputs",
+                     metavar="PATH|FILE.gguf|HUB_ID|tiny|small|smollm2", check=checks.model)
+    offline: bool = opt(False, OFFLINE_HELP + "; without it a hub id is downloaded as transformers does",
+                        group="inputs")
+    selection: list = opt(list(DEFAULT_ARMS), f"one or more arms; {' and '.join(MASKED_ARMS)} are the masked "
+                          f"baselines (score x 1[omega != 0]) (default: {' '.join(DEFAULT_ARMS)})", nargs="+",
+                          choices=SELECTION_ARMS, group="RL objective")
+    seed: list = opt([0, 1, 2], "one or more seeds (default: 0 1 2)", nargs="+", type=int, metavar="INT",
+                     check=checks.seed)
+    max_steps: int = opt(_D.steps, "optimizer steps per run (TRL's max_steps)", group="RL objective",
+                         metavar="STEPS", check=checks.int_at_least(0))  # 0: evaluate the start only
+    domains: list = opt(list(ALL_DOMAINS), "toy domains, space- or comma-separated (default: all three)", nargs="+",
+                        group="inputs", metavar="DOMAIN", check=checks.toy_domains)
+    rho: float = opt(_D.rho, "fraction of tokens kept", group="RL objective", metavar="FRACTION", check=checks.rho)
+    scope: str = opt(_D.scope, "selection scope", choices=SCOPES, group="RL objective")
+    normalizer: str = opt(_D.normalizer, "loss divided by all response tokens (TRL, GMTS code) or by the selected "
+                          "ones (80/20 code)", choices=NORMALIZERS, group="RL objective")
+    lr: float = opt(_D.lr, "AdamW learning rate", group="RL objective", metavar="LR", check=checks.positive_finite)
+    prompts_per_domain: int = opt(_D.prompts_per_domain, "training prompts per domain per step", group="inputs",
+                                  metavar="PROMPTS", check=checks.int_at_least(1))
+    num_generations: int = opt(_D.group_size, "answers per prompt G (TRL's num_generations)", group="inputs",
+                               metavar="G", check=checks.int_at_least(2, "a group needs a baseline"))
+    max_completion_length: int = opt(_D.max_new_tokens, "generation budget in tokens (TRL's max_completion_length)",
+                                     group="inputs", metavar="TOKENS", check=checks.int_at_least(1))
+    eval_every: int = opt(_D.eval_every, "steps between evaluations", metavar="STEPS", check=checks.int_at_least(1))
+    eval_prompts: int = opt(_D.eval_prompts, "held-out prompts per domain for pass@1", group="inputs",
+                            metavar="PROMPTS", check=checks.int_at_least(1))
+    final_eval_prompts: int = opt(_D.final_eval_prompts, "held-out prompts per domain for the final pass@1 only (the "
+                                  "learning curve keeps --eval-prompts); 0 = --eval-prompts", group="inputs",
+                                  metavar="PROMPTS", check=checks.int_at_least(0))
+    eval_seed: int = opt(_D.eval_seed, "seed of the evaluation: which held-out prompts are drawn and their sampling "
+                         f"noise, the same for every arm and checkpoint ({_D.eval_seed}: every run in data/rl up to "
+                         "the replication of docs/rl.md section 9)", metavar="INT", check=checks.seed)
+    dynamic_sampling: bool = opt(False, "drop groups whose rewards are all equal before each update (DAPO's dynamic "
+                                 "sampling; the batch is not refilled, the number kept is logged per step)",
+                                 group="RL objective")
+    diag_every: int = opt(_D.diag_every, "steps between grad-norm diagnostics, 0 = never", metavar="STEPS",
+                          check=checks.int_at_least(0))
+    diag_answers: int = opt(_D.diag_answers, "answers per grad-norm diagnostic", metavar="ANSWERS",
+                            check=checks.int_at_least(1))
+    device: str = opt("auto", "auto | cpu | cuda[:N]; auto = cuda if available, else cpu (the results in data/rl "
+                      "were trained on cpu: give --device cpu to reproduce them on a GPU machine)",
+                      group="gradient engine", metavar="DEVICE", check=checks.device)
+    threads: int = opt(1, "torch CPU threads; the toy policies run fastest on one, and two processes with disjoint "
+                       "--seed lists use two cores", metavar="THREADS", check=checks.int_at_least(1))
+    out: str = opt("data/rl/rl.json", "results JSON (default: data/rl/rl.json); runs are kept beside it in "
+                   "<stem>.runs/ and reused when the configuration matches", group="output", metavar="DIR",
+                   check=checks.output_path)
+    figures: str = opt("figures", "directory for rl_<stem>_curves.png and rl_<stem>_diagnostics.png ('none' to "
+                       "skip)", group="output", check=checks.output_path)
+    quiet: bool = opt(False, QUIET_HELP, short="-q")
+
+    def config(self, device: str) -> RLConfig:
+        """The :class:`RLConfig` of one run of these options (``device``: resolved)."""
+        return RLConfig(
+            policy=self.model, steps=self.max_steps,
+            domains=tuple(d for x in self.domains for d in x.split(",") if d.strip()), rho=self.rho,
+            scope=self.scope, normalizer=self.normalizer, lr=self.lr, prompts_per_domain=self.prompts_per_domain,
+            group_size=self.num_generations, max_new_tokens=self.max_completion_length, eval_every=self.eval_every,
+            eval_prompts=self.eval_prompts, final_eval_prompts=self.final_eval_prompts, eval_seed=self.eval_seed,
+            dynamic_sampling=self.dynamic_sampling, diag_every=self.diag_every, diag_answers=self.diag_answers,
+            device=device)
 
 
 def stable_seed(*key: object) -> int:

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from gmts_analysis.core.scores import ARM_COLORS as COLORS  # {arm: colour}, live view of the registry
+from gmts_analysis.core.scores import CHANCE_ARMS, DIAGNOSTIC_SCORES, diagnostic_pairs
 from gmts_analysis.core.scores import SELECTION_ARMS as ARMS
 
 
@@ -73,9 +74,10 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
 
     from gmts_analysis.util.io import atomic_write_bytes
 
+    a, b = diagnostic_pairs()[0]  # the first two diagnostic scores (entropy, gmts)
     keys = [
         ("reward_mean", "training reward (batch mean)"),
-        ("overlap_entropy_gmts", "|S_entropy ∩ S_gmts| / |S_gmts|"),
+        (f"overlap_{a}_{b}", f"|S_{a} ∩ S_{b}| / |S_{b}|"),
         ("entropy_mean", "mean token entropy (nats)"),
         ("frac_selected_zero_adv", "selected tokens with A = 0"),
     ]
@@ -100,22 +102,25 @@ def plot_diagnostics(result: dict, path: str | Path) -> Path:
     return _save(fig, path, atomic_write_bytes)
 
 
-SPARSE = [
-    ("fidelity", "cosine", ("entropy", "gmts", "gmts_lgn", "random"), "update fidelity: cosine(g_S, g_all)"),
-    ("fidelity", "norm_ratio", ("entropy", "gmts", "gmts_lgn", "random"), "update fidelity: |g_S| / |g_all|"),
-    ("grad_norm_corr", None, ("cross_answer_entropy", "cross_answer_gmts", "cross_answer_gmts_lgn"),
-     "informative cross-answer Spearman vs grad_norm"),
-    ("grad_norm_corr", None, ("within_answer_entropy_median",), "within-answer Spearman(entropy, |grad logp|)"),
-]
+def _sparse() -> list[tuple[str, str | None, tuple[str, ...], str]]:
+    """The panels of the sparse diagnostics: (record block, field, names, title); the names are the
+    registry's diagnostic scores (and the chance arm, the fidelity baseline)."""
+    fidelity = (*DIAGNOSTIC_SCORES, *CHANCE_ARMS)
+    return [
+        ("fidelity", "cosine", fidelity, "update fidelity: cosine(g_S, g_all)"),
+        ("fidelity", "norm_ratio", fidelity, "update fidelity: |g_S| / |g_all|"),
+        ("grad_norm_corr", None, tuple(f"cross_answer_{s}" for s in DIAGNOSTIC_SCORES),
+         "informative cross-answer Spearman vs grad_norm"),
+        ("grad_norm_corr", None, ("within_answer_entropy_median",), "within-answer Spearman(entropy, |grad logp|)"),
+    ]
 
 
 def _plot_sparse(axes, result: dict) -> None:
     """Diagnostics logged every ``diag_every`` steps, pooled over every run."""
-    colors = {"entropy": COLORS["entropy"], "gmts": COLORS["gmts"], "random": COLORS["random"],
-              "gmts_lgn": COLORS["gmts_lgn"], "cross_answer_gmts_lgn": COLORS["gmts_lgn"],
-              "cross_answer_entropy": COLORS["entropy"], "cross_answer_gmts": COLORS["gmts"],
-              "within_answer_entropy_median": COLORS["entropy"]}
-    for ax, (block, field, names, title) in zip(axes, SPARSE):
+    colors = {s: COLORS[s] for s in (*DIAGNOSTIC_SCORES, *CHANCE_ARMS) if s in COLORS}
+    colors.update({f"cross_answer_{s}": c for s, c in list(colors.items())})
+    colors["within_answer_entropy_median"] = COLORS["entropy"]  # the entropy quantity's colour
+    for ax, (block, field, names, title) in zip(axes, _sparse()):
         for name in names:
             by_step: dict[int, list[float]] = {}
             for r in result["runs"]:
@@ -179,7 +184,7 @@ def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Pa
         ax.set_ylim(0, 1)
         ax.legend(fontsize=7)
         ax = axes[1][j]
-        for sc in ("entropy", "gmts", "gmts_lgn"):
+        for sc in DIAGNOSTIC_SCORES:
             st, v = _pooled(one, lambda s, k=sc: (s.get("waste") or {}).get(k))
             if st:
                 m = _smooth(np.array([np.mean(x) for x in v]))
@@ -188,8 +193,8 @@ def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Pa
         ax.set_ylim(-0.02, 1)
         ax.legend(fontsize=7)
         ax = axes[2][j]
-        for key, name, c in (("overlap_entropy_gmts", "entropy vs gmts", COLORS["gmts"]),
-                             ("overlap_gmts_gmts_lgn", "gmts vs gmts_lgn", COLORS["gmts_lgn"])):
+        scores = list(DIAGNOSTIC_SCORES)  # each with the next one: entropy vs gmts, gmts vs gmts_lgn
+        for key, name, c in ((f"overlap_{a}_{b}", f"{a} vs {b}", COLORS[b]) for a, b in zip(scores, scores[1:])):
             st, v = _pooled(one, lambda s, k=key: s.get(k))
             if st:
                 ax.plot(st, _smooth(np.array([np.mean(x) for x in v])), color=c, label=name, lw=1.5)
@@ -274,7 +279,7 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     Deterministic bytes (fixed PNG metadata, title :data:`FOREST_TITLE`)."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.views.plots import save_figure
+    from gmts_analysis.views.figures import save_figure
 
     rows = [r for r in report["contrasts"] if r["status"] == "reported"]
     order = [s["name"] for s in report["settings"]]

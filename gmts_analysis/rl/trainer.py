@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gmts_analysis.core.scores import CHANCE_ARMS, DIAGNOSTIC_SCORES, diagnostic_pairs, get_score
 from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, stable_seed
 
 log = logging.getLogger(__name__)
@@ -186,22 +187,23 @@ def mass_capture(model, rows: list[dict], omega: torch.Tensor, mask: torch.Tenso
     return {name: float(mass[sel.cpu()].sum()) / best for name, sel in selections.items()}
 
 
-def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: np.ndarray, omega_abs: np.ndarray,
-                           cfg: RLConfig, gmts_lgn: list[np.ndarray] | None = None) -> dict[str, float]:
+def grad_norm_correlations(model, rows: list[dict], entropy: list[np.ndarray], scores: dict[str, list[np.ndarray]],
+                           omega_abs: list[np.ndarray], cfg: RLConfig) -> dict[str, float]:
     """Within-answer Spearman(entropy, grad_norm_logp) (median over answers with at least
-    :data:`gmts_analysis.core.rank.MIN_TOKENS` tokens) and cross-answer Spearman(entropy | gmts | gmts_lgn,
-    grad_norm) on a few answers (exact per-token norms), with :func:`gmts_analysis.core.rank.spearman`.
-    The caller passes informative answers only (A != 0), so the ``cross_answer_*`` values are the
-    informative-token numbers (``cross_answer_informative`` of stats.json), not ``cross_answer``.
+    :data:`gmts_analysis.core.rank.MIN_TOKENS` tokens) and cross-answer Spearman(s, grad_norm) for every
+    score ``s`` of ``scores`` (the diagnostic scores: entropy, gmts, gmts_lgn) on a few answers (exact
+    per-token norms), with :func:`gmts_analysis.core.rank.spearman`. The caller passes informative
+    answers only (A != 0), so the ``cross_answer_*`` values are the informative-token numbers
+    (``cross_answer_informative`` of stats.json), not ``cross_answer``.
 
-    entropy/gmts/omega_abs (and gmts_lgn when given): one array per row (``(L_i,)``), aligned with ``rows``.
+    entropy/omega_abs and each score: one array per row (``(L_i,)``), aligned with ``rows``.
     """
     from gmts_analysis.core.rank import spearman, within_spearman
     from gmts_analysis.engine import grad_norms
 
-    within, ent_all, gm_all, gn_all = [], [], [], []
+    within, gn_all = [], []
     device = next(model.parameters()).device
-    for r, e, g, w in zip(rows, entropy, gmts, omega_abs):
+    for r, e, w in zip(rows, entropy, omega_abs):
         ids = torch.tensor(list(r["prompt_ids"]) + list(r["response_ids"]), dtype=torch.long, device=device)
         try:
             gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="exact").norms
@@ -210,20 +212,13 @@ def grad_norm_correlations(model, rows: list[dict], entropy: np.ndarray, gmts: n
             gn = grad_norms(model, ids, len(r["prompt_ids"]), temperature=cfg.temperature, method="loop").norms
         gn = gn.numpy()
         within.append(within_spearman(e, gn))  # NaN below the minimum tokens
-        ent_all.append(e)
-        gm_all.append(g)
         gn_all.append(gn * w)
-    e, g, gn = (np.concatenate(x) if x else np.zeros(0) for x in (ent_all, gm_all, gn_all))
+    gn = np.concatenate(gn_all) if gn_all else np.zeros(0)
     wv = np.asarray([v for v in within if not math.isnan(v)])
-    out = {
-        "within_answer_entropy_median": float(np.median(wv)) if len(wv) else float("nan"),
-        "cross_answer_entropy": spearman(e, gn),
-        "cross_answer_gmts": spearman(g, gn),
-        "n_answers": len(rows),
-        "n_tokens": len(gn),
-    }
-    if gmts_lgn is not None:
-        out["cross_answer_gmts_lgn"] = spearman(np.concatenate(gmts_lgn) if gmts_lgn else np.zeros(0), gn)
+    out: dict[str, float] = {"within_answer_entropy_median": float(np.median(wv)) if len(wv) else float("nan")}
+    for name, per_row in scores.items():
+        out[f"cross_answer_{name}"] = spearman(np.concatenate(per_row) if per_row else np.zeros(0), gn)
+    out.update({"n_answers": len(rows), "n_tokens": len(gn)})
     return out
 
 
@@ -420,9 +415,8 @@ def _train_step(run: _Run, step: int) -> dict[str, Any]:
             "response_len_mean": n_tok / len(rows),
             "n_tokens": n_tok,
             "n_selected": int(u.selected.sum()),
-            "overlap_entropy_gmts": selection_overlap(u.selections["entropy"], u.selections["gmts"]),
-            "overlap_entropy_gmts_lgn": selection_overlap(u.selections["entropy"], u.selections["gmts_lgn"]),
-            "overlap_gmts_gmts_lgn": selection_overlap(u.selections["gmts"], u.selections["gmts_lgn"]),
+            **{f"overlap_{a}_{c}": selection_overlap(u.selections[a], u.selections[c])
+               for a, c in diagnostic_pairs()},
             "frac_tokens_zero_adv": float(zero_adv[m].float().mean()) if n_tok else float("nan"),
             "waste": {k: float((v & zero_adv).sum()) / max(int(v.sum()), 1) for k, v in u.selections.items()},
             "frac_selected_zero_adv": float((u.selected & zero_adv).sum()) / max(int(u.selected.sum()), 1),
@@ -473,16 +467,14 @@ def _update(run: _Run, step: int, b: _Batch) -> _Update:
 
 
 def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict) -> dict[str, torch.Tensor]:
-    """``{name: (B, T) bool}``: entropy, gmts and gmts_lgn on every step, and the trained arm when it is
-    another arm of the registry (random with its seeded generator, a masked baseline, a registered score)."""
+    """``{name: (B, T) bool}``: the diagnostic scores of the registry on every step (entropy, gmts,
+    gmts_lgn), and the trained arm when it is another arm of the registry (random with its seeded
+    generator, a masked baseline, a registered score)."""
     from gmts_analysis.core.selection import selection_mask
 
     gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
-    sels = {
-        "entropy": selection_mask("entropy", ent, adv, mask, **sel_kw),
-        "gmts": selection_mask("gmts", ent, adv, mask, **sel_kw),
-        "gmts_lgn": selection_mask("gmts_lgn", ent, adv, mask, logit_grad_norm=lgn, **sel_kw),
-    }
+    sels = {name: selection_mask(name, ent, adv, mask, token_logprobs=lp, logit_grad_norm=lgn, **sel_kw)
+            for name in DIAGNOSTIC_SCORES}
     if cfg.selection not in sels and cfg.selection != "all":  # any other arm of the registry
         sels[cfg.selection] = selection_mask(cfg.selection, ent, adv, mask, generator=gen, token_logprobs=lp,
                                              logit_grad_norm=lgn, **sel_kw)
@@ -498,9 +490,10 @@ def _diagnostics(run: _Run, step: int, b: _Batch, lp, ent, lgn, sels: dict, sel_
     td = time.perf_counter()
     om = token_omega(b.adv, mask, loss_agg=cfg.loss_agg).float()
     fsel = dict(sels)
-    if "random" not in fsel:
-        g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
-        fsel["random"] = selection_mask("random", ent, b.adv, mask, generator=g2, **sel_kw)
+    for chance in CHANCE_ARMS:  # the random selection, as the fidelity baseline
+        if chance not in fsel:
+            g2 = torch.Generator().manual_seed(stable_seed("rl-diag-random", cfg.seed, step))
+            fsel[chance] = selection_mask(chance, ent, b.adv, mask, generator=g2, **sel_kw)
     rec = {
         "fidelity": batch_fidelity(lp, om, fsel, run.params),
         "mass_capture": mass_capture(run.model, b.rows, om.detach(), mask, fsel, cfg, b.group_ids),
@@ -525,15 +518,17 @@ def _correlations(model, rows, adv_np, ent, om, mask, cfg: RLConfig, step: int, 
         return {"n_answers": 0}
     rng = np.random.default_rng(stable_seed("rl-diag", cfg.seed, step))
     pick = sorted(rng.choice(cand, size=min(cfg.diag_answers, len(cand)), replace=False).tolist())
-    ents, gms, oms, lgs = [], [], [], []
+    ents, oms = [], []
+    have = {"entropy", "omega"} | ({"logit_grad_norm"} if lgn is not None else set())
+    names = [s for s in DIAGNOSTIC_SCORES if set(get_score(s).needs) <= have]
+    scores: dict[str, list[np.ndarray]] = {s: [] for s in names}
     for i in pick:
         L = int(mask[i].sum())
-        e = ent[i, :L].double().cpu().numpy()
-        w = om[i, :L].abs().double().cpu().numpy()
-        ents.append(e)
-        oms.append(w)
-        gms.append(e * w)
+        q = {"entropy": ent[i, :L].double().cpu().numpy(), "omega": om[i, :L].double().cpu().numpy()}
         if lgn is not None:
-            lgs.append(lgn[i, :L].double().cpu().numpy() * w)
-    return grad_norm_correlations(model, [rows[i] for i in pick], ents, gms, oms, cfg,
-                                  gmts_lgn=lgs if lgn is not None else None)
+            q["logit_grad_norm"] = lgn[i, :L].double().cpu().numpy()
+        ents.append(q["entropy"])
+        oms.append(np.abs(q["omega"]))
+        for s in names:
+            scores[s].append(np.asarray(get_score(s).fn(q), dtype=np.float64))
+    return grad_norm_correlations(model, [rows[i] for i in pick], ents, scores, oms, cfg)

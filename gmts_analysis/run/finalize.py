@@ -23,7 +23,6 @@ from typing import Sequence
 import torch
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, write_tables
-from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions
 from gmts_analysis.probing.kernel import ProbeResult
 from gmts_analysis.readers.rollouts import Answer
@@ -140,9 +139,9 @@ def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answe
     from gmts_analysis.analysis.stats import compute_stats
 
     t0 = time.perf_counter()
-    rho = float(getattr(cfg, "rho", DEFAULT_RHO))
+    rho = float(cfg.rho)
     stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
-                          uncertain_below=float(getattr(cfg, "uncertain_below", 0.9)))
+                          uncertain_below=float(cfg.uncertain_below))
     result.timings["stats_s"] = time.perf_counter() - t0
     if fidelity_enabled(cfg, len(result.tokens), model):
         from gmts_analysis.engine.fidelity import fidelity_for_run
@@ -180,7 +179,7 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
         for name, text in (extra_files or {}).items():  # a text, or a file to copy
             io.atomic_write_text(tmp / name, text.read_text(encoding="utf-8") if isinstance(text, Path) else text)
         if figures:
-            from gmts_analysis.views.plots import render_all
+            from gmts_analysis.views.figures import render_all
             from gmts_analysis.views.report import write_report
 
             t0 = time.perf_counter()

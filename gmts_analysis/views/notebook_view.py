@@ -258,7 +258,7 @@ def show(run: Any, n: int = 5, **kw: Any) -> TokenView:
     The keep fraction defaults to the run's ``rho`` (manifest config) when it recorded one.
     """
     if "rho" not in kw:
-        cfg = (getattr(run, "manifest", None) or {}).get("config") or {}
-        if isinstance(cfg, dict) and isinstance(cfg.get("rho"), (int, float)):
-            kw["rho"] = float(cfg["rho"])
+        from gmts_analysis.options.settings import RunSettings
+
+        kw["rho"] = RunSettings.from_manifest(getattr(run, "manifest", None)).rho
     return TokenView(render_tokens_html(run.tokens, getattr(run, "answers", None), n, **kw))

@@ -2,7 +2,9 @@
 
 Every ``fig_*`` function takes the tokens table and/or the stats dict and returns a
 :class:`matplotlib.figure.Figure` built without pyplot (no global state, any backend;
-files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
+files are written with Agg). The figures of a run as entries (name, draw function, caption, which
+runs) and writing them (``render_all``, ``save_figure``) are :mod:`gmts_analysis.views.figures`; the
+token strip is :mod:`gmts_analysis.views.token_strip` (both re-exported here).
 
 - ``within_vs_cross``: per-answer Spearman(s, grad_norm_logp) (zoomed) beside the pooled
   cross-answer Spearman(s, grad_norm), with 95% CIs, for entropy, the masked baseline
@@ -24,14 +26,14 @@ files are written with Agg). :func:`render_all` writes them all as PNG and PDF.
 - ``token_strings``: the token strings carrying the most gradient mass beside those entropy
   and GMTS select most, overall and per domain (:mod:`gmts_analysis.analysis.token_strings`).
 
-Selections use the run's keep fraction (:func:`run_rho`).
+Selections use the run's keep fraction (:func:`gmts_analysis.views.figures.run_rho`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +43,12 @@ from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Statistics, WithinEntry
-from gmts_analysis.core.vocabulary import DEFAULT_RHO
+from gmts_analysis.core.scores import (
+    ANSWER_CONSTANT_SCORES,
+    HEADLINE_SCORES,
+    MASKED_SCORES,
+    figure_scores,
+)
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.style import COLORS, display_token  # noqa: F401 - display_token re-exported (report)
 
@@ -102,7 +109,7 @@ def _empty(fig: Figure, ax, msg: str) -> Figure:
 # ----------------------------------------------------------------------------- figures
 
 
-WITHIN_CROSS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "gmts_lgn")
+WITHIN_CROSS_ESTIMATORS = figure_scores("within_vs_cross")  # the registry's scores with this figure (core/scores.py)
 
 
 def _within_panel(ax, per_answer: pd.DataFrame, ests: Sequence[str], block: Block, rng: np.random.Generator) -> None:
@@ -307,10 +314,10 @@ def fig_topk_overlap(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
             ks = sorted(by_rho, key=float)
             xs = [float(k) for k in ks]
             ys = [_num(by_rho[k]) for k in ks]
-            bold = s in ("entropy", "entropy_inf", "gmts")  # entropy_inf: the masked baseline (dashed)
+            bold = s in HEADLINE_SCORES  # a masked baseline among them (scale informative): dashed
             ax.plot(xs, ys, marker="o", ms=3 if not bold else 5, lw=2.2 if bold else 1.0,
                     color=_color(s, i), alpha=1.0 if bold else 0.75, label=s,
-                    ls="--" if s == "entropy_inf" else "-")
+                    ls="--" if bold and s in MASKED_SCORES else "-")
             ci = st.topk_overlap_ci.series(scope, s)
             for k, b in ci.items():  # 95% CI (bootstrap over answers) where computed
                 v, lo, hi = _num(by_rho.get(k)), _num(b.ci_low), _num(b.ci_high)
@@ -329,7 +336,7 @@ def fig_topk_overlap(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
     return fig
 
 
-MASS_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "one_minus_prob", "one_minus_prob_inf", "gmts_lgn")
+MASS_ESTIMATORS = figure_scores("mass_capture")
 
 
 def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"),
@@ -356,7 +363,7 @@ def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
             dx = (i - (len(ests) - 1) / 2) * 0.004  # side by side, so the intervals do not hide each other
             ax.errorbar(xs + dx, ys, yerr=[np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)],
                         marker="o", ms=4, lw=1.4, capsize=2, color=_color(s, i), label=s,
-                        ls="--" if s.endswith("_inf") else "-")
+                        ls="--" if s in MASKED_SCORES else "-")
         ax.set_xlabel("kept fraction ρ")
         ax.set_title(f"scope: {scope}", fontsize=10)
         ax.set_ylim(0, 1.03)
@@ -399,120 +406,7 @@ def fig_update_fidelity(stats: StatsLike) -> Figure | None:
     return fig
 
 
-def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = DEFAULT_RHO) -> Any:
-    """The answer whose tokens ``a`` and ``b`` select most differently (batch scope), among
-    answers with a non-zero gradient when there are any."""
-    from gmts_analysis.core.selection import answer_disagreement
-
-    d = answer_disagreement(tokens, a, b, rho, "batch")
-    if "grad_norm" in tokens.columns:  # prefer answers whose tokens have a gradient at all
-        live = tokens.loc[tokens["grad_norm"].fillna(0) > 0, "answer_id"].unique()
-        if len(live):
-            d = d[d["answer_id"].isin(live)]
-    return d["answer_id"].iloc[0]
-
-
-STRIP_ROWS = (("entropy", "entropy", "Blues"), ("grad_norm", "grad_norm", "Oranges"),
-              ("entropy keeps", "_se", None), ("GMTS keeps", "_sg", None))  # (label, column, colour map)
-
-
-def fig_token_strip(
-    tokens: pd.DataFrame,
-    answer_id: Any = None,
-    rho: float = DEFAULT_RHO,
-    scope: str = "batch",
-    per_line: int = 32,
-    max_tokens: int = 160,
-) -> Figure:
-    """One answer as a strip of tokens: coloured by entropy, by grad_norm, and the tokens the
-    entropy and GMTS selections keep (top-``rho`` in ``scope``, computed on the whole table).
-
-    Colours are log-scaled inside the answer (dark = high). Long answers are cut to
-    ``max_tokens``; the strip wraps every ``per_line`` tokens.
-    """
-    from gmts_analysis.core.selection import select_top
-
-    if answer_id is None:
-        answer_id = pick_answer(tokens, rho=rho)
-    sel_e = select_top(tokens, "entropy", rho, scope)
-    sel_g = select_top(tokens, "gmts", rho, scope) if "gmts" in tokens.columns else np.zeros(len(tokens), bool)
-    m = (tokens["answer_id"] == answer_id).to_numpy()
-    a = tokens[m].assign(_se=sel_e[m], _sg=sel_g[m]).sort_values("position")
-    n_all = len(a)
-    a = a.head(max_tokens)
-    n = len(a)
-    lines = max(1, -(-n // per_line))
-    fig = Figure(figsize=(min(16.0, 0.42 * max(min(n, per_line), 14) + 1.8), 0.8 + 1.25 * lines),
-                 layout="constrained")
-    ax = fig.add_subplot()
-    if n == 0:
-        return _empty(fig, ax, f"answer {answer_id!r} not found")
-    _draw_strip(ax, a, _strip_colours(a), per_line)
-    ax.set_xlim(-4.0, max(min(n, per_line), 14))
-    ax.set_ylim(lines * (len(STRIP_ROWS) + 0.6), -0.2)
-    ax.set_axis_off()
-    adv = float(a["advantage"].iloc[0]) if "advantage" in a.columns else float("nan")
-    cut = f", first {n} of {n_all} tokens" if n < n_all else ""
-    ax.set_title(
-        f"answer {answer_id} (A = {adv:+.2f}{cut})\ncolour: value inside the answer (log scale, dark = high); "
-        f"selections: top {rho:.0%} per {scope}", fontsize=8, loc="left", parse_math=False,
-    )
-    return fig
-
-
-def _strip_colours(a: pd.DataFrame) -> dict[str, tuple[Any, Any]]:
-    """``{column: (colour map, norm)}`` of the coloured rows: log-scaled over the answer's positive values."""
-    from matplotlib import colormaps
-    from matplotlib.colors import LogNorm, Normalize
-
-    cmaps = {}
-    for _label, col, cmap in STRIP_ROWS:
-        if cmap is None:
-            continue
-        v = a[col].to_numpy(dtype=float)
-        pos = v[np.isfinite(v) & (v > 0)]
-        norm = LogNorm(pos.min(), pos.max()) if len(pos) >= 2 and pos.max() > pos.min() else Normalize(0, 1)
-        cmaps[col] = (colormaps[cmap], norm)
-    return cmaps
-
-
-def _strip_cell(val: Any, col: str, cmap: str | None, cmaps: dict) -> tuple[Any, str]:
-    """Face and text colour of one cell: a selection flag, or a value on its row's colour map."""
-    if cmap is None:
-        face = (COLORS["entropy"] if col == "_se" else COLORS["gmts"]) if bool(val) else "white"
-        return face, "white" if bool(val) else "#bbbbbb"
-    cm, norm = cmaps[col]
-    fv = float(val) if np.isfinite(val) and val > 0 else np.nan
-    face = cm(norm(fv)) if np.isfinite(fv) else (0.9, 0.9, 0.9, 1)
-    return face, "white" if np.isfinite(fv) and norm(fv) > 0.6 else "black"
-
-
-def _draw_strip(ax, a: pd.DataFrame, cmaps: dict, per_line: int) -> None:
-    """The cells of every token (one row per :data:`STRIP_ROWS` entry), wrapped every ``per_line`` tokens."""
-    row_h = 1.0
-    block = len(STRIP_ROWS) + 0.6
-    toks = [display_token(t, 4) for t in a["token"]]
-    for j in range(len(a)):
-        line, x = divmod(j, per_line)
-        y0 = line * block
-        for r, (_label, col, cmap) in enumerate(STRIP_ROWS):
-            y = y0 + r * row_h
-            face, txt_color = _strip_cell(a[col].iloc[j], col, cmap, cmaps)
-            ax.add_patch(_rect(x, y, face))
-            ax.text(x + 0.5, y + 0.5, toks[j], ha="center", va="center", fontsize=6, color=txt_color,
-                    parse_math=False, family="DejaVu Sans Mono")
-        if x == 0:
-            for r, (label, _, _) in enumerate(STRIP_ROWS):
-                ax.text(-0.3, y0 + r * row_h + 0.5, label, ha="right", va="center", fontsize=7, parse_math=False)
-
-
-def _rect(x: float, y: float, face) -> Any:
-    from matplotlib.patches import Rectangle
-
-    return Rectangle((x + 0.04, y + 0.04), 0.92, 0.92, facecolor=face, edgecolor="#dddddd", lw=0.3)
-
-
-DECOMPOSITION_ESTIMATORS = ("entropy", "entropy_inf", "gmts", "abs_omega", "surprisal", "logit_grad_norm")
+DECOMPOSITION_ESTIMATORS = figure_scores("decomposition")
 
 
 def _errbar(ax, x: float, entry: CrossEntry | WithinEntry | None, key: str, **kw) -> float:
@@ -664,7 +558,7 @@ def fig_estimators(tokens: pd.DataFrame, stats: StatsLike, ref: str = "entropy")
     for ax, (stat, title) in zip(axes, panels):
         pdiff = st.paired_difference
         # the axis spans the estimators' intervals; the |omega| baseline (far off) is written at the edge
-        ends = [_num(v) for s in ests if s != "abs_omega" and (d := pdiff.get(stat, s, ref)) is not None
+        ends = [_num(v) for s in ests if s not in ANSWER_CONSTANT_SCORES and (d := pdiff.get(stat, s, ref)) is not None
                 for v in (d.diff, d.ci_low, d.ci_high)]
         ends = [e for e in ends if np.isfinite(e)] + [0.0]
         pad = 0.08 * (max(ends) - min(ends) or 1e-3)
@@ -702,97 +596,15 @@ def fig_estimators(tokens: pd.DataFrame, stats: StatsLike, ref: str = "entropy")
     return fig
 
 
-# ------------------------------------------------------------------------------ writing
+#: names moved to views/figures.py and views/token_strip.py, still importable from here
+_MOVED = {"FIGURES": "figures", "FIGURE_ENTRIES": "figures", "FIGURE_CAPTIONS": "figures", "CREATOR": "figures",
+          "run_rho": "figures", "save_figure": "figures", "png_metadata": "figures", "render_all": "figures",
+          "pick_answer": "token_strip", "STRIP_ROWS": "token_strip", "fig_token_strip": "token_strip"}
 
 
-def run_rho(run: Run) -> float:
-    """The keep fraction of a run (stats ``meta.rho``, the probe's ``--rho``; 0.2 for older runs)."""
-    from gmts_analysis.analysis.stats import run_rho_key
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
 
-    return float(run_rho_key(run.stats))
-
-
-def _token_strings(run: Run) -> Figure | None:
-    from gmts_analysis.analysis.token_strings import fig_token_strings
-
-    return fig_token_strings(run.tokens, rho=run_rho(run))
-
-
-FIGURES: dict[str, Callable[[Run], Figure | None]] = {
-    "within_vs_cross": lambda r: fig_within_vs_cross(r.tokens, r.stats),
-    "decomposition": lambda r: fig_decomposition(r.stats),
-    "decomposition_slices": lambda r: fig_decomposition_slices(r.stats),
-    "estimators": lambda r: fig_estimators(r.tokens, r.stats),
-    "group_answers": lambda r: fig_group_answers(r.tokens),
-    "pooled_hexbin": lambda r: fig_pooled_hexbin(r.tokens),
-    "topk_overlap": lambda r: fig_topk_overlap(r.stats),
-    "mass_capture": lambda r: fig_mass_capture(r.stats),
-    "update_fidelity": lambda r: fig_update_fidelity(r.stats),
-    "token_strip": lambda r: fig_token_strip(r.tokens, rho=run_rho(r)),
-    "token_strings": _token_strings,
-}
-
-
-CREATOR = "gmts_analysis"
-
-
-def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf"), dpi: int = 150,
-                title: str | None = None) -> list[Path]:
-    """Write ``fig`` as ``stem.<fmt>`` for each format (Agg canvas, atomic); returns the paths.
-    ``title``: also written into the file's metadata (``Title``), so a later run can tell its own
-    figure from another file of that name (:func:`png_metadata`)."""
-    import io as _io
-
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from gmts_analysis.util.io import atomic_write_bytes
-
-    FigureCanvasAgg(fig)
-    out = []
-    for fmt in formats:
-        buf = _io.BytesIO()
-        # fixed metadata (no creation date), so two renders of one run are the same bytes
-        meta = {"Creator": CREATOR} if fmt == "png" else {"Creator": CREATOR, "CreationDate": None}
-        if title is not None:
-            meta["Title"] = title
-        fig.savefig(buf, format=fmt, dpi=dpi, metadata=meta)
-        out.append(atomic_write_bytes(stem.with_suffix(f".{fmt}"), buf.getvalue()))
-    return out
-
-
-def png_metadata(path: str | os.PathLike) -> dict[str, str]:
-    """The text chunks of a PNG file (``Creator``, ``Title`` of :func:`save_figure`); {} for a file
-    that is not a readable PNG."""
-    from PIL import Image, UnidentifiedImageError
-
-    try:
-        with Image.open(path) as im:
-            return dict(getattr(im, "text", {}) or {}) if im.format == "PNG" else {}
-    except (OSError, UnidentifiedImageError, ValueError):
-        return {}
-
-
-def render_all(run_dir: str | os.PathLike | Run, to: str | os.PathLike | None = None) -> list[Path]:
-    """Render every figure of a run (a directory, or a run in memory) as PNG and PDF into ``to``
-    (default RUN_DIR/figures).
-
-    Figures that cannot be drawn (e.g. update fidelity when the probe did not compute it)
-    are skipped with a log line. Returns the written paths.
-    """
-    run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
-    if to is None and run.path is None:
-        raise GmtsError("render_all: this run has no directory; say where to write the figures")
-    out_dir = Path(to) if to is not None else run.path / "figures"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written: list[Path] = []
-    for name, make in FIGURES.items():
-        try:
-            fig = make(run)
-        except GmtsError as e:
-            log.warning("figure %s skipped: %s", name, e)
-            continue
-        if fig is None:
-            log.info("figure %s skipped (no data)", name)
-            continue
-        written += save_figure(fig, out_dir / name)
-    return written
+        return getattr(importlib.import_module(f"gmts_analysis.views.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -31,13 +31,13 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
+from gmts_analysis.core.vocabulary import DEFAULT_RHO
 
 log = logging.getLogger(__name__)
 
 MAX_ANSWERS = 200  # answers in the audit view (paged, PAGE_SIZE a page; the page says how many)
 MAX_TOKENS = 1000  # tokens shown per answer (an answer cut says so)
 PAGE_SIZE = 20
-RHO = 0.2  # keep fraction of runs that recorded none (stats meta.rho)
 # off-policy columns shown on hover when the run has them: (column, data attribute, label, unit)
 OFF_POLICY_FIELDS = (("ratio", "ra", "ratio", ""), ("ref_logprob", "rl", "ref logprob", " nats"),
                      ("kl_k3", "kl", "KL term (k3)", " nats"), ("clipped", "cl", "clipped", ""))
@@ -277,28 +277,10 @@ def _slice_table(st: Statistics, section: str, title: str) -> str:
     return f'<h3>By {_e(title)}</h3><div class="scroll"><table class="stats"><thead>{head}</thead><tbody>{"".join(rows)}</tbody></table></div>'
 
 
-FIGURE_CAPTIONS = {
-    "within_vs_cross": "Per-answer Spearman with ‖∇ log p‖ (same answers for every score) beside the Spearman with "
-    "grad_norm over all tokens pooled, with 95% CIs.",
-    "decomposition": "Across answers over all tokens vs over informative tokens (ω ≠ 0), and the share of each "
-    "selection spent on tokens without gradient: how much of a score's failure is wasted picks, how much magnitude.",
-    "decomposition_slices": "Per domain (or step): the share of tokens without gradient (bars) and the cross-answer "
-    "Spearman of entropy and GMTS over all vs informative tokens, with 95% CIs.",
-    "estimators": "Every per-token score ranked by agreement with the exact gradient: per-answer correlations "
-    "(same answers for every score) and the informative cross-answer correlation, with 95% CIs.",
-    "group_answers": "One group: each answer is its own band of log entropy vs log grad_norm (marker: sign of the advantage).",
-    "pooled_hexbin": "All tokens pooled: entropy vs grad_norm next to GMTS vs grad_norm.",
-    "topk_overlap": "Overlap of each estimator's top-ρ tokens with the top-ρ by grad_norm; dotted: random.",
-    "update_fidelity": "Cosine and norm ratio of the selected tokens' update vs the full policy gradient "
-    "(ρ: the run's keep fraction).",
-    "token_strip": "One answer's tokens coloured by entropy and by grad_norm, with the entropy and GMTS selections.",
-    "token_strings": "Which token strings carry the gradient mass, beside those entropy and GMTS select most "
-    "(overall and per domain; table: token_strings.csv).",
-}
 
 
 def _figures_section(run_dir: Path | None, run: Any) -> str:
-    from gmts_analysis.views.plots import FIGURES
+    from gmts_analysis.views.figures import FIGURE_CAPTIONS, FIGURES
 
     figdir = run_dir / "figures" if run_dir is not None else None
     items = []
@@ -319,7 +301,7 @@ def _render_png(name: str, run: Any) -> bytes | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import FIGURES
+    from gmts_analysis.views.figures import FIGURES
 
     try:
         fig = FIGURES[name](run)
@@ -431,7 +413,7 @@ def _answer_block(a: _AuditTokens, d: Mapping[str, Any], rows: np.ndarray, ans_i
     )
 
 
-def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = RHO) -> str:
+def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = DEFAULT_RHO) -> str:
     """The audit: the ``max_answers`` answers whose tokens entropy and GMTS select most differently."""
     from gmts_analysis.core.selection import answer_disagreement
 

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gmts_analysis.core.sizes import AUTO, parse_chunk_size
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
@@ -76,7 +77,8 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
         # outside the except block: the exception's frames (and their tensors) are released
         _free_memory()
         cs = str(cur.chunk_size)
-        size = int(cs) if cs.isdigit() else None
+        parsed = parse_chunk_size(cur.chunk_size)
+        size = None if parsed == AUTO else parsed
         new = max(1, answer.length // 2) if size is None else size // 2
         if (size is not None and size <= 1) or new < 1 or (size is None and answer.length <= 1):
             raise MemoryError(f"out of memory even at chunk size 1 ({oom})")
