@@ -108,6 +108,7 @@ class Score:
     figures: tuple[str, ...] = ()
     headline: bool = False
     answer_constant: bool = False
+    may_be_nan: bool = False  #: undefined on some tokens (NaN there), never a sign of a broken table
 
     @property
     def column(self) -> bool:
@@ -245,6 +246,8 @@ CHANCE_ARMS = NameView(lambda s: s.arm and "uniform" in s.needs, _arm_order)
 MASKED_SCORES = NameView(lambda s: s.scale == "informative")
 #: the scores drawn bold (with their intervals) where a figure draws every estimator
 HEADLINE_SCORES = NameView(lambda s: s.headline)
+#: score columns that may hold NaN in a sound table (their value is undefined on some tokens)
+NAN_SCORES = NameView(lambda s: s.may_be_nan)
 #: the scores constant inside an answer on-policy (baselines left out of the paired-difference axis)
 ANSWER_CONSTANT_SCORES = NameView(lambda s: s.answer_constant)
 
@@ -294,7 +297,7 @@ def _register_builtins() -> None:
              "masked baseline: 1 - p on tokens with omega != 0, 0 elsewhere", arm=True, arm_rank=6, color="#ff7f0e",
              figures=(MASS,)))
     r(Score("rsi", ("logprob", "entropy"), lambda q: -q["logprob"] / positive_or_nan(q["entropy"]),
-            "surprisal / entropy (NaN where the entropy is 0)"))
+            "surprisal / entropy (NaN where the entropy is 0)", may_be_nan=True))
     r(Score("logit_grad_norm", ("logit_grad_norm",), lambda q: q["logit_grad_norm"],
             "||d logprob / d z||_2 (closed form)", figures=(DECOMPOSITION,)))
     r(scaled("gmts_lgn", "logit_grad_norm", "abs_omega", "logit_grad_norm * |omega|", arm=True, arm_rank=3,

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.scores import NAN_SCORES
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
@@ -75,7 +76,7 @@ def check_rows(df: pd.DataFrame, path: Path, answers: Sequence[int], n_rows: int
             continue
         v = df[c].to_numpy()
         bad = ~np.isfinite(v)
-        if c.startswith("grad_norm") or c == "rsi":
+        if c.startswith("grad_norm") or c in NAN_SCORES:
             bad &= ~np.isnan(v)
         if bad.any():
             i = int(np.argmax(bad))
