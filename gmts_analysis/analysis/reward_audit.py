@@ -80,6 +80,6 @@ def audit_sentence(audit: dict[str, Any] | None) -> str | None:
              if audit.get("fallback_share") is not None else None,
              f"{pct('copies_prompt_example_share')} copying a worked example of the prompt"
              if audit.get("copies_prompt_example_share") is not None else None]
-    who = f"verifier {audit['verifier']}" if audit.get("verifier") else "rewards as given (no verifier recorded)"
+    who = f"verifier {audit['verifier']}" if audit.get("verifier") else "no verifier recorded: rewards as given"
     facts = ", ".join(p for p in parts if p) or "nothing more recorded"
     return f"Reward audit ({who}), {audit['n_answers']} answers: {facts}."
