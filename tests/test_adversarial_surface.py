@@ -118,8 +118,13 @@ def test_sigint_during_a_probe_exits_130_and_resumes_to_a_clean_run(point, model
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, (proc.returncode, err[-2000:])
-    assert "gmts: interrupted" in err and "Traceback" not in err, err[-2000:]
+    # 130, or at startup death by SIGINT (what a shell reports as 130): under load the signal can reach the
+    # interpreter before gmts_analysis.cli is imported, or after main returned (CI saw -2 once with
+    # "gmts: interrupted" printed); every later point must be main's own 130
+    ok = (130, -2) if point == "startup" else (130,)
+    assert proc.returncode in ok, (proc.returncode, err[-2000:])
+    if proc.returncode == 130:  # main's own stop: its one line, no traceback
+        assert "gmts: interrupted" in err and "Traceback" not in err, err[-2000:]
     assert not (out / "tokens.parquet").exists() and not (out / "manifest.json").exists()
     assert main(probe_args(model_dir, r, out, *args)) == 0  # the resume
     assert_same_rows(tokens(out), tokens(ref))
@@ -446,6 +451,8 @@ def referee_copy(tmp_path):
     plan = json.loads((REFEREE / "plan.json").read_text())
     plan["settings"] = [s for s in plan["settings"] if s["name"] == SETTING]
     plan["contrasts"] = [c for c in plan["contrasts"] if c["setting"] == SETTING]
+    for k in ("prior_runs", "pool_with"):  # other experiments' folders, not copied here
+        plan.pop(k, None)
     (d / "plan.json").write_text(json.dumps(plan))
     shutil.copytree(REFEREE / f"{SETTING}.runs", d / f"{SETTING}.runs")
     return d
