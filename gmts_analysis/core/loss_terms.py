@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -122,8 +123,22 @@ def _policy_omega(p: OmegaParts) -> Tensor:
     return pol * p.live
 
 
+def _exp(x: Any) -> Any:
+    return torch.exp(x) if isinstance(x, Tensor) else np.exp(x)
+
+
+def k3_kl(x: Any) -> Any:
+    """The k3 estimate of the per-token KL to the reference, ``exp(x) - x - 1`` in nats, with
+    ``x = ref_logprob - logprob`` (tensors or arrays)."""
+    return _exp(x) - x - 1.0
+
+
+def k3_kl_grad(x: Any) -> Any:
+    """``d k3 / d logprob = 1 - exp(x)``, ``x = ref_logprob - logprob`` (tensors or arrays)."""
+    return 1.0 - _exp(x)
+
+
 def _kl_omega(p: OmegaParts) -> Tensor:
-    from gmts_analysis.core.objective import k3_kl, k3_kl_grad
     from gmts_analysis.errors import GmtsError
 
     s = p.settings

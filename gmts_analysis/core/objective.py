@@ -58,7 +58,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gmts_analysis.core.loss_terms import AGGREGATIONS, OmegaParts, omega_sum
+from gmts_analysis.core.loss_terms import (  # noqa: F401 - k3_kl, k3_kl_grad re-exported (the KL term's)
+    AGGREGATIONS,
+    OmegaParts,
+    _exp,
+    k3_kl,
+    k3_kl_grad,
+    omega_sum,
+)
 from gmts_analysis.core.vocabulary import (  # noqa: F401 - the loss names, re-exported
     IS_LEVELS,
     LOSS_AGGS,
@@ -331,10 +338,6 @@ def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor,
     return ratio.expand_as(m)
 
 
-def _exp(x: Any) -> Any:
-    return torch.exp(x) if isinstance(x, Tensor) else np.exp(x)
-
-
 def policy_ratio(log_ratio: Any, level: str = "token", lengths: Any = None) -> Any:
     """The importance ratio of each token (module docstring), a tensor or array shaped like ``log_ratio``.
 
@@ -350,17 +353,6 @@ def policy_ratio(log_ratio: Any, level: str = "token", lengths: Any = None) -> A
     total = np.sum(log_ratio, axis=-1, keepdims=True)
     r = np.exp(total / (log_ratio.shape[-1] if lengths is None else lengths))
     return np.broadcast_to(r, np.shape(log_ratio)).copy()
-
-
-def k3_kl(x: Any) -> Any:
-    """The k3 estimate of the per-token KL to the reference, ``exp(x) - x - 1`` in nats, with
-    ``x = ref_logprob - logprob`` (tensors or arrays)."""
-    return _exp(x) - x - 1.0
-
-
-def k3_kl_grad(x: Any) -> Any:
-    """``d k3 / d logprob = 1 - exp(x)``, ``x = ref_logprob - logprob`` (tensors or arrays)."""
-    return 1.0 - _exp(x)
 
 
 def clipped_mask(ratio: Tensor, advantages: Tensor, settings: LossSettings = LossSettings()) -> Tensor:

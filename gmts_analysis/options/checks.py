@@ -101,14 +101,14 @@ def dtype(flag: str, v: Any) -> None:
 
 def domains(flag: str, v: Any) -> None:
     """Sampling domains: the toy domains and the word problems (gmts run, gmts sample)."""
-    from gmts_analysis.sampling.domains import domain_list
+    from gmts_analysis.sampling.names import domain_list
 
     domain_list(v, flag=flag)
 
 
 def toy_domains(flag: str, v: Any) -> None:
     """Training domains: the toy domains only (gmts rl)."""
-    from gmts_analysis.sampling.domains import domain_list
+    from gmts_analysis.sampling.names import domain_list
     from gmts_analysis.toy.domains import DOMAINS
 
     domain_list(v, tuple(DOMAINS), flag)

@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import gmts_analysis.options.checks as checks
 from gmts_analysis.core.vocabulary import (
     ADVANTAGE_MODES,
     DEFAULT_RHO,
@@ -24,7 +25,6 @@ from gmts_analysis.core.vocabulary import (
     VLLM_IS_MODES,
 )
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options import checks
 from gmts_analysis.options.fields import alias, opt
 from gmts_analysis.options.parser import ExamplesHelpFormatter, add_fields, from_args  # noqa: F401 - re-exported
 
@@ -356,7 +356,7 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
     """
     import difflib
 
-    from gmts_analysis.options import resolve_aliases
+    from gmts_analysis.options.spellings import resolve_aliases
 
     names = option_names()
     kwargs = resolve_aliases(kwargs, names)

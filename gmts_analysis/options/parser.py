@@ -111,7 +111,7 @@ def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
 def _hand_written() -> dict[str, tuple[str, str | None, Any]]:
     """The flags of ``gmts stats``, still written by hand in ``commands/stats.py`` (changing for
     issue #28; to be declared as fields then): ``{dest: (group, metavar, check)}``."""
-    from gmts_analysis.options import checks
+    import gmts_analysis.options.checks as checks
 
     return {"n_boot": ("output", "RESAMPLES", checks.int_at_least(0)),  # 0: no confidence intervals
             "seed": ("run control", "INT", checks.seed),

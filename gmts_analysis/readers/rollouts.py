@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.readers.audit import response_text
 from gmts_analysis.readers.context import Contextualizer
 from gmts_analysis.readers.formats import (
     FORMATS,
@@ -43,6 +42,7 @@ from gmts_analysis.readers.sources import (
     parse_steps,
     rollout_files,
 )
+from gmts_analysis.readers.texts import response_text
 
 __all__ = ["Answer", "FORMATS", "ReaderOptions", "Rollouts", "detect_format", "input_sha256", "read_rollouts",
            "read_rollouts_rows", "validate_against_model"]

@@ -77,7 +77,7 @@ def math_boxed_reward(prompts: Sequence[Any], completions: Sequence[Any], soluti
     or the completion has none, None where the reference cannot be parsed. No fallback: a number written
     elsewhere in the text is never taken for the answer (the ``math`` verifier's fallback scores an unboxed,
     often truncated answer by its last number). The equivalence check is ``math_verify``'s."""
-    from gmts_analysis.readers.audit import last_boxed
+    from gmts_analysis.readers.texts import last_boxed
 
     def boxed_only(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
         box = last_boxed(text)

@@ -9,16 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.toy.domains import DOMAINS as TOY_DOMAINS
 
 if TYPE_CHECKING:
     from gmts_analysis.options.config import SamplingOptions
 
-#: the toy domains sampled by default: every registered one (:data:`gmts_analysis.toy.domains.DOMAINS`)
-DEFAULT_DOMAINS = tuple(TOY_DOMAINS)
-#: the real-model world: grade-school word problems (:mod:`gmts_analysis.sampling.wordproblems`)
-WORD_DOMAIN = "word"
-ALL_DOMAINS = (*DEFAULT_DOMAINS, WORD_DOMAIN)
+from gmts_analysis.sampling.names import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, domain_list  # noqa: F401
+
 #: the word world's defaults (``gmts run --model smollm2``, ``gmts sample --domains word``), sized for
 #: SmolLM2-135M-Instruct on 2 CPU cores (README, "A real model"): a budget that lets at least 90% of its
 #: answers finish (measured by benchmarks/word_design.py; docs/smollm2_study.md)
@@ -64,18 +60,6 @@ def sampling_options(model: Any, domains: Any, options: dict[str, Any], where: s
     opts = SamplingOptions(**kw)
     check_values(opts, skip=("model", "domains"))
     return opts
-
-
-def domain_list(domains: str | Any, allowed: tuple[str, ...] = ALL_DOMAINS, flag: str = "domains") -> list[str]:
-    """Domain names from a comma-separated string or a sequence of them; a name not in ``allowed``, or
-    none at all, is refused with one line naming ``flag`` (the caller's name for the option)."""
-    doms = [d.strip() for x in ([domains] if isinstance(domains, str) else domains) for d in str(x).split(",")
-            if d.strip()]
-    unknown = [d for d in doms if d not in allowed]
-    if not doms or unknown:
-        raise GmtsError(f"{flag}: unknown domain(s) {', '.join(unknown) or '(none given)'} "
-                        f"(choose from {', '.join(allowed)})")
-    return doms
 
 
 def check_verifiers_installed(domains: list[str]) -> None:
