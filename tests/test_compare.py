@@ -220,3 +220,23 @@ def test_identical_runs_compare_equal_inputs_apart_from_settings(tmp_path, caplo
     with caplog.at_level(logging.INFO, logger="gmts_analysis.views.compare"):
         cmp = compare_runs([tmp_path / "a", tmp_path / "c"])
     assert cmp.mismatches == [] and "probed different rollouts" in caplog.text
+
+
+def test_series_figure_whole_number_axis_and_one_colour_per_score(tmp_path):
+    """Issue #31: the run axis showed 0.5, 1.5, ...; entropy and head_grad_norm were both blue."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from gmts_analysis.core.scores import score_color
+    from gmts_analysis.views.compare import series_figure
+
+    rows = [{"run": f"r{x}", "x": x, "statistic": f"cross_answer.{e}.spearman", "block": "cross_answer",
+             "estimator": e, "series": "cross_answer.*.spearman", "value": 0.1 * x, "ci_low": None,
+             "ci_high": None, "settings": "A"} for x in (0, 1, 2) for e in ("entropy", "head_grad_norm", "gmts")]
+    fig = series_figure(pd.DataFrame(rows), "cross_answer.*.spearman", "run")
+    FigureCanvasAgg(fig).draw()
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    colours = {ln.get_label(): ln.get_color() for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert colours == {e: score_color(e) for e in ("entropy", "head_grad_norm", "gmts")}
+    assert len(set(colours.values())) == 3

@@ -322,6 +322,23 @@ def test_every_writer_checks_its_target_figures_to_a_dir_of_user_files(finished,
     assert_untouched(before, snapshot(tmp_path))
 
 
+def test_figures_to_a_folder_of_ours_replace_only_proven_figures_and_leave_the_rest(finished, tmp_path):
+    """A folder gmts drew into (the repository's figures/, with its README and RL figures beside) takes
+    new figures; a figure-named file gmts cannot prove it wrote is never replaced; other files stay."""
+    figs = tmp_path / "figs"
+    assert run_cli(["figures", str(finished), "--to", str(figs), "-q"])[0] == 0
+    (figs / "README.md").write_text("notes of mine")
+    (figs / "rl_curves.png").write_bytes(b"\x89PNG of mine")
+    assert run_cli(["figures", str(finished), "--to", str(figs), "-q"])[0] == 0  # drawn again in place
+    assert (figs / "README.md").read_text() == "notes of mine"
+    assert (figs / "rl_curves.png").read_bytes() == b"\x89PNG of mine"
+    (figs / "estimators.png").write_bytes(b"\x89PNG a user's estimators figure")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(["figures", str(finished), "--to", str(figs), "-q"]),
+                          "estimators.png was not written by gmts")
+    assert_untouched(before, snapshot(tmp_path))
+
+
 def test_every_writer_checks_its_target_api_save_refuses_a_directory_not_ours(finished, tmp_path):
     import gmts_analysis as gmts
     from gmts_analysis.errors import GmtsError

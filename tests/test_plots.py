@@ -148,3 +148,58 @@ def test_hexbin_draws_what_it_names_and_within_vs_cross_has_the_uncertain_row(ta
         assert f"{n_zero} with zero gradient (red rug)" in title
     wc = plots.fig_within_vs_cross(tokens, stats)
     assert len(wc.axes) == (4 if stats.get("uncertain", {}).get("within_answer") else 2)
+
+
+# --- issue #31's figure defects, each drawn and measured -----------------------------------------------------
+
+
+def _boxes(fig, texts):
+    r = fig.canvas.get_renderer()
+    return [t.get_window_extent(r) for t in texts if t.get_text() and t.get_visible()]
+
+
+def _overlapping(boxes) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(len(boxes)) for j in range(i + 1, len(boxes)) if boxes[i].overlaps(boxes[j])]
+
+
+def _draw(fig):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig).draw()
+    return fig
+
+
+def test_within_vs_cross_titles_fit_labels_do_not_meet_and_it_shows_medians(tables):
+    from gmts_analysis.analysis.stats_types import Statistics
+
+    tokens, _, stats = tables
+    fig = _draw(plots.fig_within_vs_cross(tokens, stats))
+    page = fig.bbox
+    for ax in fig.axes:  # every panel title lies inside the figure (the uncertain row's was clipped)
+        for b in _boxes(fig, [ax.title]):
+            assert page.x0 - 1 <= b.x0 and b.x1 <= page.x1 + 1, ax.get_title()
+    for ax in fig.axes:  # the values written beside the points never run into each other
+        assert not _overlapping(_boxes(fig, ax.texts)), [t.get_text() for t in ax.texts]
+    st = Statistics.coerce(stats)
+    within = fig.axes[0]  # the numbers written are the medians the summary prints, and the legend says so
+    written = {t.get_text() for t in within.texts}
+    for s in plots.WITHIN_CROSS_ESTIMATORS:
+        e = st.within_answer.get(s)
+        if e is not None and np.isfinite(e.median):
+            assert f"{e.median:.3f}" in written
+    legend = " ".join(t.get_text() for t in fig.legends[0].get_texts())
+    assert "median over answers" in legend and "mean over answers (95% CI)" in legend
+
+
+def test_estimators_axis_labels_fit_and_every_score_has_its_own_colour(tables):
+    from gmts_analysis.core.scores import SCORE_COLORS, NameView, score_color
+
+    tokens, _, stats = tables
+    fig = _draw(plots.fig_estimators(tokens, stats))
+    for ax in fig.axes:
+        assert not _overlapping(_boxes(fig, ax.get_xticklabels())), [t.get_text() for t in ax.get_xticklabels()]
+    names = list(NameView(lambda s: True))  # every registered score
+    assert set(names) <= set(SCORE_COLORS), "a built-in score without its colour"
+    colours = [score_color(s) for s in names]
+    assert len(set(colours)) == len(colours), dict(zip(names, colours))  # entropy_inf was gmts_head's red
+    assert score_color("oracle") not in colours and score_color("my_score", 0) not in colours

@@ -9,8 +9,9 @@ import pandas as pd
 import pytest
 from _synthetic import make_tables
 
-from gmts_analysis.analysis.token_strings import COLUMNS, fig_token_strings, token_strings_table, write_token_strings
+from gmts_analysis.analysis.token_strings import COLUMNS, token_strings_table, write_token_strings
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.views.plots_tokens import fig_token_strings
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +86,13 @@ def test_rendered_with_the_run(tmp_path):
     assert back["kept_gmts"].tolist() == expect["kept_gmts"].tolist()
     assert (out / "figures" / "token_strings.png").exists()
     assert "token_strings" in (out / "report.html").read_text(encoding="utf-8")
+
+
+def test_one_domain_draws_one_row_named_by_its_domain():
+    """The "all" row and the only domain's row were the same bars drawn twice (issue #31)."""
+    tokens, _ = make_tables(n_groups=3, group_size=3, seed=5, domains=("logic",))
+    fig = fig_token_strings(tokens)
+    titles = [ax.get_title(loc="left") for ax in fig.axes]
+    assert len(fig.axes) == 3 and all(t.startswith("logic:") for t in titles), titles
+    two, _ = make_tables(n_groups=4, group_size=3, seed=5, domains=("x", "y"))
+    assert [ax.get_title(loc="left").split(":")[0] for ax in fig_token_strings(two).axes[::3]] == ["all", "x", "y"]

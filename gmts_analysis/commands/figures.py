@@ -44,18 +44,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _check_figures_dir(to) -> None:
-    """--to: absent, empty, or holding only the figure files gmts writes (any other file is someone
-    else's: refused, never mixed with or replaced by figures)."""
+    """--to: absent, empty, or a folder gmts has drawn figures into before. A figure file there (a name
+    gmts writes) is replaced only when its metadata proves gmts wrote it (``Creator`` of
+    :func:`~gmts_analysis.views.figures.save_figure`); other files are never touched, and are refused
+    in a folder without any figure of ours (someone else's folder: not mixed with figures)."""
     import re
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.figures import FIGURES
+    from gmts_analysis.views.figures import FIGURES, figure_file_is_ours
 
     if not to.is_dir():
         return
-    ours = {f"{n}.{ext}" for n in FIGURES for ext in ("png", "pdf")}
-    foreign = sorted(c.name for c in to.iterdir() if c.name not in ours and not re.match(r"^\..+\.tmp$", c.name))
-    if foreign:
+    names = {f"{n}.{ext}" for n in FIGURES for ext in ("png", "pdf")}
+    present = sorted(c for c in to.iterdir() if c.name in names)
+    not_ours = [c.name for c in present if not figure_file_is_ours(c)]
+    if not_ours:
+        raise GmtsError(f"--to {to}: {not_ours[0]} was not written by gmts (no gmts_analysis creator in its "
+                        "metadata); gmts never replaces it: choose another directory for the figures")
+    foreign = sorted(c.name for c in to.iterdir() if c.name not in names and not re.match(r"^\..+\.tmp$", c.name))
+    if foreign and not present:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise GmtsError(f"--to {to}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
                         "choose an empty or new directory for the figures")

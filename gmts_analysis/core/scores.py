@@ -19,7 +19,7 @@ Fields beyond the function: ``arm`` (a selection arm: ``gmts rl --selection``, T
 ``token_selection``, verl's ``selection``), ``default_arm`` (run by ``gmts rl`` unless asked
 otherwise), ``diagnostic`` (logged by the live diagnostics and ``gmts rl``'s per-step records: its
 selection waste, its overlaps with the other diagnostic scores, its update fidelity and grad-norm
-correlations, and their RL figures), ``color`` (its line in the RL figures), ``figures`` (the run
+correlations, and their RL figures), ``color`` (its colour in every figure; distinct per score), ``figures`` (the run
 figures whose estimator list includes it: ``within_vs_cross``, ``mass_capture``, ``decomposition``),
 ``headline`` (drawn bold, with its interval, where a figure draws every estimator),
 ``answer_constant`` (constant inside an answer on-policy: a baseline the paired-difference axis leaves
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.style import FALLBACK_COLORS, REFERENCE_COLORS
 
 #: per-token quantities a score may need -> what it is (docs/definitions.md section 2)
 QUANTITIES = {
@@ -266,6 +267,16 @@ def diagnostic_pairs(names: Sequence[str] | None = None) -> list[tuple[str, str]
 MASKED_ARMS = NameView(lambda s: s.arm and s.scale == "informative", _arm_order)
 #: ``{arm: colour}`` of the RL figures
 ARM_COLORS = FieldView(lambda s: s.arm and s.color is not None, lambda s: s.color, _arm_order)
+#: ``{score: colour}`` of every score with one: its colour in every figure (run, RL, compare)
+SCORE_COLORS = FieldView(lambda s: s.color is not None, lambda s: s.color)
+
+
+def score_color(name: str, i: int = 0) -> str:
+    """The colour of ``name`` in any figure: its registry entry's, a reference's (``oracle``), or, for a
+    score registered without one, the ``i``-th colour of a cycle no built-in score uses."""
+    if name in SCORE_COLORS:
+        return SCORE_COLORS[name]
+    return REFERENCE_COLORS.get(name) or FALLBACK_COLORS[i % len(FALLBACK_COLORS)]
 
 
 # --- the built-in scores (registered once, at import) ---------------------------------------------
@@ -288,23 +299,25 @@ def _register_builtins() -> None:
     # baseline: the token's coefficient alone (constant inside an answer on-policy); how much of a
     # ranking comes from |omega| = |w A| without any per-token information
     r(Score("abs_omega", ("omega",), lambda q: abs(q["omega"]), "baseline: |omega| alone", scale="abs_omega",
-            answer_constant=True, figures=(DECOMPOSITION,)))
+            answer_constant=True, color="#969696", figures=(DECOMPOSITION,)))
     r(Score("surprisal", ("logprob",), lambda q: -q["logprob"], "surprisal -log p of the sampled token (nats)",
-            figures=(DECOMPOSITION,)))
+            color="#393b79", figures=(DECOMPOSITION,)))
     r(Score("one_minus_prob", ("prob",), lambda q: 1.0 - q["prob"], "1 - p of the sampled token",
-            figures=(WITHIN, MASS)))
+            color="#e377c2", figures=(WITHIN, MASS)))
     r(scaled("one_minus_prob_inf", "one_minus_prob", "informative",
              "masked baseline: 1 - p on tokens with omega != 0, 0 elsewhere", arm=True, arm_rank=6, color="#ff7f0e",
              figures=(MASS,)))
     r(Score("rsi", ("logprob", "entropy"), lambda q: -q["logprob"] / positive_or_nan(q["entropy"]),
-            "surprisal / entropy (NaN where the entropy is 0)", may_be_nan=True))
+            "surprisal / entropy (NaN where the entropy is 0)", may_be_nan=True,
+            color="#bcbd22"))
     r(Score("logit_grad_norm", ("logit_grad_norm",), lambda q: q["logit_grad_norm"],
-            "||d logprob / d z||_2 (closed form)", figures=(DECOMPOSITION,)))
+            "||d logprob / d z||_2 (closed form)", color="#637939",
+            figures=(DECOMPOSITION,)))
     r(scaled("gmts_lgn", "logit_grad_norm", "abs_omega", "logit_grad_norm * |omega|", arm=True, arm_rank=3,
              default_arm=True, diagnostic=True, color="#9467bd", figures=(WITHIN, MASS)))
     r(Score("head_grad_norm", ("head_grad_norm",), lambda q: q["head_grad_norm"],
-            "exact norm of the output head's part of the token's gradient"))
-    r(scaled("gmts_head", "head_grad_norm", "abs_omega", "head_grad_norm * |omega|"))
+            "exact norm of the output head's part of the token's gradient", color="#8c6d31"))
+    r(scaled("gmts_head", "head_grad_norm", "abs_omega", "head_grad_norm * |omega|", color="#7b4173"))
     r(Score("random", ("uniform",), lambda q: q["uniform"], "uniform random scores (seeded): the chance baseline",
             arm=True, arm_rank=4, default_arm=True, color="#2ca02c"))
 

@@ -1,4 +1,4 @@
-"""Shared look of figures and reports: estimator colours and how a token is shown.
+"""Shared look of figures and reports: reference colours and how a token is shown.
 
 A leaf module (no imports from the package), so that every figure module can use it
 without importing another figure module.
@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-COLORS = {"entropy": "#1f77b4", "gmts": "#ff7f0e", "oracle": "#2ca02c", "random": "#7f7f7f", "all": "#444444"}
+#: colours of the references that are not scores (a score's colour is its registry entry's, core/scores.py)
+REFERENCE_COLORS = {"oracle": "#111111"}
+#: colours for what has neither (a user's score registered without one), never a built-in score's
+FALLBACK_COLORS = ("#e7969c", "#6b6ecf", "#b5cf6b", "#e7cb94", "#ce6dbd", "#9c9ede", "#cedb9c", "#bd9e39")
 
 
 def display_token(tok: Any, width: int | None = None) -> str:

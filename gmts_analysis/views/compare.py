@@ -367,24 +367,25 @@ def figure_series(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> Path:
-    """statistic vs step for one series, one line per estimator, 95% CI band where known."""
+def series_figure(table: pd.DataFrame, series: str, x_label: str):
+    """statistic vs step (or run number) for one series: one line per estimator in its registry colour,
+    markers per settings group, 95% CI band where known; whole-number x ticks. A Figure (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    from gmts_analysis.util.io import atomic_write_bytes
+    from gmts_analysis.core.scores import score_color
 
     sub = table[table["series"] == series]
-    fig = Figure(figsize=(6.0, 3.6))  # no pyplot, no global backend switch
+    fig = Figure(figsize=(7.6, 3.6))  # no pyplot, no global backend switch
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     markers = "osD^vP*X"
     groups = sorted(pd.unique(sub["settings"]))
     alpha = 0.15 if sub["estimator"].nunique() <= 4 else 0.06  # many overlapping bands stay readable
-    for e, d in sub.groupby("estimator", sort=False):
+    for i, (e, d) in enumerate(sub.groupby("estimator", sort=False)):
         d = d.sort_values("x")
-        label = e or series
-        line = ax.plot(d["x"], d["value"], "-", lw=1.4, label=label)[0]
+        line = ax.plot(d["x"], d["value"], "-", lw=1.4, label=e or series, color=score_color(e, i) if e else "black")[0]
         for gi, g in enumerate(groups):
             dg = d[d["settings"] == g]
             ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=line.get_color(), ms=4)
@@ -393,15 +394,23 @@ def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> P
     title = series + ("   [MIXED SETTINGS: markers = groups " + ", ".join(groups) + "]" if len(groups) > 1 else "")
     ax.set_title(title, fontsize=9)
     ax.set_xlabel(x_label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and run numbers: whole numbers only
     ax.set_ylabel("value (95% CI band)")
     ax.grid(alpha=0.3)
     if sub["estimator"].astype(bool).any():
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside, never on the data
     fig.tight_layout()
+    return fig
+
+
+def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> Path:
+    """:func:`series_figure` written as a PNG at ``path`` (atomically)."""
     import io
 
+    from gmts_analysis.util.io import atomic_write_bytes
+
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
+    series_figure(table, series, x_label).savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path, buf.getvalue())
 
 

@@ -47,7 +47,7 @@ def run_rho(run: Run) -> float:
 
 
 def _token_strings(run: Run) -> Figure | None:
-    from gmts_analysis.analysis.token_strings import fig_token_strings
+    from gmts_analysis.views.plots_tokens import fig_token_strings
 
     return fig_token_strings(run.tokens, rho=run_rho(run))
 
@@ -69,10 +69,11 @@ class FigureEntry:
 FIGURE_ENTRIES: tuple[FigureEntry, ...] = (
     FigureEntry(
         'within_vs_cross', lambda r: fig_within_vs_cross(r.tokens, r.stats),
-        caption=('Per-answer Spearman with ‖∇ log p‖ (same answers for every score) beside the Spearman with grad_norm'
-                 ' over all tokens pooled, with 95% CIs.'),
+        caption=('Per-answer Spearman with ‖∇ log p‖ (same answers for every score; median with its interquartile '
+                 'range, mean with its 95% CI) beside the Spearman with grad_norm over all tokens pooled, with 95% CIs.'),
         readme=('left: per-answer Spearman(score, ‖∇ log p‖) over the same informative answers for every score '
-                '(points with seeded jitter, mean with 95% CI, axis zoomed to the data); right: the pooled '
+                '(points with seeded jitter; the median, the number the summary prints, written beside it with the '
+                'interquartile range; the mean with its 95% CI; axis zoomed to the data); right: the pooled '
                 'cross-answer Spearman(score, grad_norm) over all tokens (open) and informative tokens (filled); for '
                 'entropy, the masked baseline entropy_inf, GMTS, 1 - p and gmts_lgn; second row: the same over the '
                 'tokens with prob < 0.9; CIs from a cluster bootstrap over groups'),
@@ -149,7 +150,7 @@ FIGURE_ENTRIES: tuple[FigureEntry, ...] = (
         caption=('Which token strings carry the gradient mass, beside those entropy and GMTS select most (overall and '
                  'per domain; table: token_strings.csv).'),
         readme=('the token strings that carry the most gradient mass, beside those entropy and GMTS select most, '
-                'overall and per domain (table: `token_strings.csv` of the run)'),
+                'overall and per domain (one row when the run has one domain; table: `token_strings.csv` of the run)'),
         applies='every run'),
 )
 #: ``{name: draw}`` of :data:`FIGURE_ENTRIES` (the names ``gmts figures`` writes)
@@ -203,6 +204,21 @@ def png_metadata(path: str | os.PathLike) -> dict[str, str]:
             return dict(getattr(im, "text", {}) or {}) if im.format == "PNG" else {}
     except (OSError, UnidentifiedImageError, ValueError):
         return {}
+
+
+def figure_file_is_ours(path: str | os.PathLike) -> bool:
+    """Whether a figure file was written by :func:`save_figure`: a PNG whose ``Creator`` text chunk, or a
+    PDF whose info dictionary's ``/Creator``, is :data:`CREATOR`."""
+    p = Path(path)
+    if p.suffix == ".png":
+        return png_metadata(p).get("Creator") == CREATOR
+    try:
+        with open(p, "rb") as f:  # matplotlib writes the info dictionary near the end
+            f.seek(max(0, p.stat().st_size - (1 << 16)))
+            tail = f.read()
+    except OSError:
+        return False
+    return f"/Creator ({CREATOR})".encode() in tail
 
 
 def render_all(run_dir: str | os.PathLike | Run, to: str | os.PathLike | None = None) -> list[Path]:

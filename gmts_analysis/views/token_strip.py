@@ -10,8 +10,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from gmts_analysis.core.scores import score_color
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
-from gmts_analysis.util.style import COLORS, display_token
+from gmts_analysis.util.style import display_token
 from gmts_analysis.views.plots import _empty
 
 
@@ -95,7 +96,7 @@ def _strip_colours(a: pd.DataFrame) -> dict[str, tuple[Any, Any]]:
 def _strip_cell(val: Any, col: str, cmap: str | None, cmaps: dict) -> tuple[Any, str]:
     """Face and text colour of one cell: a selection flag, or a value on its row's colour map."""
     if cmap is None:
-        face = (COLORS["entropy"] if col == "_se" else COLORS["gmts"]) if bool(val) else "white"
+        face = score_color("entropy" if col == "_se" else "gmts") if bool(val) else "white"
         return face, "white" if bool(val) else "#bbbbbb"
     cm, norm = cmaps[col]
     fv = float(val) if np.isfinite(val) and val > 0 else np.nan
