@@ -58,6 +58,14 @@ def load_plan(path: str | Path) -> dict:
     if not 0 < alpha < 1:
         raise GmtsError(f"{w}.alpha: must be in (0, 1), got {alpha!r}")
     _need(plan, "common", dict, w)
+    names = _check_settings(plan, w)
+    _check_extras(plan, names, w)
+    _check_contrasts(plan, names, w)
+    return plan
+
+
+def _check_settings(plan: dict, w: str) -> dict[str, dict]:
+    """The plan's settings, checked, by name (see :func:`load_plan`)."""
     settings = _need(plan, "settings", list, w)
     names: dict[str, dict] = {}
     for i, s in enumerate(settings):
@@ -87,6 +95,11 @@ def load_plan(path: str | Path) -> dict:
             if "all" in arms:
                 raise GmtsError(f"{ws}.all_from: the setting runs 'all' itself")
         names[name] = s
+    return names
+
+
+def _check_extras(plan: dict, names: dict[str, dict], w: str) -> None:
+    """The plan's optional ``prior_runs``, ``pool_with`` and ``block_tag``, checked (see :func:`load_plan`)."""
     prior = plan.get("prior_runs", [])
     if not isinstance(prior, list) or not all(isinstance(x, str) and x for x in prior):
         raise GmtsError(f"{w}.prior_runs: expected a list of run folders (paths relative to the plan's data directory), "
@@ -103,6 +116,10 @@ def load_plan(path: str | Path) -> dict:
     tag = plan.get("block_tag", BLOCK_TAG)
     if not isinstance(tag, str) or not tag or not all(ch.isalnum() or ch in "-_" for ch in tag):
         raise GmtsError(f"{w}.block_tag: expected a marker name of letters, digits, '-' and '_', got {tag!r}")
+
+
+def _check_contrasts(plan: dict, names: dict[str, dict], w: str) -> None:
+    """The plan's contrasts, checked against its settings ``names`` (see :func:`load_plan`)."""
     for i, c in enumerate(_need(plan, "contrasts", list, w)):
         wc = f"{w}: contrasts[{i}]"
         st = _need(c, "setting", str, wc)
@@ -119,7 +136,6 @@ def load_plan(path: str | Path) -> dict:
             raise GmtsError(f"{wc}: a and b are both '{a}'")
         if fam == "primary" and "*" in (st, a, b):
             raise GmtsError(f"{wc}: a primary contrast names its setting and both arms")
-    return plan
 
 
 def setting_arms(setting: dict) -> list[str]:
