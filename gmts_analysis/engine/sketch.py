@@ -66,7 +66,7 @@ def sketch_grad_norms(
 
     Returns :class:`gmts_analysis.engine.GradNorms` with ``method="sketch"``.
     """
-    from gmts_analysis.engine import GradNorms, frozen_for_transforms
+    from gmts_analysis.engine.base import GradNorms, frozen_for_transforms
 
     layout = _sketch_layout(model)
     acc = compute_dtype(next(model.parameters()).dtype)

@@ -27,6 +27,7 @@ from gmts_analysis.core.vocabulary import (
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.fields import alias, opt
 from gmts_analysis.options.parser import ExamplesHelpFormatter, add_fields, from_args  # noqa: F401 - re-exported
+from gmts_analysis.readers.formats import FORMATS
 
 THREADS_HELP = ("torch CPU threads (default: the cores not already busy, from the load average, at least 1; "
                 "or $GMTS_THREADS): a shared machine's default of every core can run 10x slower")
@@ -48,7 +49,7 @@ class ProbeOptions:
     ``gmts probe`` flag (``loss_agg`` -> ``--loss-agg``). Add a field here for a new option.
     """
 
-    format: str = opt("auto", "rollouts format", choices=("auto", "gmts", "verl", "trl"), group="inputs")
+    format: str = opt("auto", "rollouts format", choices=FORMATS, group="inputs")
     device: str = opt("auto", DEVICE_HELP, group="gradient engine", metavar="DEVICE", check=checks.device)
     dtype: str = opt("float32", "model dtype (statistics are always float32 or better)",
                      choices=DTYPES, group="gradient engine")

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.formats import format_entry
 from gmts_analysis.readers.sources import check_ids, check_messages, check_text
 
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
@@ -259,10 +260,10 @@ class Contextualizer:
             self.report.prompts_from_ids += 1
             return check_ids(r["prompt_ids"], where, "prompt_ids")
         v = r.get("prompt")
-        src = r.get("_source", "gmts")
+        fmt = format_entry(r.get("_source"))
         name = (r.get("_missing") or {}).get("prompt", "prompt")
         if v is None:
-            raise GmtsError(f"{where}: missing field '{name}'" + (" (or 'prompt_ids')" if src == "gmts" else ""))
+            raise GmtsError(f"{where}: missing field '{name}'" + ("" if fmt.logged_text else " (or 'prompt_ids')"))
         if isinstance(v, list):
             msgs = check_messages(v, where, name)
             if self.mode == "off":
@@ -274,7 +275,7 @@ class Contextualizer:
             return ids
         text = check_text(v, where, name)
         self._need_tokenizer(where, "prompt")
-        if src == "verl" and self.mode != "off" and getattr(self.tok, "chat_template", None):
+        if fmt.templated_prompt and self.mode != "off" and getattr(self.tok, "chat_template", None):
             ids = self._verl_restore(self._bounded(text, where, name, False), where)
             if ids is not None:
                 self.report.template_restored_verl += 1
@@ -284,7 +285,7 @@ class Contextualizer:
                                 "(--chat-template on cannot restore it; use auto or off to probe it as logged)")
             self.report.template_not_restored += 1
         elif self.mode == "on":
-            if src == "verl":  # no chat template to restore with
+            if fmt.templated_prompt:  # no chat template to restore with
                 raise GmtsError(f"{where}: --chat-template on, but the tokenizer has no chat template")
             self.report.template_applied_text += 1
             return self._template_ids([{"role": "user", "content": text}], where)
@@ -298,10 +299,10 @@ class Contextualizer:
             self.report.responses_from_ids += 1
             return check_ids(r["response_ids"], where, "response_ids")
         v = r.get("response")
-        src = r.get("_source", "gmts")
+        fmt = format_entry(r.get("_source"))
         name = (r.get("_missing") or {}).get("response", "response")
         if v is None:
-            raise GmtsError(f"{where}: missing field '{name}'" + (" (or 'response_ids')" if src == "gmts" else ""))
+            raise GmtsError(f"{where}: missing field '{name}'" + ("" if fmt.logged_text else " (or 'response_ids')"))
         if isinstance(v, list):  # a list of messages: one assistant message's text
             msgs = check_messages(v, where, name)
             if len(msgs) != 1 or msgs[0]["role"] != "assistant":
@@ -310,7 +311,7 @@ class Contextualizer:
         text = check_text(v, where, name)
         self._need_tokenizer(where, "response")
         ids = self._encode(self._bounded(text, where, name, True), where, name, special=False)
-        if src in ("trl", "verl"):
+        if fmt.logged_text:
             self._restore_eos(ids)
         return ids
 

@@ -23,11 +23,13 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.context import Contextualizer
 from gmts_analysis.readers.formats import (
+    FORMAT_ENTRIES,
     FORMATS,
     GMTS_FIELDS,
     RewardSpec,
+    format_entry,
+    format_names,
     normalize_row,
-    resolve_trl_rewards,
 )
 from gmts_analysis.readers.formats import (
     detect_format as _detect_keys,
@@ -188,8 +190,8 @@ def _options(options: Any, fmt: str) -> ReaderOptions:
     opts = options if isinstance(options, ReaderOptions) else ReaderOptions.from_config(options)
     if opts.format in (None, "auto") and fmt not in (None, "auto"):
         opts = dataclasses.replace(opts, format=fmt)
-    if opts.format not in FORMATS:
-        raise GmtsError(f"--format: unknown format '{opts.format}' (choose from {', '.join(FORMATS)})")
+    if opts.format not in format_names():
+        raise GmtsError(f"--format: unknown format '{opts.format}' (choose from {', '.join(format_names())})")
     if opts.num_generations is not None:
         g = opts.num_generations
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
@@ -226,14 +228,14 @@ class _ReadState:
         self.opts = opts
         self.spec = spec
         self.fmt: str | None = None
-        self.trl_spec: RewardSpec | None = None
+        self.file_spec: RewardSpec | None = None  # where the files' rewards come from (the format's entry decides)
         self.step_type: type | None = None
         self.wanted = parse_steps(opts.steps)
         self.group_source = "group_id"
         self.report: dict = {}
         self.last_digest: str | None = None
         self.repeated_files: list[str] = []
-        self.verified = False  # a --verifier scores the answers: a TRL table's reward columns are not read
+        self.verified = False  # a --verifier scores the answers (a TRL table's reward columns are then not read)
 
 
 def _file_rows(files: list, opts: ReaderOptions, state: _ReadState) -> Iterator[tuple[str, dict]]:
@@ -253,9 +255,10 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
         rf.columns = list(first[1])
     fmt = _file_format(rf, opts, state)
     spec = _file_reward_spec(rf, fmt, state)
+    batches = FORMAT_ENTRIES[fmt].batch_files
     G = opts.num_generations
     count = 0
-    buffered: list[tuple[str, dict]] = []  # a TRL file (one generation batch) is held to spot repeats
+    buffered: list[tuple[str, dict]] = []  # a file of one generation batch (TRL) is held to spot repeats
     for n, row in _chain(first, rows):
         where = f"{unit} {n}"
         m = normalize_row(row, fmt, spec, where)
@@ -265,14 +268,14 @@ def _one_file(rf: Any, rows: Iterator[tuple[int, dict]], opts: ReaderOptions, st
         count += 1
         if not _step_wanted(step, state):
             continue
-        if fmt == "trl":
+        if batches:
             buffered.append((where, m))
         else:
             yield where, m
     if G is not None and count % G:
         raise GmtsError(f"{rf.path}: {count} rows are not whole groups of --num-generations {G} "
                         f"({count % G} left over)")
-    if fmt == "trl" and buffered and not _repeats_previous_file(rf, buffered, state):
+    if batches and buffered and not _repeats_previous_file(rf, buffered, state):
         yield from buffered
 
 
@@ -288,19 +291,11 @@ def _file_format(rf: Any, opts: ReaderOptions, state: _ReadState) -> str:
 
 
 def _file_reward_spec(rf: Any, fmt: str, state: _ReadState) -> RewardSpec | None:
-    """Where the file's rewards come from: the verifier, TRL's reward columns (the first file
-    decides them when none are named), or ``--reward-columns``, checked present."""
-    spec: RewardSpec | None = state.spec
-    if fmt == "trl" and state.verified:  # the verifier's rewards replace the logged ones (kept as columns)
-        spec = RewardSpec(None, None, chosen="verifier")
-        state.trl_spec = spec
-    elif fmt == "trl":  # the first file decides the columns when none are named; later files must hold them
-        spec = resolve_trl_rewards(state.trl_spec or state.spec, rf)
-        state.trl_spec = spec
-    elif spec.columns is not None:
-        missing = [c for c in spec.columns if c not in rf.columns]
-        if missing:
-            raise GmtsError(f"{rf.path}: --reward-columns: no column '{missing[0]}' (columns: {', '.join(rf.columns)})")
+    """Where the file's rewards come from, as its format's entry decides (``rewards``): the verifier,
+    TRL's reward columns (the first file decides them when none are named), or ``--reward-columns``,
+    checked present."""
+    spec = FORMAT_ENTRIES[fmt].rewards(state.spec, rf, state.verified, state.file_spec)
+    state.file_spec = spec
     return spec
 
 
@@ -326,7 +321,8 @@ def _set_group(m: dict, row: dict, fmt: str, step: int | str | None, index_in_fi
         m["group_id"] = f"{step}:{index_in_file // G}" if step is not None else index_in_file // G
         m["_group_from"] = "num_generations"
     elif m.get("group_id") is not None:
-        m["_group_from"] = "uid" if fmt == "verl" and row.get("uid") is not None else "group_id"
+        field = FORMAT_ENTRIES[fmt].group_field
+        m["_group_from"] = field if field is not None and row.get(field) is not None else "group_id"
 
 
 def _step_wanted(step: int | str | None, state: _ReadState) -> bool:
@@ -445,9 +441,9 @@ def _row_reward(r: dict, where: str, verifier: Callable | None) -> tuple[float, 
     if reward is not None:
         return check_reward(reward, where, (r.get("_missing") or {}).get("reward", "reward")), False
     if verifier is None:
-        if r.get("_source") == "trl":
-            raise GmtsError(f"{where}: no reward: the TRL table has no numeric reward column (name them with "
-                            "--reward-columns, or score answers with --verifier)")
+        note = format_entry(r.get("_source")).no_reward
+        if note is not None:
+            raise GmtsError(f"{where}: {note}")
         name = (r.get("_missing") or {}).get("reward", "reward")
         raise GmtsError(f"{where}: missing field '{name}' (or name a verifier with --verifier)")
     return float("nan"), True
@@ -462,7 +458,7 @@ def _extra_fields(r: dict, where: str, response_ids: list[int], ctx: Contextuali
         if k in GMTS_FIELDS or k.startswith("_") or not isinstance(v, (int, float, str, bool)):
             continue
         extra[k] = check_text(v, where, k) if isinstance(v, str) else v
-    if r.get("_source") in ("trl", "verl") and r.get("response_ids") is None:
+    if format_entry(r.get("_source")).logged_text and r.get("response_ids") is None:
         extra["eos_restored"] = bool(response_ids) and response_ids[-1] == ctx.report.eos_token_id \
             and ctx.report.eos_token_id is not None
     logged = r.get("logged_advantage")
@@ -505,18 +501,18 @@ def _read_report(answers: list[Answer], opts: ReaderOptions, state: _ReadState, 
         log.warning("%d answer(s) are marked unscorable (every reward function skipped them; reward 0.0 written in "
                     "their place): TRL left them out of their group's baseline with advantage 0, so only "
                     "--advantage logged reproduces its advantages", n_unscorable)
-    if "prompt" in group_from and state.fmt == "trl":
-        log.info("TRL rows grouped by identical (step, prompt); pass --num-generations G to use TRL's "
-                 "consecutive blocks of G rows")
+    note = format_entry(state.fmt).grouping_note
+    if "prompt" in group_from and note is not None:
+        log.info(note)
     return report
 
 
 def _reward_note(state: _ReadState) -> dict:
-    spec = state.trl_spec if state.fmt == "trl" else state.spec
+    spec = state.file_spec if state.file_spec is not None else state.spec
     if spec is not None and spec.chosen == "verifier":
         return {"columns": None, "field": None, "chosen": "verifier (the table's reward columns are not used)"}
     if spec is None or spec.columns is None:
-        return {"columns": None, "field": {"verl": "score", "trl": None}.get(state.fmt or "", "reward")}
+        return {"columns": None, "field": format_entry(state.fmt).reward_field}
     return {"columns": spec.columns, "weights": spec.weights or [1.0] * len(spec.columns), "chosen": spec.chosen}
 
 
