@@ -114,10 +114,14 @@ def test_fidelity_for_run_fills_slices():
     answers = [Answer(answer_id=aid, group_id="g", prompt_ids=ids[:P].tolist(), response_ids=ids[P:].tolist(),
                       reward=0.0) for aid, ids, P in batches]
     cfg = types.SimpleNamespace(seed=0, temperature=1.0, quiet=True)
-    stats: dict = {"by_domain": {"x": {}, "y": {}}}
-    res = fidelity_for_run(model, answers, df, cfg, stats=stats, estimators=["entropy", "gmts"])
-    assert res["update_fidelity"]["all"]["cosine"] == pytest.approx(1.0)
-    assert stats["update_fidelity"] == res["update_fidelity"]
+    res = fidelity_for_run(model, answers, df, cfg, estimators=["entropy", "gmts"])
+    assert res["fidelity"]["all"]["cosine"] == pytest.approx(1.0)
+    assert set(res["fidelity_by_domain"]) == {"x", "y"} and res["fidelity_by_step"] == {}
+    # compute_stats alone puts the blocks into the statistics' shape
+    from gmts_analysis.analysis.stats import compute_stats
+
+    stats = compute_stats(df, None, n_boot=0, min_groups=1, **res)
+    assert stats["update_fidelity"] == res["fidelity"]
     for d in ("x", "y"):
         blk = stats["by_domain"][d]["update_fidelity"]
         assert blk["all"]["norm_ratio"] == pytest.approx(1.0)

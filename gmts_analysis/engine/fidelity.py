@@ -274,22 +274,23 @@ def fidelity_for_run(
     answers: Iterable,
     tokens: pd.DataFrame,
     cfg,
-    stats: dict | None = None,
+    slices: bool = True,
     estimators: Iterable[str] | None = None,
     rho: float = DEFAULT_RHO,
     n_random: int = 5,
     memory_budget_bytes: int = DEFAULT_BUDGET,
 ) -> dict:
-    """Update fidelity of a probe run: ``{"update_fidelity": block}`` for ``stats.update``.
+    """Update fidelity of a probe run, as keyword arguments of
+    :func:`gmts_analysis.analysis.stats.compute_stats` (which alone shapes stats.json):
+    ``{"fidelity": block, "fidelity_by_domain": {domain: block}, "fidelity_by_step": {step: block}}``.
 
     answers: the probe's :class:`gmts_analysis.readers.rollouts.Answer` objects (answers missing from
     ``tokens``, e.g. failed or empty ones, are skipped); tokens: the probe's tokens table;
     cfg: the :class:`gmts_analysis.options.config.ProbeOptions` (temperature, seed; ``quiet`` when a job passes its config).
-    estimators: default every estimator present. With ``stats`` (the dict of
-    :func:`gmts_analysis.analysis.stats.compute_stats`), the per-domain and per-step blocks are filled
-    in place too (``stats["by_domain"][d]["update_fidelity"]``), in the same pass over the
-    answers, when their accumulators fit the memory budget (else only the overall block, with
-    a warning). Batch scope, ``rho`` 0.2, ``n_random`` random draws.
+    estimators: default every estimator present. With ``slices``, the per-domain and per-step blocks
+    too (for the table's ``domain`` and ``step`` values), in the same pass over the answers, when
+    their accumulators fit the memory budget (else only the overall block, with a warning). Batch
+    scope, ``rho`` (0.2 by default), ``n_random`` random draws.
     """
     from gmts_analysis.core.estimators import available
 
@@ -298,7 +299,7 @@ def fidelity_for_run(
     seed = int(getattr(cfg, "seed", 0))
     masks = fidelity_selections(df, ests, rho, "batch", n_random, seed)
     keys_overall = list(masks)
-    slices = _slices(df) if stats is not None else {}
+    slices = _slices(df) if slices else {}
     if slices:
         n_params = sum(p.numel() for _, p in trainable_parameters(model))
         n_total = len(masks) * (1 + len(slices))
@@ -333,9 +334,7 @@ def fidelity_for_run(
     def block(prefix: str) -> dict:
         return fidelity_block(grads, [k for k in keys_overall if not k.startswith("random_")], n_random, prefix)
 
-    overall = block("")
-    if stats is not None:
-        stats["update_fidelity"] = overall
-        for prefix, (section, value, _) in slices.items():
-            stats.setdefault(section, {}).setdefault(value, {})["update_fidelity"] = block(prefix)
-    return {"update_fidelity": overall}
+    out: dict = {"fidelity": block(""), "fidelity_by_domain": {}, "fidelity_by_step": {}}
+    for prefix, (section, value, _) in slices.items():
+        out["fidelity_" + section][value] = block(prefix)
+    return out

@@ -138,17 +138,18 @@ def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answe
     (:func:`fidelity_enabled`; needs the model). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
     from gmts_analysis.analysis.stats import compute_stats
 
-    t0 = time.perf_counter()
     rho = float(cfg.rho)
-    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
-                          uncertain_below=float(cfg.uncertain_below))
-    result.timings["stats_s"] = time.perf_counter() - t0
+    fidelity: dict = {}
     if fidelity_enabled(cfg, len(result.tokens), model):
         from gmts_analysis.engine.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()
-        stats.update(fidelity_for_run(model, answers, result.tokens, cfg, stats=stats, rho=rho))
+        fidelity = fidelity_for_run(model, answers, result.tokens, cfg, rho=rho)
         result.timings["fidelity_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
+                          uncertain_below=float(cfg.uncertain_below), **fidelity)
+    result.timings["stats_s"] = time.perf_counter() - t0
     return stats
 
 
