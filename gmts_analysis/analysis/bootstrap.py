@@ -21,6 +21,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
+from gmts_analysis.analysis.score_roles import paired_references
+
 CI_LEVEL = 0.95
 
 
@@ -207,7 +209,7 @@ def pooled_n_boot(n_boot: int, n_tokens: int, n_estimators: int) -> int:
 
 
 PAIRED_STATISTICS = ("within_answer", "cross_answer_informative", "topk_overlap", "mass_capture")
-PAIRED_REFERENCES = ("entropy", "entropy_inf")  # plus the leader of each statistic
+PAIRED_REFERENCES = paired_references()  # entropy and its masked baseline; plus the leader of each statistic
 
 
 def paired_differences(points: Mapping[str, Mapping[str, float]], draws: Mapping[str, Mapping[str, np.ndarray]],

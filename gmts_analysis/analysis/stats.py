@@ -71,6 +71,7 @@ import pandas as pd
 
 from gmts_analysis.analysis.bootstrap import (  # noqa: F401
     CI_LEVEL,
+    PAIRED_REFERENCES,
     block_rng,
     cluster_bootstrap_spearman,
     cluster_bootstrap_spearman_many,
@@ -293,7 +294,8 @@ def _meta(df: pd.DataFrame, ests: list[str], unit: str, *, seed: int, n_boot: in
         "mass_capture": "sum of grad_norm over S_s / sum over S_true (S as in topk_overlap), pooled over scopes",
         "paired_difference": "value(s) - value(ref) on the same cluster resamples; statistics within_answer "
         "(mean), cross_answer_informative (spearman), topk_overlap and mass_capture (batch scope, meta.rho); "
-        "refs entropy, entropy_inf and the leader (paired_leader); p_le_0: share of resamples with diff <= 0",
+        f"refs {', '.join(PAIRED_REFERENCES)} and the leader (paired_leader); p_le_0: share of resamples with "
+        "diff <= 0",
         "by_construction": "statistics fixed or equal to another by construction: listed, no CI, not findings",
         "min_groups": int(min_groups),
         "rescored_from": dict(rescored_from) if rescored_from else None,
