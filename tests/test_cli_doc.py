@@ -25,11 +25,10 @@ def test_cli_doc_is_current():
 
 
 def test_add_argument_only_in_the_parser_builder():
-    """Flags are declared, never written with add_argument (positional arguments aside; gmts stats is
-    the lead's for issue #28 and declares its flags after it lands)."""
+    """Flags are declared, never written with add_argument (positional arguments aside)."""
     import re
 
-    allowed = {"options/parser.py", "commands/stats.py", "analysis/summary.py"}  # summary: a __main__ helper
+    allowed = {"options/parser.py", "analysis/summary.py"}  # summary: a __main__ helper
     for p in sorted((ROOT / "gmts_analysis").rglob("*.py")):
         rel = p.relative_to(ROOT / "gmts_analysis").as_posix()
         if rel in allowed:

@@ -19,8 +19,10 @@ PKG = Path(__file__).resolve().parent.parent / "gmts_analysis"
 #: names that are also words of other vocabularies: the tokens table's gmts column (SPEC), the keep-all
 #: arm "all" (also the normalizer all) and "random" (the seeded chance arm, also plain English)
 VOCABULARY = {"gmts", "all", "random"}
-#: files another issue is changing this session (#28: analysis/): their score lists move to the registry after it lands
-NOT_YET = ("analysis/",)
+#: a study's contrasts, fixed before its run, name the scores they test (data of the study, not a list of scores)
+STUDY_PLANS = ("analysis/planned.py",)
+#: the summary's uncertain-token contrast one_minus_prob vs entropy waits for a registry flag (core/scores.py)
+NOT_YET = ("analysis/summary.py",)
 
 
 def _score_names() -> set[str]:
@@ -34,7 +36,7 @@ def test_no_registered_score_name_outside_core():
     found = []
     for p in sorted(PKG.rglob("*.py")):
         rel = p.relative_to(PKG).as_posix()
-        if rel.startswith("core/") or rel.startswith(NOT_YET):
+        if rel.startswith("core/") or rel in STUDY_PLANS + NOT_YET:
             continue
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
             found += [f"{rel}:{i}: {m.group(1)}" for m in pattern.finditer(line)]

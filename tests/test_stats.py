@@ -189,7 +189,7 @@ def expand(df: pd.DataFrame, codes: np.ndarray, counts_row: np.ndarray) -> pd.Da
 def test_group_bootstrap_equals_explicit_resampling(hand):
     df0, _ = hand
     df = S.prepare_tokens(df0)
-    codes, units = S._unit_codes(df, "group")
+    codes, units = S.unit_codes(df, "group")
     counts = S.multiplicities(len(units), 25, np.random.default_rng(4))
     inf = S.informative_mask(df)
     # pooled Spearman over informative tokens
@@ -222,7 +222,9 @@ def test_group_bootstrap_equals_explicit_resampling(hand):
     assert (c["ci_low"], c["ci_high"]) == pytest.approx(q(tk), abs=1e-10)
     c = cis["selection_waste_ci"]["group"]["entropy"]["0.2"]
     assert (c["ci_low"], c["ci_high"]) == pytest.approx(q(waste), abs=1e-10)
-    summ = S._summary(within["entropy"].to_numpy(), units.get_indexer(within["unit"]), counts, "n_answers")
+    from gmts_analysis.analysis.bootstrap import mean_summary
+
+    summ = mean_summary(within["entropy"].to_numpy(), units.get_indexer(within["unit"]), counts, "n_answers")
     assert (summ["ci_low"], summ["ci_high"]) == pytest.approx(q(means), abs=1e-10)
 
 

@@ -67,3 +67,18 @@ def test_run_statistics_is_the_typed_view_of_run_stats():
     run = gmts.load_run(example_run_dir())
     assert isinstance(run.stats, dict)
     assert run.statistics.to_json() == shipped() and run.statistics.rho_key == run.stats["meta"]["rho"]
+
+
+def test_run_statistics_is_built_once_per_stats_dict(monkeypatch):
+    import gmts_analysis as gmts
+    from gmts_analysis.analysis import stats_types
+
+    run = gmts.load_run(example_run_dir())
+    built = []
+    coerce = stats_types.Statistics.coerce.__func__
+    monkeypatch.setattr(stats_types.Statistics, "coerce",
+                        classmethod(lambda cls, x: built.append(1) or coerce(cls, x)))
+    first = run.statistics
+    assert run.statistics is first and len(built) == 1  # parsed once, not on every access
+    run.stats = {**run.stats, "meta": {**run.stats["meta"], "rho": "0.05"}}  # a new dict: built again
+    assert run.statistics is not first and run.statistics.rho_key == "0.05" and len(built) == 2

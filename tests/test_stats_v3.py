@@ -111,8 +111,8 @@ def test_paired_difference_equals_explicit_resampling():
     B, seed = 40, 5
     st = S.compute_stats(df0, seed=seed, n_boot=B, estimators=ESTS, rho=0.2, min_groups=1)
     df = S.prepare_tokens(df0)
-    codes, units = S._unit_codes(df, "group")
-    counts = S.multiplicities(len(units), B, S._rng(seed, "all", "clusters"))  # the block's resamples
+    codes, units = S.unit_codes(df, "group")
+    counts = S.multiplicities(len(units), B, S.block_rng(seed, "all", "clusters"))  # the block's resamples
     within = S.within_values(df, ESTS, "answer_id", S.TARGET_WITHIN, S.informative_mask(df), unit_col="group_id")
     d_cross, d_mass, d_within = [], [], []
     for b in range(B):

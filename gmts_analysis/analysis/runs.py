@@ -68,10 +68,15 @@ class RunTables:
     @property
     def statistics(self) -> "Statistics":
         """``stats`` as typed :class:`gmts_analysis.analysis.stats_types.Statistics` (attributes in place of
-        string paths; read afresh from the dict on each access, so edits of ``stats`` show)."""
+        string paths). Built once per ``stats`` dict and kept: assigning ``run.stats`` a new dict builds it
+        again; after editing the dict in place, assign a copy (``run.stats = dict(run.stats)``) for the
+        edit to show."""
         from gmts_analysis.analysis.stats_types import Statistics
 
-        return Statistics.coerce(self.stats)
+        built = self.__dict__.get("_statistics")  # (the dict it was built from, the Statistics); not a field
+        if built is None or built[0] is not self.stats:
+            built = self.__dict__["_statistics"] = (self.stats, Statistics.coerce(self.stats))
+        return built[1]
 
     def equals(self, other: "RunTables") -> bool:
         """Same tables (values and dtypes), same stats and manifest; ``path`` is ignored."""
@@ -125,17 +130,19 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
 
 
 def manifest_uncertain_below(manifest: Any) -> float:
-    """The uncertain-token threshold a run was made with (manifest ``config.uncertain_below``; 0.9 when none)."""
-    cfg = manifest.get("config") if isinstance(manifest, dict) else None
-    r = cfg.get("uncertain_below") if isinstance(cfg, dict) else None
-    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.9
+    """The uncertain-token threshold a run was made with (manifest ``config.uncertain_below``; old runs'
+    default applied by :class:`~gmts_analysis.options.settings.RunSettings`)."""
+    from gmts_analysis.options.settings import RunSettings
+
+    return float(RunSettings.from_manifest(manifest).uncertain_below)
 
 
 def manifest_rho(manifest: Any) -> float:
-    """The keep fraction a run was made with (manifest ``config.rho``; 0.2 when it has none)."""
-    cfg = manifest.get("config") if isinstance(manifest, dict) else None
-    r = cfg.get("rho") if isinstance(cfg, dict) else None
-    return float(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else 0.2
+    """The keep fraction a run was made with (manifest ``config.rho``; old runs' default applied by
+    :class:`~gmts_analysis.options.settings.RunSettings`)."""
+    from gmts_analysis.options.settings import RunSettings
+
+    return float(RunSettings.from_manifest(manifest).rho)
 
 
 def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:

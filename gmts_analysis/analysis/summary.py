@@ -23,6 +23,14 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gmts_analysis.analysis.score_roles import (
+    cross_answer_names,
+    masked_of,
+    mass_capture_names,
+    topk_names,
+    waste_names,
+    within_answer_names,
+)
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Slice, Statistics, WithinEntry
 from gmts_analysis.core.vocabulary import MIN_GROUPS
 
@@ -252,7 +260,7 @@ def _uncertain_sentences(st: Statistics, keep: str) -> list[str]:
     out = [f"{int(u.n_tokens):,} tokens ({_pct(u.token_share)}) have prob < {below:g} under the policy; "
            f"they carry {_pct(u.mass_share)} of the summed grad_norm."]
     ci = u.cross_answer_informative
-    names = [s for s in ("entropy", "gmts", "one_minus_prob", "gmts_lgn") if s in ci]
+    names = [s for s in cross_answer_names() if s in ci]
     if names:
         words = ", ".join(f"{s} {_rho_ci(ci[s])}" for s in names)
         c = compare(u, "cross_answer_informative", "gmts", "entropy", n_units, unit)
@@ -261,8 +269,7 @@ def _uncertain_sentences(st: Statistics, keep: str) -> list[str]:
     wa = u.within_answer
     if "entropy" in wa and _f(wa["entropy"].n_answers) > 0:
         n_ans = int(_f(wa["entropy"].n_answers))
-        words = ", ".join(f"{s} {_ci(wa[s].mean, wa[s])}" for s in ("entropy", "one_minus_prob", "logit_grad_norm")
-                          if s in wa)
+        words = ", ".join(f"{s} {_ci(wa[s].mean, wa[s])}" for s in within_answer_names() if s in wa)
         c = compare(u, "within_answer", "one_minus_prob", "entropy", n_units, unit)
         flag = f" (only {n_ans} answers)" if n_ans < MIN_GROUPS else ""
         out.append(f"Within the {n_ans} answers with at least 5 such tokens{flag} (mean Spearman with "
@@ -275,8 +282,7 @@ def _mass_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
     if "batch" not in mc:
         return []
     n_units, unit = st.meta.units, _unit(st)
-    names = [s for s in ("entropy", "entropy_inf", "gmts", "one_minus_prob_inf", "gmts_lgn")
-             if s in mc.estimators("batch")]
+    names = [s for s in mass_capture_names() if s in mc.estimators("batch")]
     out = []
     for r in dict.fromkeys(["0.05", rk]):
         if not all(r in mc.series("batch", s) for s in names):
@@ -284,11 +290,13 @@ def _mass_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
         vals = ", ".join(f"{s} {_ci(mc.at('batch', s, r), mcc.at('batch', s, r))}" for s in names)
         out.append(f"Gradient mass a top-{100 * float(r):g}% batch selection captures, over what the best possible "
                    f"one captures: {vals}.")
+    masked = masked_of("entropy")
     comps = [c for c in (compare(st, "mass_capture", "gmts", "entropy", n_units, unit),
-                         compare(st, "mass_capture", "gmts", "entropy_inf", n_units, unit)) if c]
+                         masked and compare(st, "mass_capture", "gmts", masked, n_units, unit)) if c]
     if comps:
-        out.append(f"At {keep} (paired): " + "; ".join(comps) + " (entropy_inf: entropy on tokens with omega != 0 "
-                   "only, which separates skipping tokens without signal from weighting by |omega|).")
+        why = (f" ({masked}: entropy on tokens with omega != 0 only, which separates skipping tokens without "
+               "signal from weighting by |omega|)") if masked else ""
+        out.append(f"At {keep} (paired): " + "; ".join(comps) + why + ".")
     return out
 
 
@@ -319,7 +327,7 @@ def _waste_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
     sw, swc, fixed = st.selection_waste, st.selection_waste_ci, st.fixed
     if "batch" not in sw or "entropy" not in sw.estimators("batch"):
         return []
-    measured = [s for s in ("entropy", "one_minus_prob") if s in sw.estimators("batch")
+    measured = [s for s in waste_names() if s in sw.estimators("batch")
                 and f"selection_waste.batch.{s}.{rk}" not in fixed]
     zero = [s for s in sw.estimators("batch") if f"selection_waste.batch.{s}.{rk}" in fixed]
     vals = ", ".join(f"{s} {_ci(sw.at('batch', s, rk), swc.at('batch', s, rk), pct=True)}" for s in measured)
@@ -340,7 +348,7 @@ def _topk_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
     if not tk:
         return []
     parts = []
-    for s in ("entropy", "entropy_inf", "gmts"):
+    for s in topk_names():
         vals = " / ".join(_ci(tk.at(scope, s, rk), tkc.at(scope, s, rk))
                           for scope in ("batch", "group") if scope in tk and s in tk.estimators(scope))
         if vals:
@@ -348,7 +356,8 @@ def _topk_sentences(st: Statistics, rk: str, keep: str) -> list[str]:
     excl = st.topk_scopes_excluded
     n_ex = int(_f(excl["group"])) if "group" in excl else 0
     note = f"; {_units(n_ex, 'group')} without gradient left out" if n_ex else ""
-    c = compare(st, "topk_overlap", "gmts", "entropy_inf", st.meta.units, _unit(st))
+    masked = masked_of("entropy")
+    c = compare(st, "topk_overlap", "gmts", masked, st.meta.units, _unit(st)) if masked else None
     return [f"Top-{keep} overlap with the top {keep} by grad_norm (batch / group scope): " + ", ".join(parts) + note
             + (f"; batch scope, {c}" if c else "") + "."]
 

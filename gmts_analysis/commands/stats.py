@@ -15,10 +15,14 @@ its manifest and stats.json recording the source run and the new rewards (rescor
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gmts_analysis.options.config import ExamplesHelpFormatter, add_run_control
+from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW
+from gmts_analysis.options import checks
+from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.fields import opt
 
 if TYPE_CHECKING:
     from gmts_analysis.analysis.stats_types import Statistics
@@ -29,6 +33,40 @@ EXAMPLES = """examples:
   gmts stats runs/mine --mask-truncated-completions --out runs/mine_masked  # TRL's mask, no probing"""
 
 
+#: what a re-scoring flag adds to its help
+_RESCORE = "writes a new run directory to --out"
+
+
+@dataclass
+class StatsOptions:
+    """The flags of ``gmts stats`` (the run directory is positional; ``--threads`` and ``-q`` are
+    :class:`~gmts_analysis.options.config.RunControl`'s)."""
+
+    n_boot: int = opt(DEFAULT_N_BOOT, f"bootstrap resamples for the CIs (default {DEFAULT_N_BOOT}; 0: no CIs)",
+                      group="output", metavar="RESAMPLES", check=checks.int_at_least(0))
+    seed: int = opt(0, "seed of the bootstrap (default 0)", metavar="INT", check=checks.seed)
+    uncertain_below: float = opt(None, "the uncertain-token view keeps tokens with prob below this (default: the "
+                                 f"run's manifest value, else {DEFAULT_UNCERTAIN_BELOW})", group="RL objective",
+                                 metavar="PROB", check=checks.probability)
+    rho: float = opt(None, "the keep fraction the paired differences and the headline quote (default: the run's "
+                     f"manifest value, else {DEFAULT_RHO})", group="RL objective", metavar="FRACTION",
+                     check=checks.rho)
+    out: str = opt(None, "write the JSON here instead of RUN_DIR/stats.json (estimators.csv beside it); with "
+                   "--verifier, --rewards or --mask-truncated-completions: the new run directory", group="output",
+                   metavar="DIR", check=checks.output_path)
+    verifier: str = opt(None, "re-score: new rewards from this verifier (math_boxed, math, a toy domain, or "
+                        f"module:function) on the run's response texts; {_RESCORE}", group="inputs", metavar="NAME",
+                        check=checks.verifier)
+    rewards: str = opt(None, "re-score: new rewards from a JSONL ({answer_id, reward} per line) or CSV (answer_id, "
+                       f"reward) file, every answer once; {_RESCORE}", group="inputs", metavar="FILE",
+                       check=checks.input_file)
+    mask_truncated_completions: bool = opt(False, "re-score: truncated answers get loss weight 0 (TRL's "
+                                           f"mask_truncated_completions); {_RESCORE}", group="RL objective")
+    no_figures: bool = opt(False, "re-score: skip the figures and report", group="output")
+    overwrite: bool = opt(False, "replace an existing --out file that gmts did not write (default: refuse it)",
+                          group="output")
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "stats",
@@ -37,30 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
     )
     p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the CIs (default 1000; 0: no CIs)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
-    p.add_argument("--uncertain-below", type=float, default=None, metavar="PROB",
-                   help="the uncertain-token view keeps tokens with prob below this (default: the run's "
-                   "manifest value, else 0.9)")
-    p.add_argument("--rho", type=float, default=None, metavar="FRACTION",
-                   help="the keep fraction the paired differences and the headline quote (default: the run's "
-                   "manifest value, else 0.2)")
-    p.add_argument("--out", default=None, help="write the JSON here instead of RUN_DIR/stats.json "
-                   "(estimators.csv beside it); with --verifier, --rewards or --mask-truncated-completions: the new "
-                   "run directory")
-    p.add_argument("--verifier", default=None, metavar="NAME",
-                   help="re-score: new rewards from this verifier (math_boxed, math, a toy domain, or "
-                   "module:function) on the run's response texts; writes a new run directory to --out")
-    p.add_argument("--rewards", default=None, metavar="FILE",
-                   help="re-score: new rewards from a JSONL ({answer_id, reward} per line) or CSV (answer_id, "
-                   "reward) file, every answer once; writes a new run directory to --out")
-    p.add_argument("--mask-truncated-completions", action="store_true",
-                   help="re-score: truncated answers get loss weight 0 (TRL's mask_truncated_completions); "
-                   "writes a new run directory to --out")
-    p.add_argument("--no-figures", action="store_true", help="re-score: skip the figures and report")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --out file that gmts did not write (default: refuse it)")
-    add_run_control(p)
+    add_options(p, StatsOptions, RunControl, skip=("offline",))
     p.set_defaults(func=run)
 
 

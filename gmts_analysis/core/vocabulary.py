@@ -2,7 +2,8 @@
 
 - selection: :data:`DEFAULT_RHO` (keep fraction of every top-k selection unless a caller says
   otherwise), :data:`RHOS` (the statistics' grid), :data:`DEFAULT_UNCERTAIN_BELOW`
-  (the uncertain-token view), :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
+  (the uncertain-token view), :data:`DEFAULT_N_BOOT` (the statistics' bootstrap resamples),
+  :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
   normalizer after selection: ``all`` counts the dropped tokens as zeros, ``selected`` divides by
   the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`);
 - the loss (docs/definitions.md sections 3 and 4, :mod:`gmts_analysis.core.objective`):
@@ -21,6 +22,8 @@ DEFAULT_RHO = 0.2
 RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: the statistics' uncertain-token view: tokens whose probability under the policy is below this
 DEFAULT_UNCERTAIN_BELOW = 0.9
+#: cluster-bootstrap resamples of the statistics' confidence intervals when none is given (0: no intervals)
+DEFAULT_N_BOOT = 1000
 #: selection scopes: every response token of the batch pooled, or each group (answers to one prompt)
 SCOPES = ("batch", "group")
 #: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``

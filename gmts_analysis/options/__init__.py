@@ -11,7 +11,7 @@
 
 from gmts_analysis.options.config_file import config_file_args, read_config_file  # noqa: F401,E402
 from gmts_analysis.options.fields import Alias, opt  # noqa: F401
-from gmts_analysis.options.parser import add_fields, help_group, parser_fields, regroup_help  # noqa: F401
+from gmts_analysis.options.parser import add_fields, help_group, parser_fields  # noqa: F401
 from gmts_analysis.options.spellings import (  # noqa: F401
     ALIAS_BY_NAME,
     ALIASES,

@@ -296,11 +296,6 @@ def add_options(parser: argparse.ArgumentParser, *classes: type, skip: tuple[str
     add_fields(parser, *classes, skip=skip, defaults=defaults)
 
 
-def add_run_control(parser: argparse.ArgumentParser) -> None:
-    """``--threads`` and ``-q/--quiet`` of :class:`RunControl`, for the subcommands that load no model."""
-    add_fields(parser, RunControl, skip=("offline",))
-
-
 @dataclass
 class ProbeConfig(ProbeOptions, JobSettings):
     """One probe job (``gmts probe``, ``gmts run``): job settings + probe options.

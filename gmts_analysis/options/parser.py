@@ -108,54 +108,7 @@ def from_args(cls: type, args: argparse.Namespace, **overrides: Any) -> Any:
     return cls(**kw)
 
 
-def _hand_written() -> dict[str, tuple[str, str | None, Any]]:
-    """The flags of ``gmts stats``, still written by hand in ``commands/stats.py`` (changing for
-    issue #28; to be declared as fields then): ``{dest: (group, metavar, check)}``."""
-    import gmts_analysis.options.checks as checks
-
-    return {"n_boot": ("output", "RESAMPLES", checks.int_at_least(0)),  # 0: no confidence intervals
-            "seed": ("run control", "INT", checks.seed),
-            "uncertain_below": ("RL objective", "PROB", checks.probability),
-            "out": ("output", "DIR", checks.output_path),
-            "overwrite": ("output", None, None),
-            "rho": ("RL objective", "FRACTION", checks.rho),
-            "verifier": ("inputs", "NAME", checks.verifier),
-            "rewards": ("inputs", "FILE", checks.input_file),
-            "mask_truncated_completions": ("RL objective", None, None),
-            "no_figures": ("output", None, None)}
-
-
 def parser_checks(parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """``{dest: check}`` of every option of ``parser``: its fields' declared checks, and those of the
-    flags still written by hand (:func:`_hand_written`)."""
+    """``{dest: check}`` of every option of ``parser``: its fields' declared checks."""
     out = {dest: f.metadata.get("check") for dest, f in parser_fields(parser).items()}
-    for a in parser._actions:
-        if a.option_strings and a.dest not in out and a.dest in _hand_written():
-            out[a.dest] = _hand_written()[a.dest][2]
     return {k: v for k, v in out.items() if v is not None}
-
-
-def regroup_help(parser: argparse.ArgumentParser) -> None:
-    """Put the flags of ``parser`` written by hand with ``add_argument`` (``gmts stats`` until it declares
-    them) into their ``--help`` groups with their unit and their default stated, as :func:`add_fields`
-    does for declared ones. Parsing is unchanged (only the ``--help`` layout, metavars and help texts)."""
-    table = _hand_written()
-    declared = parser_fields(parser)
-    optionals = parser._optionals
-    for a in list(optionals._group_actions):
-        if isinstance(a, argparse._HelpAction) or not a.option_strings or a.dest in declared:
-            continue
-        group, metavar, _ = table.get(a.dest, (DEFAULT_GROUP, None, None))
-        if a.help not in (None, argparse.SUPPRESS):
-            if a.nargs != 0 and a.metavar is None and a.choices is None and metavar:
-                a.metavar = metavar
-            if "(default" not in a.help and "default:" not in a.help:
-                if isinstance(a, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-                    if not isinstance(a, argparse._StoreFalseAction):
-                        a.help += " (default: off)"
-                elif a.default is not argparse.SUPPRESS and not a.required:
-                    a.help += f" (default: {_shown(a.default).replace(' ', ',')})"
-        optionals._group_actions.remove(a)
-        listed = help_group(parser, group)._group_actions
-        last = [i for i, b in enumerate(listed) if b.dest == "debug"]  # --debug (every subcommand's) stays last
-        listed.insert(last[0] if last else len(listed), a)

@@ -28,7 +28,6 @@ from typing import Any, Sequence
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.fields import Alias, aliases_of, fields_of
-from gmts_analysis.options.parser import regroup_help
 
 CONFIG_FLAG = "--config"
 
@@ -138,7 +137,6 @@ def install(parser: argparse.ArgumentParser) -> None:
             if spelling not in table:
                 table[spelling] = _Spelling([spelling], target, al)
     for sp in _subparsers(parser):
-        regroup_help(sp)  # flags still written by hand (gmts stats) into their groups
         install(sp)
 
 
