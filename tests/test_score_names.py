@@ -21,8 +21,6 @@ PKG = Path(__file__).resolve().parent.parent / "gmts_analysis"
 VOCABULARY = {"gmts", "all", "random"}
 #: a study's contrasts, fixed before its run, name the scores they test (data of the study, not a list of scores)
 STUDY_PLANS = ("analysis/planned.py",)
-#: the summary's uncertain-token contrast one_minus_prob vs entropy waits for a registry flag (core/scores.py)
-NOT_YET = ("analysis/summary.py",)
 
 
 def _score_names() -> set[str]:
@@ -36,11 +34,20 @@ def test_no_registered_score_name_outside_core():
     found = []
     for p in sorted(PKG.rglob("*.py")):
         rel = p.relative_to(PKG).as_posix()
-        if rel.startswith("core/") or rel in STUDY_PLANS + NOT_YET:
+        if rel.startswith("core/") or rel in STUDY_PLANS:
             continue
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
             found += [f"{rel}:{i}: {m.group(1)}" for m in pattern.finditer(line)]
     assert not found, "score names written outside core/ (use the registry's flags): " + "; ".join(found)
+
+
+def test_the_summarys_uncertain_contrast_is_a_registry_flag():
+    from gmts_analysis.core.scores import UNCERTAIN_CONTRAST_SCORES
+
+    assert tuple(UNCERTAIN_CONTRAST_SCORES) == ("one_minus_prob",)
+    with scores.registered(Score("t_unc", ("prob",), lambda q: q["prob"], "test", uncertain_contrast=True)):
+        assert tuple(UNCERTAIN_CONTRAST_SCORES) == ("one_minus_prob", "t_unc")
+    assert "t_unc" not in UNCERTAIN_CONTRAST_SCORES
 
 
 def test_figure_lists_are_registry_views():

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gmts_analysis.analysis.score_roles import (
+    ENTROPY,
     cross_answer_names,
     masked_of,
     mass_capture_names,
@@ -32,6 +33,7 @@ from gmts_analysis.analysis.score_roles import (
     within_answer_names,
 )
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Slice, Statistics, WithinEntry
+from gmts_analysis.core.scores import UNCERTAIN_CONTRAST_SCORES
 from gmts_analysis.core.vocabulary import MIN_GROUPS
 
 StatsLike = Statistics | Mapping[str, Any]
@@ -270,7 +272,8 @@ def _uncertain_sentences(st: Statistics, keep: str) -> list[str]:
     if "entropy" in wa and _f(wa["entropy"].n_answers) > 0:
         n_ans = int(_f(wa["entropy"].n_answers))
         words = ", ".join(f"{s} {_ci(wa[s].mean, wa[s])}" for s in within_answer_names() if s in wa)
-        c = compare(u, "within_answer", "one_minus_prob", "entropy", n_units, unit)
+        c = "; ".join(x for x in (compare(u, "within_answer", s, ENTROPY, n_units, unit)
+                                  for s in UNCERTAIN_CONTRAST_SCORES) if x)
         flag = f" (only {n_ans} answers)" if n_ans < MIN_GROUPS else ""
         out.append(f"Within the {n_ans} answers with at least 5 such tokens{flag} (mean Spearman with "
                    f"grad_norm_logp): {words}" + (f"; {c}" if c else "") + ".")

@@ -110,6 +110,8 @@ class Score:
     headline: bool = False
     answer_constant: bool = False
     may_be_nan: bool = False  #: undefined on some tokens (NaN there), never a sign of a broken table
+    #: the summary pits it against entropy inside answers on the uncertain tokens (prob < uncertain_below)
+    uncertain_contrast: bool = False
 
     @property
     def column(self) -> bool:
@@ -249,6 +251,8 @@ MASKED_SCORES = NameView(lambda s: s.scale == "informative")
 HEADLINE_SCORES = NameView(lambda s: s.headline)
 #: score columns that may hold NaN in a sound table (their value is undefined on some tokens)
 NAN_SCORES = NameView(lambda s: s.may_be_nan)
+#: the scores the summary compares with entropy inside answers on the uncertain tokens
+UNCERTAIN_CONTRAST_SCORES = NameView(lambda s: s.uncertain_contrast)
 #: the scores constant inside an answer on-policy (baselines left out of the paired-difference axis)
 ANSWER_CONSTANT_SCORES = NameView(lambda s: s.answer_constant)
 
@@ -303,7 +307,7 @@ def _register_builtins() -> None:
     r(Score("surprisal", ("logprob",), lambda q: -q["logprob"], "surprisal -log p of the sampled token (nats)",
             color="#393b79", figures=(DECOMPOSITION,)))
     r(Score("one_minus_prob", ("prob",), lambda q: 1.0 - q["prob"], "1 - p of the sampled token",
-            color="#e377c2", figures=(WITHIN, MASS)))
+            color="#e377c2", figures=(WITHIN, MASS), uncertain_contrast=True))
     r(scaled("one_minus_prob_inf", "one_minus_prob", "informative",
              "masked baseline: 1 - p on tokens with omega != 0, 0 elsewhere", arm=True, arm_rank=6, color="#ff7f0e",
              figures=(MASS,)))
