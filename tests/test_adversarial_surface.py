@@ -130,6 +130,34 @@ def test_sigint_during_a_probe_exits_130_and_resumes_to_a_clean_run(point, model
     assert_same_rows(tokens(out), tokens(ref))
 
 
+def test_sigint_just_after_the_run_folder_is_made_resumes_as_a_fresh_run(model_dir, tmp_path):
+    """The window the model_loaded point hit once under load: the folder, our marker and empty chunks/ and
+    parts/ exist but run.json does not yet. The same command starts the run; it is not refused."""
+    from _sharding_helpers import assert_same_rows, probe_args, tokens
+
+    from gmts_analysis.cli import main
+    from gmts_analysis.util import io as gio
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2))
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    args = ["--answers-per-chunk", "2", "--threads", "1"]
+    assert main(probe_args(model_dir, r, ref, *args)) == 0
+    out.mkdir()
+    gio.mark_ours(out, "work", out)
+    (out / "chunks").mkdir()
+    (out / "parts").mkdir()
+    (out / ".run.json.abc123.tmp").write_text("{")  # the state's write, cut short
+    assert main(probe_args(model_dir, r, out, *args)) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+    mine = tmp_path / "mine"  # a folder with a file of someone else's beside them is still refused
+    mine.mkdir()
+    (mine / "chunks").mkdir()
+    (mine / "notes.txt").write_text("mine")
+    before = snapshot(tmp_path)
+    assert_one_line_error(*run_cli(probe(model_dir, r, mine)), "notes.txt")
+    assert_untouched(before, snapshot(tmp_path))
+
+
 def test_sigint_whose_keyboardinterrupt_is_lost_still_stops_with_130(model_dir, tmp_path, monkeypatch):
     """The window of the last pass: the KeyboardInterrupt raised inside a __del__ or a library's cleanup
     is printed as "Exception ignored" and lost. The latch still stops the run before the next answer."""

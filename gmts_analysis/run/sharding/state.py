@@ -233,7 +233,7 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool, finishing: di
     recover_work_area(out)
     if out.exists() and not out.is_dir():
         raise GmtsError(f"{out}: exists and is not a directory")
-    if not out.exists() or not any(out.iterdir()):
+    if not out.exists() or not any(out.iterdir()) or _interrupted_start(out):
         return "fresh"
     io.check_ours(out)  # someone else's files: refused whatever --overwrite says
     if overwrite:
@@ -261,6 +261,26 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool, finishing: di
                         "rerun its own command to resume it, or pass --overwrite to start over")
     raise GmtsError(f"{out}: holds an unreadable or incomplete gmts run (no usable manifest.json or {STATE_FILE}); "
                     "pass --overwrite to replace it")
+
+
+def _interrupted_start(out: Path) -> bool:
+    """Whether ``out`` holds only what :func:`prepare_directory` writes before the run state: our work
+    marker (or its temporary), empty chunks/ and parts/ folders. A job stopped there (a SIGINT just after
+    the folder was made) left no work; the same command starts it afresh instead of refusing the folder."""
+    import re
+
+    from gmts_analysis.util import io
+
+    tmp = re.compile(r"^\..+\.tmp$")
+    for c in out.iterdir():
+        if c.name in (CHUNKS, PARTS) and c.is_dir() and not c.is_symlink() and not any(c.iterdir()):
+            continue
+        if tmp.match(c.name) and c.is_file():
+            continue
+        if c.name == io.OWNER_MARKER and io.is_ours(out, "work", out):
+            continue
+        return False
+    return True
 
 
 def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str, world_size: int,
