@@ -30,6 +30,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("run")
     ap.add_argument("--answers", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=0, help="leave out the first N eligible answers (to split the work)")
     ap.add_argument("--min-len", type=int, default=200)
     ap.add_argument("--max-len", type=int, default=256)
     ap.add_argument("--probes", default="16,32")
@@ -46,7 +47,7 @@ def main() -> None:
     answers, tokens, cfg = _answers_and_norms(a)
     tau = float(cfg.get("temperature", 1.0))
     model, _ = load_model(cfg.get("model") or cfg["model_path"], "cpu", cfg.get("dtype", "float32"))
-    ans = answers[(answers["length"] >= a.min_len) & (answers["length"] <= a.max_len)].head(a.answers)
+    ans = answers[(answers["length"] >= a.min_len) & (answers["length"] <= a.max_len)].iloc[a.skip:a.skip + a.answers]
     ks = [int(k) for k in a.probes.split(",")]
     rows = []
     for j, (_, r) in enumerate(ans.iterrows()):
@@ -87,7 +88,7 @@ def main() -> None:
         print(f"K={k}: {json.dumps(summary[k])}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"sketch-real-{time.strftime('%Y%m%d')}.json").write_text(
+    (out / f"sketch-real-{time.strftime('%Y%m%d')}{f'-skip{a.skip}' if a.skip else ''}.json").write_text(
         json.dumps({"run": a.run, "from_chunks": a.from_chunks, "temperature": tau, "threads": a.threads, "summary": summary, "answers": rows}) + "\n")
 
 
