@@ -26,15 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from gmts_analysis.core.objective import LossSettings
-
 
 # --- aggregations -------------------------------------------------------------------------------
 
@@ -98,7 +94,7 @@ class OmegaParts:
     trust: Tensor
     c: Tensor
     live: Tensor
-    settings: LossSettings
+    settings: Any  #: the LossSettings of core/objective.py (which imports this module; not imported back)
     ref: Tensor | None
 
 

@@ -25,7 +25,7 @@ from gmts_analysis.core.vocabulary import (
     VLLM_IS_MODES,
 )
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.fields import alias, opt
+from gmts_analysis.options.fields import alias, aliases_of, opt, resolve_aliases
 from gmts_analysis.options.parser import ExamplesHelpFormatter, add_fields, from_args  # noqa: F401 - re-exported
 from gmts_analysis.readers.formats import FORMATS
 
@@ -352,10 +352,8 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
     """
     import difflib
 
-    from gmts_analysis.options.spellings import resolve_aliases
-
     names = option_names()
-    kwargs = resolve_aliases(kwargs, names)
+    kwargs = resolve_aliases(kwargs, names, aliases_of(*DECLARED))
     jobs = {f.name for f in dataclasses.fields(JobSettings)}
     for k in kwargs:
         if k in names:
@@ -369,3 +367,7 @@ def options_from_kwargs(kwargs: dict[str, Any], where: str = "gmts.probe") -> Pr
     opts = ProbeOptions(**kwargs)
     check_options(opts)
     return opts
+
+
+#: the option dataclasses whose fields declare TRL/verl aliases (``gmts probe``/``run``/``sample`` and the API)
+DECLARED: tuple[type, ...] = (ProbeOptions, JobSettings, SamplingOptions, OutputOptions, RunControl)

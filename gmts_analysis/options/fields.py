@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
+
+from gmts_analysis.errors import GmtsError
 
 #: the ``--help`` groups, in the order every subcommand lists them
 GROUPS: tuple[str, ...] = ("inputs", "RL objective", "gradient engine", "output", "run control")
@@ -96,3 +98,28 @@ def flag(name: str) -> str:
 
 
 Check = Callable[[str, Any], None]
+
+
+def resolve_aliases(kwargs: dict[str, Any], names: Sequence[str], aliases: Sequence[Alias]) -> dict[str, Any]:
+    """Keyword options with TRL/verl names (``aliases``, each with its ``dest``) renamed to ours, values mapped, and
+    ``fill`` applied (``epsilon=0.3`` also sets ``clip_high`` unless given), for the Python API.
+    An alias and its option given together are refused (:class:`GmtsError`)."""
+    by_name = {a.name: a for a in aliases}
+    out = {k: v for k, v in kwargs.items() if k not in by_name or k in names}
+    for k, v in kwargs.items():
+        al = by_name.get(k)
+        if al is None or k in names or al.dest not in names:
+            continue
+        if al.dest in kwargs:
+            raise GmtsError(f"options {k} and {al.dest} name the same setting: give one")
+        if al.values is not None:
+            key = str(v).strip().lower()
+            if key not in al.values:
+                raise GmtsError(f"option {k}={v!r}: choose from {', '.join(al.values)}")
+            v = al.values[key]
+        out[al.dest] = v
+        for dest in al.fill:
+            if dest in names and dest not in kwargs and not any(
+                    a.dest == dest and a.name in kwargs for a in aliases):
+                out[dest] = v
+    return out

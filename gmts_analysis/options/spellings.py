@@ -15,7 +15,7 @@ Users arrive with TRL and verl command lines and config files. This module makes
 
 Every alias used (on the command line or in the file) is recorded in the parsed namespace
 as ``aliases`` = ``{"--epsilon": "clip_low", "run.yaml: beta": "kl_beta"}``; ``gmts probe``
-writes it into the run's manifest. :class:`GmtsParser` is the parser class of the whole
+writes it into the run's manifest. :class:`~gmts_analysis.options.gmts_parser.GmtsParser` is the parser class of the whole
 ``gmts`` command (subparsers inherit it); :func:`install` adds the spellings once every
 subcommand is registered.
 """
@@ -23,30 +23,24 @@ subcommand is registered.
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any, Sequence
 
-from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import DECLARED
 from gmts_analysis.options.fields import Alias, aliases_of, fields_of
+from gmts_analysis.options.fields import resolve_aliases as resolve_with
 
 CONFIG_FLAG = "--config"
-
-
-def _declared() -> tuple[type, ...]:
-    from gmts_analysis.options.config import JobSettings, OutputOptions, ProbeOptions, RunControl, SamplingOptions
-
-    return (ProbeOptions, JobSettings, SamplingOptions, OutputOptions, RunControl)
 
 
 #: TRL GRPOConfig and verl config names accepted for our options, as declared on the option fields
 #: (``aliases=`` of :func:`~gmts_analysis.options.fields.opt`). An alias applies wherever a subcommand
 #: has an option of its ``dest``.
-ALIASES: tuple[Alias, ...] = aliases_of(*_declared())
+ALIASES: tuple[Alias, ...] = aliases_of(*DECLARED)
 ALIAS_BY_NAME = {a.name: a for a in ALIASES}
 #: our options whose name is also TRL's (GRPOConfig; declared ``trl_name=True``): spelled TRL's way
 #: (``--loss_type``, or the API keyword) they are recorded in ``aliases`` too, mapped to themselves, so
 #: the manifest lists every TRL name used
-TRL_NAMES: tuple[str, ...] = tuple(name for name, f in fields_of(*_declared()).items() if f.metadata.get("trl_name"))
+TRL_NAMES: tuple[str, ...] = tuple(name for name, f in fields_of(*DECLARED).items() if f.metadata.get("trl_name"))
 
 
 _TRUE = {"1", "true", "yes", "on", "t", "y"}
@@ -156,113 +150,7 @@ def _dests_given(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[st
     return out
 
 
-class GmtsParser(argparse.ArgumentParser):
-    """``argparse.ArgumentParser`` with the conventions of this module (see the module docstring).
-
-    Subparsers created with ``add_subparsers().add_parser`` are of this class too.
-    """
-
-    def parse_known_args(self, args=None, namespace=None):  # noqa: D102
-        import sys
-
-        argv = list(sys.argv[1:] if args is None else args)
-        try:
-            from gmts_analysis.options.config_file import _expand_config
-
-            expanded, path, file_tokens = _expand_config(self, argv)
-        except GmtsError as e:
-            self.error(str(e))
-        except (RecursionError, MemoryError, ValueError, TypeError) as e:  # a config value we cannot turn into flags
-            self.error(f"{CONFIG_FLAG}: cannot be read as options ({type(e).__name__}: {str(e)[:200]})")
-        expanded, renamed = _rename_required(self, expanded)
-        ns, rest = super().parse_known_args(expanded, namespace)
-        if renamed:
-            rec = getattr(ns, "aliases", None) or {}
-            rec.update(renamed)
-            ns.aliases = rec
-        if path is not None:
-            rec = getattr(ns, "aliases", None) or {}
-            cli_flags = {t.split("=", 1)[0] for t in argv if t.startswith("--")}
-            for tok in file_tokens:
-                tok = tok.split("=", 1)[0]
-                a = self._option_string_actions.get(tok) if tok.startswith("--") else None
-                if isinstance(a, _Spelling) and a.alias is not None:
-                    if tok not in cli_flags:
-                        rec.pop(tok, None)
-                    rec[f"{os.path.basename(path)}: {tok[2:]}"] = a.target.dest
-            ns.aliases = rec
-            ns.config = str(path)
-        self._fill(ns, expanded)
-        return ns, rest
-
-    def _fill(self, ns: argparse.Namespace, argv: list[str]) -> None:
-        """Options an alias also sets (``fill``) when they were not given themselves."""
-        rec = getattr(ns, "aliases", None)
-        if not rec:
-            return
-        mine = {a.dest for a in self._actions}
-        given = _dests_given(self, [t for t in argv if not _is_alias_token(self, t)])
-        for name in list(rec):
-            al = ALIAS_BY_NAME.get(name.rsplit(" ", 1)[-1].lstrip("-").replace("-", "_"))
-            if al is None or al.dest not in mine:
-                continue
-            for dest in al.fill:
-                if dest in mine and dest not in given and not _alias_sets(self, argv, dest):
-                    setattr(ns, dest, getattr(ns, al.dest))
-                    rec[name] = f"{rec[name]}, {dest}"
-
-
-def _rename_required(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """Aliases of a required option become its own flag before parsing (argparse counts a required
-    option as given only under its own action); returns the new argv and ``{alias: dest}``."""
-    out, renamed = [], {}
-    for tok in argv:
-        if tok == "--":
-            out.append(tok)
-            continue
-        name, eq, val = tok.partition("=")
-        a = parser._option_string_actions.get(name) if tok.startswith("--") else None
-        if isinstance(a, _Spelling) and a.alias is not None and a.target.required and a.alias.values is None:
-            out.append(a.target.option_strings[-1] + (eq + val if eq else ""))
-            renamed[name] = a.target.dest
-            continue
-        out.append(tok)
-    return out, renamed
-
-
-def _is_alias_token(parser: argparse.ArgumentParser, tok: str) -> bool:
-    a = parser._option_string_actions.get(tok.split("=", 1)[0]) if tok.startswith("--") else None
-    return isinstance(a, _Spelling) and a.alias is not None
-
-
-def _alias_sets(parser: argparse.ArgumentParser, argv: list[str], dest: str) -> bool:
-    """Some alias in ``argv`` sets ``dest`` directly (``--epsilon_high`` sets clip_high)."""
-    for tok in argv:
-        a = parser._option_string_actions.get(tok.split("=", 1)[0]) if tok.startswith("--") else None
-        if isinstance(a, _Spelling) and a.alias is not None and a.alias.dest == dest:
-            return True
-    return False
-
-
 def resolve_aliases(kwargs: dict[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """Keyword options with TRL/verl names (:data:`ALIASES`) renamed to ours, values mapped, and
-    ``fill`` applied (``epsilon=0.3`` also sets ``clip_high`` unless given), for the Python API.
-    An alias and its option given together are refused (:class:`GmtsError`)."""
-    out = {k: v for k, v in kwargs.items() if k not in ALIAS_BY_NAME or k in names}
-    for k, v in kwargs.items():
-        al = ALIAS_BY_NAME.get(k)
-        if al is None or k in names or al.dest not in names:
-            continue
-        if al.dest in kwargs:
-            raise GmtsError(f"options {k} and {al.dest} name the same setting: give one")
-        if al.values is not None:
-            key = str(v).strip().lower()
-            if key not in al.values:
-                raise GmtsError(f"option {k}={v!r}: choose from {', '.join(al.values)}")
-            v = al.values[key]
-        out[al.dest] = v
-        for dest in al.fill:
-            if dest in names and dest not in kwargs and not any(
-                    a.dest == dest and a.name in kwargs for a in ALIASES):
-                out[dest] = v
-    return out
+    """:func:`gmts_analysis.options.fields.resolve_aliases` over :data:`ALIASES` (TRL/verl names of every
+    declared option) for the Python API."""
+    return resolve_with(kwargs, names, ALIASES)
