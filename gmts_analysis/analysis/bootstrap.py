@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from gmts_analysis.analysis.score_roles import paired_references
+from gmts_analysis.analysis.stats_types import PairedDiff, PairedDifferences
 
 CI_LEVEL = 0.95
 
@@ -213,7 +214,8 @@ PAIRED_REFERENCES = paired_references()  # entropy and its masked baseline; plus
 
 
 def paired_differences(points: Mapping[str, Mapping[str, float]], draws: Mapping[str, Mapping[str, np.ndarray]],
-                       refs: Iterable[str] = PAIRED_REFERENCES, level: float = CI_LEVEL) -> tuple[dict, dict]:
+                       refs: Iterable[str] = PAIRED_REFERENCES,
+                       level: float = CI_LEVEL) -> tuple[PairedDifferences, dict[str, str | None]]:
     """``paired_difference`` block and each statistic's leader.
 
     points: ``{statistic: {s: value}}``; draws: ``{statistic: {s: (B,) resampled values}}``, every
@@ -221,10 +223,11 @@ def paired_differences(points: Mapping[str, Mapping[str, float]], draws: Mapping
     each reference (``refs`` present, and the statistic's leader: the highest point value), s != ref:
     ``diff`` = value(s) - value(ref), ``ci_low``/``ci_high`` the percentile interval of the resampled
     differences, ``p_le_0`` the share of resamples where the difference is <= 0 (resamples where
-    either is undefined left out). Returns ``({statistic: {s: {ref: {...}}}}, {statistic: leader})``.
+    either is undefined left out). Returns ``(PairedDifferences {statistic: {s: {ref: PairedDiff}}},
+    {statistic: leader})``.
     """
     nan = float("nan")
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, dict[str, PairedDiff]]] = {}
     leaders: dict[str, str | None] = {}
     for stat, pts in points.items():
         finite = {k: v for k, v in pts.items() if v is not None and np.isfinite(v)}
@@ -232,7 +235,7 @@ def paired_differences(points: Mapping[str, Mapping[str, float]], draws: Mapping
         leaders[stat] = leader
         dr = draws.get(stat, {})
         rs = [r for r in dict.fromkeys([*refs, leader]) if r is not None and r in pts]
-        block: dict[str, dict] = {}
+        block: dict[str, dict[str, PairedDiff]] = {}
         for s_ in pts:
             for r in rs:
                 if s_ == r:
@@ -245,6 +248,6 @@ def paired_differences(points: Mapping[str, Mapping[str, float]], draws: Mapping
                     if len(v):
                         lo, hi = quantile_ci(v, level)
                         p = float(np.mean(v <= 0))
-                block.setdefault(s_, {})[r] = {"diff": float(d), "ci_low": lo, "ci_high": hi, "p_le_0": p}
+                block.setdefault(s_, {})[r] = PairedDiff.make(diff=float(d), ci_low=lo, ci_high=hi, p_le_0=p)
         out[stat] = block
-    return out, leaders
+    return PairedDifferences(out), leaders

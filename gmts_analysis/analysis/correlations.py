@@ -13,6 +13,7 @@ import pandas as pd
 
 from gmts_analysis.analysis.bootstrap import cluster_bootstrap_spearman_many, mean_summary, resampled_means
 from gmts_analysis.analysis.stat_inputs import TARGET, TARGET_WITHIN, informative_mask
+from gmts_analysis.analysis.stats_types import CrossEntry, WithinEntry
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, per_cluster_spearman, spearman
 
 
@@ -56,7 +57,7 @@ def within_block(
     df: pd.DataFrame, estimators: list[str], informative: np.ndarray, unit_index: pd.Index, counts: np.ndarray,
     cluster: str, target: str, count_key: str, unit: str, draws: dict[str, np.ndarray] | None = None,
     agreement: bool = False,
-) -> dict:
+) -> dict[str, WithinEntry]:
     """``{s: summary}`` of per-cluster Spearman values (see :func:`within_values`), CIs of the mean
     from the block's resamples of ``unit`` (``unit_index``: the unit id of each counts column).
     ``draws`` receives each estimator's resampled means ``(B,)``; ``agreement`` adds
@@ -76,7 +77,7 @@ def within_block(
         for s in estimators:
             out[s]["weighted_tau"] = float(np.mean(wt[s])) if len(wt[s]) else float("nan")
             out[s]["top1"] = float(np.mean(top[s])) if len(top[s]) else float("nan")
-    return out
+    return {s: WithinEntry.make(**v) for s, v in out.items()}
 
 
 def within_agreement(
@@ -126,12 +127,12 @@ def within_agreement(
 def cross_answer(
     df: pd.DataFrame, estimators: Iterable[str], codes: np.ndarray, counts: np.ndarray,
     rows: np.ndarray | None = None, draws: dict[str, np.ndarray] | None = None,
-) -> dict:
-    """``{s: {spearman, kendall, n_tokens, ci_low, ci_high}}`` over the tokens ``rows`` (a boolean
+) -> dict[str, CrossEntry]:
+    """``{s: CrossEntry(spearman, kendall, n_tokens, ci_low, ci_high)}`` over the tokens ``rows`` (a boolean
     mask; default all) pooled. ``codes``: each row's resampling cluster; ``counts`` ``(B, C)``
     cluster multiplicities shared by every estimator (paired resamples). ``draws`` receives each
     estimator's resampled rho ``(B,)``."""
-    out = {}
+    out: dict[str, CrossEntry] = {}
     rows = np.ones(len(df), dtype=bool) if rows is None else rows
     y_all = df[TARGET].to_numpy(dtype=np.float64) if TARGET in df.columns else np.full(len(df), np.nan)
     pending: dict[bytes, tuple[np.ndarray, dict[str, np.ndarray]]] = {}
@@ -140,12 +141,12 @@ def cross_answer(
         ok = rows & ~(np.isnan(x_all) | np.isnan(y_all))
         x, y = x_all[ok], y_all[ok]
         rho = spearman(x, y)
-        out[s] = {"spearman": rho, "kendall": kendall_tau_b(x, y), "n_tokens": int(ok.sum()),
-                  "ci_low": float("nan"), "ci_high": float("nan")}
+        out[s] = CrossEntry.make(spearman=rho, kendall=kendall_tau_b(x, y), n_tokens=int(ok.sum()),
+                                 ci_low=float("nan"), ci_high=float("nan"))
         if not math.isnan(rho) and counts.shape[0] > 0:
             pending.setdefault(ok.tobytes(), (ok, {}))[1][s] = x
     for ok, xs in pending.values():  # one shared pass per set of usable tokens (usually one)
         cis = cluster_bootstrap_spearman_many(xs, y_all[ok], codes[ok], counts, draws=draws)
         for s, (lo, hi) in cis.items():
-            out[s]["ci_low"], out[s]["ci_high"] = lo, hi
+            out[s].ci_low, out[s].ci_high = lo, hi
     return out

@@ -4,13 +4,13 @@ of stats.json), checked on the table and the values, never assumed; such a stati
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.stat_inputs import informative_mask
+from gmts_analysis.analysis.stats_types import Block, Identity, NestedMap, Record
 from gmts_analysis.core.rank import n_keep
 
 
@@ -24,13 +24,14 @@ def _constant_abs_omega_within_answers(df: pd.DataFrame) -> bool:
                 and a.notna().all())
 
 
-def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = "") -> list[dict]:
-    """Entries ``{key, equals, why}`` for the statistics of ``block`` fixed or equal to another by
+def by_construction(block: Block, df: pd.DataFrame, prefix: str = "") -> list[dict]:
+    """Entries ``{key, equals, why, _ci}`` for the statistics of ``block`` fixed or equal to another by
     construction (checked on the table and the values, never assumed). Such a statistic is no
-    finding: the words never state it, and a fixed value carries no CI (set to null by the caller).
+    finding: the words never state it, and a fixed value carries no CI (``_ci``: the path of the
+    record whose CI :func:`null_fixed_cis` sets to null, which also makes the entries :class:`Identity`).
     """
     out = _zero_waste_identities(block, prefix)
-    if "group_id" in df.columns and "group" in (block.get("selection_waste") or {}):
+    if "group_id" in df.columns and "group" in block.selection_waste:
         out += _group_waste_identities(block, df, prefix)
     out += _masked_identities(block, prefix)
     if _constant_abs_omega_within_answers(df):
@@ -38,17 +39,17 @@ def by_construction(block: Mapping[str, Any], df: pd.DataFrame, prefix: str = ""
     return out
 
 
-def _zero_waste_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+def _zero_waste_identities(block: Block, prefix: str) -> list[dict]:
     """A score that is 0 where omega = 0 wastes nothing when every resample agrees (waste 0, CI 0)."""
     from gmts_analysis.core.estimators import ZERO_WHERE_OMEGA_ZERO
 
     out: list[dict] = []
-    for scope, per_s in (block.get("selection_waste") or {}).items():
+    for scope, per_s in block.selection_waste.values.items():
         for s_ in ZERO_WHERE_OMEGA_ZERO:
             for rk, v in (per_s.get(s_) or {}).items():
-                ci = (block.get("selection_waste_ci") or {}).get(scope, {}).get(s_, {}).get(rk, {})
+                ci = block.selection_waste_ci.at(scope, s_, rk)
                 # 0 on the table and in every resample (else it measures the share without signal)
-                if v == 0.0 and all(ci.get(k) in (0.0, None) or ci.get(k) != ci.get(k) for k in ("ci_low", "ci_high")):
+                if v == 0.0 and all(b == 0.0 or b != b for b in (ci.ci_low, ci.ci_high)):
                     out.append({"key": f"{prefix}selection_waste.{scope}.{s_}.{rk}", "equals": 0,
                                 "_ci": ("selection_waste_ci", scope, s_, rk),
                                 "why": f"{s_} is 0 where omega = 0, and each scope has more tokens with a "
@@ -57,11 +58,11 @@ def _zero_waste_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
     return out
 
 
-def _group_waste_identities(block: Mapping[str, Any], df: pd.DataFrame, prefix: str) -> list[dict]:
+def _group_waste_identities(block: Block, df: pd.DataFrame, prefix: str) -> list[dict]:
     """Group-scope waste equal for every score: when a group has signal in every token or in none,
     the picks in its zero-advantage groups are all waste, whatever the score."""
     inf = informative_mask(df)
-    ests = list(block.get("within_answer", {}))
+    ests = list(block.within_answer)
     grp_inf = pd.Series(inf).groupby(df["group_id"].to_numpy(), sort=False)
     if not bool((grp_inf.all() | ~grp_inf.any()).all()):
         return []
@@ -71,10 +72,10 @@ def _group_waste_identities(block: Mapping[str, Any], df: pd.DataFrame, prefix: 
     sc = scope_codes(df, "group")
     n = np.bincount(sc)
     zero_scope = np.bincount(sc, weights=(~inf).astype(float)) == n
-    for rk in block["selection_waste"]["group"].get(ests[0] if ests else "", {}):
+    for rk in block.selection_waste.series("group", ests[0] if ests else ""):
         k = n_keep(float(rk), n)
         share = float(k[zero_scope].sum() / k.sum()) if k.sum() else float("nan")
-        vals = [block["selection_waste"]["group"][s_][rk] for s_ in ests]
+        vals = [block.selection_waste.at("group", s_, rk) for s_ in ests]
         if vals and all(v is not None and abs(v - share) < 1e-12 for v in vals):
             for s_ in ests:
                 out.append({"key": f"{prefix}selection_waste.group.{s_}.{rk}",
@@ -84,15 +85,15 @@ def _group_waste_identities(block: Mapping[str, Any], df: pd.DataFrame, prefix: 
     return out
 
 
-def _masked_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+def _masked_identities(block: Block, prefix: str) -> list[dict]:
     """A masked score equals its score on every informative token (and their paired difference is 0)."""
     from gmts_analysis.core.estimators import MASKED
 
     out: list[dict] = []
-    cai = block.get("cross_answer_informative") or {}
-    pdc = (block.get("paired_difference") or {}).get("cross_answer_informative", {})
+    cai = block.cross_answer_informative
+    pdc = block.paired_difference.of("cross_answer_informative")
     for s_, ref in MASKED.items():
-        if s_ in cai and ref in cai and cai[s_].get("spearman") == cai[ref].get("spearman"):
+        if s_ in cai and ref in cai and cai[s_].spearman == cai[ref].spearman:
             out.append({"key": f"{prefix}cross_answer_informative.{s_}", "equals": f"{prefix}cross_answer_informative.{ref}",
                         "why": f"{s_} is {ref} times 1[omega != 0]: the same score on every informative token"})
             for a, b in ((s_, ref), (ref, s_)):
@@ -103,15 +104,15 @@ def _masked_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
     return out
 
 
-def _within_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
+def _within_identities(block: Block, prefix: str) -> list[dict]:
     """With |omega| constant inside every answer: scores that rank an answer's tokens alike
     (:data:`SAME_WITHIN_ANSWER`), their paired differences, and abs_omega's rho of 0."""
     from gmts_analysis.core.estimators import SAME_WITHIN_ANSWER
 
     out: list[dict] = []
-    wa = block.get("within_answer") or {}
+    wa = block.within_answer
     for s_, ref in SAME_WITHIN_ANSWER.items():
-        if s_ in wa and ref in wa and wa[s_].get("mean") == wa[ref].get("mean"):
+        if s_ in wa and ref in wa and wa[s_].mean == wa[ref].mean:
             out.append({"key": f"{prefix}within_answer.{s_}", "equals": f"{prefix}within_answer.{ref}",
                         "why": "|omega| is one positive constant inside an informative answer, so "
                         f"{s_} ranks its tokens exactly as {ref}"})
@@ -120,7 +121,7 @@ def _within_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
     for e in out:
         ref = e["equals"].rsplit(".", 1)[1]
         classes.setdefault(ref, {ref}).add(e["key"].rsplit(".", 1)[1])
-    pd_ = (block.get("paired_difference") or {}).get("within_answer", {})
+    pd_ = block.paired_difference.of("within_answer")
     for members in classes.values():
         for a in sorted(members):
             for b in sorted(members):
@@ -128,25 +129,32 @@ def _within_identities(block: Mapping[str, Any], prefix: str) -> list[dict]:
                     out.append({"key": f"{prefix}paired_difference.within_answer.{a}.{b}", "equals": 0,
                                 "_ci": ("paired_difference", "within_answer", a, b),
                                 "why": f"{a} and {b} rank the tokens of an answer alike (see within_answer)"})
-    if "abs_omega" in wa and wa["abs_omega"].get("mean") == 0.0:
+    if "abs_omega" in wa and wa["abs_omega"].mean == 0.0:
         out.append({"key": f"{prefix}within_answer.abs_omega", "equals": 0,
                     "_ci": ("within_answer", "abs_omega"),
                     "why": "|omega| is constant inside an answer: it cannot rank the answer's tokens (rho 0)"})
     return out
 
 
-def null_fixed_cis(block: dict, entries: list[dict]) -> list[dict]:
+def _node(block: Block, path: tuple[str, ...]) -> Any:
+    """The record at ``path`` (a field name, then names down its maps), None when absent."""
+    node: Any = getattr(block, path[0], None)
+    for k in path[1:]:
+        if isinstance(node, NestedMap):
+            node = node.values
+        node = node.get(k) if isinstance(node, dict) else None
+    return node
+
+
+def null_fixed_cis(block: Block, entries: list[dict]) -> list[Identity]:
     """A statistic fixed by construction carries no CI: null the CI (and p_le_0) of each entry of
-    ``entries`` in ``block``; returns the entries without their internal ``_ci`` path."""
+    ``entries`` in ``block``; returns the entries as :class:`Identity` (without their ``_ci`` path)."""
     out = []
     for e in entries:
-        path = e.get("_ci")
-        node: Any = block
-        for k in path or ():
-            node = node.get(k) if isinstance(node, Mapping) else None
-        if isinstance(node, dict):
+        node = _node(block, e["_ci"]) if e.get("_ci") else None
+        if isinstance(node, Record):
             for k in ("ci_low", "ci_high", "p_le_0"):
-                if k in node:
-                    node[k] = float("nan")  # written as null
-        out.append({k: v for k, v in e.items() if k != "_ci"})
+                if node.has(k):
+                    setattr(node, k, float("nan"))  # written as null
+        out.append(Identity.make(key=e["key"], equals=e["equals"], why=e["why"]))
     return out

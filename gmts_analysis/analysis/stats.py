@@ -1,7 +1,7 @@
 """Statistics of a probe: do estimators rank tokens like their policy-gradient norm?
 
 Everything here is a function of the tokens table (docs/definitions.md, tokens table) and is
-written to ``stats.json`` (version 3) by :func:`compute_stats`. For every estimator column
+written to ``stats.json`` (version 4) by :func:`compute_statistics`. For every estimator column
 ``s`` (:func:`gmts_analysis.core.estimators.available`; ``abs_omega`` = |omega| is the baseline that
 knows only each token's coefficient):
 
@@ -41,7 +41,7 @@ result coming from them is visible.
   (:func:`paired_differences`), refs entropy, entropy_inf and ``paired_leader.<stat>``.
 - ``by_construction``: statistics fixed or equal to another by construction (:func:`by_construction`).
 - ``by_domain.<d>`` / ``by_step.<k>``: the same blocks on each slice.
-- ``meta``: ``version`` 3, ``ci_unit`` (``group`` or ``answer``), counts and settings.
+- ``meta``: ``version`` 4, ``ci_unit`` (``group`` or ``answer``), counts and settings.
 
 Confidence intervals: 95% percentile intervals of a seeded cluster bootstrap that resamples
 **groups** (answers only when every group has one answer, ``meta.ci_unit``); never tokens, on one
@@ -51,7 +51,7 @@ matrix of cluster multiplicities per block shared by every statistic of the bloc
 
 Undefined values (constant columns, too few tokens, no S_true) are NaN, written as null.
 
-This module assembles the blocks into the stats.json object and writes it; the blocks are
+This module assembles the blocks into typed :class:`Statistics` and writes them; the blocks are
 computed by :mod:`~gmts_analysis.analysis.correlations` (within / cross answer),
 :mod:`~gmts_analysis.analysis.selections` (top-k, waste, mass capture),
 :mod:`~gmts_analysis.analysis.identities` (``by_construction``) on the table of
@@ -100,7 +100,18 @@ from gmts_analysis.analysis.stat_inputs import (  # noqa: F401
     run_rho_key,
     unit_codes,
 )
-from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.analysis.stats_types import (
+    Block,
+    CIGrid,
+    Fidelity,
+    Grid,
+    Meta,
+    RewardAudit,
+    Slice,
+    Statistics,
+    Uncertain,
+    ZeroAdvantage,
+)
 from gmts_analysis.core.estimators import available
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, per_cluster_spearman, spearman  # noqa: F401
 from gmts_analysis.core.selection import RHOS
@@ -139,9 +150,10 @@ def informative_units(df: pd.DataFrame, informative: np.ndarray, unit: str) -> i
 
 def _core(df: pd.DataFrame, estimators: list[str], informative: np.ndarray, codes: np.ndarray,
           unit_index: pd.Index, counts: np.ndarray, pooled: np.ndarray, unit: str, rhos: Iterable[float],
-          run_rk: str, *, groups: bool = True, waste: bool = True) -> dict:
+          run_rk: str, *, groups: bool = True, waste: bool = True) -> dict[str, Any]:
     """The statistics of one token set on given cluster resamples (``counts`` ``(B, C)``, ``pooled``
-    its first rows for the pooled statistics), with the paired differences (:func:`paired_differences`)."""
+    its first rows for the pooled statistics), with the paired differences (:func:`paired_differences`):
+    the typed values of a :class:`~gmts_analysis.analysis.stats_types.Block`'s fields, by name."""
     rhos = tuple(rhos)
     d_within: dict[str, np.ndarray] = {}
     d_cross: dict[str, np.ndarray] = {}
@@ -157,17 +169,17 @@ def _core(df: pd.DataFrame, estimators: list[str], informative: np.ndarray, code
     orders: dict = {}
     tw = topk_and_waste(df, estimators, informative, rhos=rhos, orders=orders)
     cis = topk_waste_ci(df, estimators, informative, codes, pooled, rhos=rhos, draws=d_topk, orders=orders)
-    out["topk_overlap"] = tw["topk_overlap"]
-    out["topk_overlap_ci"] = cis["topk_overlap_ci"]
+    out["topk_overlap"] = Grid.from_dict(tw["topk_overlap"], "topk_overlap")
+    out["topk_overlap_ci"] = CIGrid.from_dict(cis["topk_overlap_ci"], "topk_overlap_ci")
     out["topk_scopes_excluded"] = tw["topk_scopes_excluded"]
     if waste:
-        out["selection_waste"] = tw["selection_waste"]
-        out["selection_waste_ci"] = cis["selection_waste_ci"]
-    out["mass_capture"] = tw["mass_capture"]
-    out["mass_capture_ci"] = cis["mass_capture_ci"]
+        out["selection_waste"] = Grid.from_dict(tw["selection_waste"], "selection_waste")
+        out["selection_waste_ci"] = CIGrid.from_dict(cis["selection_waste_ci"], "selection_waste_ci")
+    out["mass_capture"] = Grid.from_dict(tw["mass_capture"], "mass_capture")
+    out["mass_capture_ci"] = CIGrid.from_dict(cis["mass_capture_ci"], "mass_capture_ci")
     points = {
-        "within_answer": {s: out["within_answer"][s]["mean"] for s in estimators},
-        "cross_answer_informative": {s: out["cross_answer_informative"][s]["spearman"] for s in estimators},
+        "within_answer": {s: out["within_answer"][s].mean for s in estimators},
+        "cross_answer_informative": {s: out["cross_answer_informative"][s].spearman for s in estimators},
         "topk_overlap": {s: tw["topk_overlap"].get("batch", {}).get(s, {}).get(run_rk) for s in estimators},
         "mass_capture": {s: tw["mass_capture"].get("batch", {}).get(s, {}).get(run_rk) for s in estimators},
     }
@@ -182,11 +194,12 @@ def _core(df: pd.DataFrame, estimators: list[str], informative: np.ndarray, code
 
 def _uncertain_block(df: pd.DataFrame, estimators: list[str], informative: np.ndarray, unit_col: str,
                      unit_index: pd.Index, counts: np.ndarray, pooled: np.ndarray, unit: str,
-                     rhos: Iterable[float], run_rk: str, below: float) -> dict:
+                     rhos: Iterable[float], run_rk: str, below: float) -> Uncertain:
     """The ``uncertain`` block: :func:`_core` over the tokens with prob < ``below``, on the same
-    cluster resamples as the whole table (their columns for the clusters that keep a token)."""
+    cluster resamples as the whole table (their columns for the clusters that keep a token);
+    empty (``{}``) without a prob column."""
     if "prob" not in df.columns:
-        return {}
+        return Uncertain.make()
     keep = (df["prob"].to_numpy(dtype=np.float64) < below)
     gn = df[TARGET].to_numpy(dtype=np.float64)
     gn0 = np.where(gn > 0, gn, 0.0)
@@ -196,18 +209,19 @@ def _uncertain_block(df: pd.DataFrame, estimators: list[str], informative: np.nd
                            "token_share": float(keep.mean()) if len(df) else float("nan"),
                            "mass_share": float(gn0[keep].sum() / total) if total > 0 else float("nan")}
     if len(sub) == 0:
-        return out
+        return Uncertain.make(**out)
     sub_codes, sub_index = unit_codes(sub, unit)
     cols = unit_index.get_indexer(sub_index)
     out.update(_core(sub, estimators, informative[keep], sub_codes, sub_index, counts[:, cols], pooled[:, cols],
                      unit, rhos, run_rk, groups=False, waste=False))
-    return out
+    return Uncertain.make(**out)
 
 
 def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, key: str, unit: str,
            fidelity: Mapping | None, rhos: Iterable[float] = RHOS, run_rk: str = rho_key(DEFAULT_RHO),
-           uncertain_below: float = DEFAULT_UNCERTAIN_BELOW, min_groups: int = MIN_GROUPS) -> dict:
-    """Every statistic of one table (the whole run, or one domain / step)."""
+           uncertain_below: float = DEFAULT_UNCERTAIN_BELOW, min_groups: int = MIN_GROUPS) -> dict[str, Any]:
+    """Every statistic of one table (the whole run, or one domain / step): the typed values of the
+    fields of a :class:`~gmts_analysis.analysis.stats_types.Block`, by name."""
     informative = informative_mask(df)
     codes, unit_index = unit_codes(df, unit)
     n_units = len(unit_index)
@@ -216,16 +230,18 @@ def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, k
     counts = multiplicities(n_units, n_boot, block_rng(seed, key, "clusters")) if n_boot > 0 else np.zeros((0, n_units))
     nb_pooled = pooled_n_boot(n_boot, len(df), len(estimators))
     pooled = counts[:nb_pooled]
-    out: dict[str, Any] = {"zero_advantage": zero_advantage(df, informative)}
+    out: dict[str, Any] = {"zero_advantage": ZeroAdvantage.make(**zero_advantage(df, informative))}
     out.update(_core(df, estimators, informative, codes, unit_index, counts, pooled, unit, rhos, run_rk))
-    out["update_fidelity"] = dict(fidelity or {})
-    out["uncertain"] = _uncertain_block(df, estimators, informative, "group_id" if unit == "group" else "answer_id",
-                                        unit_index, counts, pooled, unit, rhos, run_rk, uncertain_below)
-    entries = by_construction(out, df)
-    if "prob" in df.columns and out["uncertain"].get("within_answer"):
+    out["update_fidelity"] = {str(k): Fidelity.from_dict(v, f"update_fidelity.{k}") for k, v in (fidelity or {}).items()}
+    unc = _uncertain_block(df, estimators, informative, "group_id" if unit == "group" else "answer_id",
+                           unit_index, counts, pooled, unit, rhos, run_rk, uncertain_below)
+    out["uncertain"] = unc
+    whole = Block.make(**out)
+    fixed = null_fixed_cis(whole, by_construction(whole, df))
+    if "prob" in df.columns and unc.within_answer:
         sub = df[df["prob"].to_numpy(dtype=np.float64) < uncertain_below].reset_index(drop=True)
-        entries += null_fixed_cis(out["uncertain"], by_construction(out["uncertain"], sub, "uncertain."))
-    out["by_construction"] = null_fixed_cis(out, entries)
+        fixed += null_fixed_cis(unc, by_construction(unc, sub, "uncertain."))
+    out["by_construction"] = fixed
     return out
 
 
@@ -304,22 +320,20 @@ def _meta(df: pd.DataFrame, ests: list[str], unit: str, *, seed: int, n_boot: in
 
 def _slice_blocks(df: pd.DataFrame, col: str, ests: list[str], fidelity: Mapping[str, Mapping] | None, *,
                   seed: int, n_boot: int, unit: str, rhos: tuple[float, ...], run_rk: str,
-                  uncertain_below: float, min_groups: int = MIN_GROUPS) -> dict[str, dict]:
-    """``{value: block}`` of each value of ``col`` (``by_domain`` / ``by_step``), with its counts."""
-    out: dict[str, dict] = {}
+                  uncertain_below: float, min_groups: int = MIN_GROUPS) -> dict[str, Slice]:
+    """``{value: Slice}`` of each value of ``col`` (``by_domain`` / ``by_step``), with its counts."""
+    out: dict[str, Slice] = {}
     for value, sub in df.groupby(col, sort=True):
         k = str(value)
-        out[k] = _block(
+        out[k] = Slice.make(**_block(
             sub.reset_index(drop=True), ests, seed=seed, n_boot=n_boot, key=f"{col}={k}", unit=unit,
             fidelity=(fidelity or {}).get(k), rhos=rhos, run_rk=run_rk, uncertain_below=uncertain_below,
             min_groups=min_groups,
-        )
-        out[k]["n_answers"] = int(sub["answer_id"].nunique())
-        out[k]["n_tokens"] = len(sub)
+        ), n_answers=int(sub["answer_id"].nunique()), n_tokens=len(sub))
     return out
 
 
-def compute_stats(
+def compute_statistics(
     tokens: pd.DataFrame,
     answers: pd.DataFrame | None = None,
     *,
@@ -333,9 +347,9 @@ def compute_stats(
     uncertain_below: float = DEFAULT_UNCERTAIN_BELOW,
     min_groups: int = MIN_GROUPS,
     rescored_from: Mapping[str, Any] | None = None,
-) -> dict:
-    """Every statistic of stats.json (version 3) that needs no model, as a nested dict (the JSON
-    object of stats.json; :func:`compute_statistics` gives it as typed :class:`Statistics`).
+) -> Statistics:
+    """Every statistic of stats.json (version 4) that needs no model, built as typed
+    :class:`Statistics` (``to_json()`` is the stats.json text; :func:`compute_stats` gives its dict).
 
     uncertain_below: the ``uncertain`` block keeps the tokens with prob below it
     (``--uncertain-below``; recorded as ``meta.uncertain_below``).
@@ -343,14 +357,14 @@ def compute_stats(
     rho: the run's keep fraction (``--rho``, TRL's ``top_entropy_quantile``): added to the grid
     of top-k fractions and recorded as ``meta.rho``, the fraction the report and the headline quote.
 
+    min_groups: a block with fewer informative groups gets no bootstrap interval and no paired
+    verdict (``meta.min_groups``). rescored_from: the run re-scored (``meta.rescored_from``).
+
     tokens: the tokens table; answers: the answers table (optional; gives ``domain``/``step``
-    when the tokens lack them). estimators: score columns to evaluate (default: every
-    estimator present, :func:`gmts_analysis.core.estimators.available`). fidelity: an
-    ``update_fidelity`` block (kept as is); ``fidelity_by_domain`` / ``fidelity_by_step`` the
-    same per slice. Returns ``{"meta", "zero_advantage", "cross_answer",
-    "cross_answer_informative", "within_answer", "within_group", "topk_overlap",
-    "topk_overlap_ci", "topk_scopes_excluded", "selection_waste", "selection_waste_ci",
-    "update_fidelity", ["by_domain"], ["by_step"]}``; NaN marks undefined values.
+    when the tokens lack them, and the ``reward_audit``). estimators: score columns to evaluate
+    (default: every estimator present, :func:`gmts_analysis.core.estimators.available`). fidelity:
+    an ``update_fidelity`` block (``{name: {cosine, norm_ratio}}``); ``fidelity_by_domain`` /
+    ``fidelity_by_step`` the same per slice. NaN marks undefined values.
     """
     _check_inputs(tokens, n_boot, rho, uncertain_below)
     df = prepare_tokens(tokens, answers).reset_index(drop=True)
@@ -365,23 +379,24 @@ def compute_stats(
         raise GmtsError(f"min_groups must be >= 1, got {min_groups}")
     from gmts_analysis.analysis.reward_audit import reward_audit
 
-    stats: dict[str, Any] = {"meta": _meta(df, ests, unit, seed=seed, n_boot=n_boot, rhos=rhos, rho=rho,
-                                           uncertain_below=uncertain_below, min_groups=min_groups,
-                                           rescored_from=rescored_from),
-                             "reward_audit": reward_audit(answers, int(df["answer_id"].nunique()))}
+    meta = Meta.make(**_meta(df, ests, unit, seed=seed, n_boot=n_boot, rhos=rhos, rho=rho,
+                             uncertain_below=uncertain_below, min_groups=min_groups, rescored_from=rescored_from))
     run_rk = rho_key(rho)
-    stats.update(_block(df, ests, seed=seed, n_boot=n_boot, key="all", unit=unit, fidelity=fidelity, rhos=rhos,
-                        run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups))
+    fields: dict[str, Any] = _block(df, ests, seed=seed, n_boot=n_boot, key="all", unit=unit, fidelity=fidelity,
+                                    rhos=rhos, run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups)
     for col, name, fid in (("domain", "by_domain", fidelity_by_domain), ("step", "by_step", fidelity_by_step)):
         if col in df.columns and not df[col].isna().all():
-            stats[name] = _slice_blocks(df, col, ests, fid, seed=seed, n_boot=n_boot, unit=unit, rhos=rhos,
-                                        run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups)
-    return stats
+            fields[name] = _slice_blocks(df, col, ests, fid, seed=seed, n_boot=n_boot, unit=unit, rhos=rhos,
+                                         run_rk=run_rk, uncertain_below=uncertain_below, min_groups=min_groups)
+    audit = RewardAudit.make(**reward_audit(answers, int(df["answer_id"].nunique())))
+    return Statistics.make(meta=meta, reward_audit=audit, **fields)
 
 
-def compute_statistics(tokens: pd.DataFrame, answers: pd.DataFrame | None = None, **options: Any) -> Statistics:
-    """:func:`compute_stats` as typed :class:`Statistics` (same arguments; ``to_dict()`` gives its dict back)."""
-    return Statistics.from_dict(compute_stats(tokens, answers, **options))
+def compute_stats(tokens: pd.DataFrame, answers: pd.DataFrame | None = None, **options: Any) -> dict:
+    """:func:`compute_statistics` as the JSON object of stats.json (a nested dict; same arguments;
+    NaN marks undefined values): ``{"meta", "reward_audit", "zero_advantage", "cross_answer", ...,
+    "by_construction", ["by_domain"], ["by_step"]}``."""
+    return compute_statistics(tokens, answers, **options).to_dict()
 
 
 def is_current(stats: Mapping[str, Any]) -> bool:

@@ -102,6 +102,15 @@ class Record:
         extra = {k: v for k, v in d.items() if k not in cls.KEYS}
         return cls(**kw, extra=extra, absent=frozenset(k for k in cls.KEYS if k not in d))
 
+    @classmethod
+    def make(cls: type[R], **values: Any) -> R:
+        """The record of computed ``values`` (typed already: records, typed maps, numbers): the keys
+        not given are absent, as in a JSON object without them. An unknown key is a programming error."""
+        unknown = [k for k in values if k not in cls.KEYS]
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no key(s) {', '.join(unknown)}")
+        return cls(**values, absent=frozenset(k for k in cls.KEYS if k not in values))
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON object: the known keys in order (absent ones left out), then ``extra``."""
         out = {k: _dump(getattr(self, k)) for k in self.KEYS if k not in self.absent}

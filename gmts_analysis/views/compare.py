@@ -50,6 +50,7 @@ from typing import Any
 
 import pandas as pd
 
+from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.errors import GmtsError
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,14 @@ def _read(path: Path, name: str) -> dict:
     return obj
 
 
+def _statistics(path: Path) -> Statistics:
+    """The run's stats.json, typed (a field of the wrong shape is one line naming the file)."""
+    f = path / "stats.json"
+    if not f.is_file():
+        raise GmtsError(f"{f}: missing (a run directory has stats.json and manifest.json)")
+    return Statistics.read(f)
+
+
 def run_step(manifest: Mapping) -> tuple[int | None, str]:
     """``(step, source)``: ``manifest["step"]``, else a number in the checkpoint path, else ``(None, "order")``."""
     step = manifest.get("step")
@@ -195,9 +204,10 @@ def flatten_stats(stats: Mapping, prefix: tuple = ()) -> dict[tuple, float]:
     return out
 
 
-def stat_rows(stats: Mapping, estimators: Sequence[str]) -> list[dict]:
-    """Rows ``{statistic, block, estimator, series, value, ci_low, ci_high}`` of one stats.json."""
-    flat = flatten_stats(stats)
+def stat_rows(stats: Statistics | Mapping, estimators: Sequence[str]) -> list[dict]:
+    """Rows ``{statistic, block, estimator, series, value, ci_low, ci_high}`` of one stats.json
+    (typed, or its JSON object): every numeric leaf of the file's layout, generically."""
+    flat = flatten_stats(Statistics.coerce(stats).to_dict())
     ci: dict[tuple, dict[str, float]] = {}
     values: dict[tuple, float] = {}
     for path, v in flat.items():
@@ -224,13 +234,13 @@ def stat_rows(stats: Mapping, estimators: Sequence[str]) -> list[dict]:
     return rows
 
 
-def estimators_of(stats: Mapping) -> list[str]:
-    """Estimator names: the keys of the per-estimator blocks (``cross_answer``, ``within_answer``, ...)."""
+def estimators_of(stats: Statistics | Mapping) -> list[str]:
+    """Estimator names: the keys of the per-estimator blocks (``cross_answer``, ``within_answer``, ...;
+    ``update_fidelity``'s selections too), in the order the file lists them."""
+    st = Statistics.coerce(stats)
     names: list[str] = []
-    for block in ("cross_answer", "cross_answer_informative", "within_answer", "within_group", "update_fidelity"):
-        b = stats.get(block)
-        if isinstance(b, Mapping):
-            names += [k for k, v in b.items() if isinstance(v, Mapping) and k not in names]
+    for block in (st.cross_answer, st.cross_answer_informative, st.within_answer, st.within_group, st.update_fidelity):
+        names += [k for k in block if k not in names]
     return names
 
 
@@ -267,7 +277,7 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
     dirs = find_runs(paths)
     recs = []
     for i, d in enumerate(dirs):
-        stats, manifest = _read(d, "stats.json"), _read(d, "manifest.json")
+        stats, manifest = _statistics(d), _read(d, "manifest.json")
         step, src = run_step(manifest)
         recs.append({"dir": d, "stats": stats, "manifest": manifest, "step": step, "source": src, "order": i})
     by_step = all(r["step"] is not None for r in recs)
