@@ -70,3 +70,18 @@ def test_a_registered_format_is_detected_read_and_listed(qa_format, tmp_path):
         read_rollouts(p, tok)
     with pytest.raises(GmtsError, match=r"choose from auto, gmts, verl, trl, qa\)"):
         read_rollouts(p, tok, fmt="bogus")
+
+
+def test_grad_norm_choices_are_the_registered_methods():
+    """The probe's --grad-norm choices (one torch-free table) are registered methods, plus none; the CLI
+    offers exactly them."""
+    from gmts_analysis.core.vocabulary import GRAD_NORM_METHODS
+    from gmts_analysis.options.config import ProbeConfig
+
+    offered = [k for k in GRAD_NORM_METHODS if k != "none"]
+    assert offered and all(k in M.GRAD_METHODS for k in offered)
+    from gmts_analysis.options.fields import fields_of
+
+    field = fields_of(ProbeConfig)["grad_norm"]
+    assert tuple(field.metadata["choices"]) == tuple(GRAD_NORM_METHODS)
+    assert all(k in field.metadata["help"] for k in GRAD_NORM_METHODS)

@@ -54,3 +54,7 @@ LOSS_TYPES = tuple(k for k in TRL_AGGREGATION if k not in REFUSED_LOSS_TYPES)
 IS_LEVELS = ("token", "sequence")
 #: TRL's vLLM importance-sampling correction modes
 VLLM_IS_MODES = ("token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+#: the probe's ``--grad-norm`` methods -> what the help says of each ("" for nothing): the registered
+#: methods of :data:`gmts_analysis.engine.methods.GRAD_METHODS` a user may choose (``loop`` is the
+#: tests' reference, not offered), and ``none`` (no gradient, no engine); a test ties the two
+GRAD_NORM_METHODS = {"exact": "", "sketch": "Gaussian JVP", "none": ""}

@@ -3,8 +3,8 @@
 :func:`grad_norms` (``||d logprob_t / d theta||_2`` of a causal LM) checks what every method needs, then the
 entry of ``method`` checks its own options (:attr:`GradMethod.check`) and runs (:attr:`GradMethod.run`).
 A new method is one :func:`register_method` entry (its function may live in a module of its own, as the
-exact engine and the sketch do); the probe offers it as ``--grad-norm NAME`` when its name is among that
-option's choices (``options/config.py``).
+exact engine and the sketch do); the probe offers it as ``--grad-norm NAME`` when its name is in
+:data:`gmts_analysis.core.vocabulary.GRAD_NORM_METHODS` (the option's choices and help, without torch).
 
 - ``exact`` (default): batched activation VJPs + ghost norms + causal truncation
   (:mod:`gmts_analysis.engine.exact`); a model or answer it refuses goes to the per-token loop.

@@ -17,6 +17,7 @@ from gmts_analysis.core.vocabulary import (
     ADVANTAGE_MODES,
     DEFAULT_RHO,
     DEFAULT_UNCERTAIN_BELOW,
+    GRAD_NORM_METHODS,
     IS_LEVELS,
     LOSS_AGGS,
     LOSS_TYPES,
@@ -114,8 +115,9 @@ class ProbeOptions:
                              metavar="C_MAX", check=checks.positive_finite, aliases=(
                                  alias("vllm_importance_sampling_clip_max",
                                        "TRL GRPOConfig.vllm_importance_sampling_clip_max"),))
-    grad_norm: str = opt("exact", "per-token gradient norm: exact | sketch (Gaussian JVP) | none",
-                         choices=("exact", "sketch", "none"), group="gradient engine")
+    grad_norm: str = opt("exact", "per-token gradient norm: " + " | ".join(
+                         f"{k} ({v})" if v else k for k, v in GRAD_NORM_METHODS.items()),
+                         choices=tuple(GRAD_NORM_METHODS), group="gradient engine")
     probes: int = opt(32, "number of random sketch directions for --grad-norm sketch", group="gradient engine",
                       metavar="K", check=checks.probes)
     chunk_size: str = opt("auto", "tokens per batched VJP (an integer, or auto from --max-memory)",
