@@ -240,3 +240,17 @@ def test_series_figure_whole_number_axis_and_one_colour_per_score(tmp_path):
     colours = {ln.get_label(): ln.get_color() for ln in ax.get_lines() if not ln.get_label().startswith("_")}
     assert colours == {e: score_color(e) for e in ("entropy", "head_grad_norm", "gmts")}
     assert len(set(colours.values())) == 3
+
+
+def test_a_setting_an_old_run_does_not_record_is_its_default(tmp_path):
+    """An older run lacks uncertain_below (its default, 0.9, was used): it matches a newer run that records
+    0.9 (no false mismatch), and a run made with another value is still flagged."""
+    root = tmp_path / "runs"
+    _write(root / "old", _stats(0), _manifest("/ckpts/checkpoint-100"))
+    _write(root / "new", _stats(1), _manifest("/ckpts/checkpoint-200", uncertain_below=0.9))
+    cmp = compare_runs([root])
+    assert cmp.mismatches == [] and {r["settings"] for r in cmp.runs} == {"A"}
+    _write(root / "other", _stats(2), _manifest("/ckpts/checkpoint-300", uncertain_below=0.5))
+    cmp = compare_runs([root])
+    assert [m["key"] for m in cmp.mismatches] == ["uncertain_below"]
+    assert cmp.mismatches[0]["values"] == {"old": 0.9, "new": 0.9, "other": 0.5}

@@ -38,6 +38,7 @@ external fetch).
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import logging
 import math
@@ -251,9 +252,17 @@ MODEL_IDENTITY = ("model_class", "model_type", "n_parameters", "tied_embeddings"
 def settings_of(manifest: Mapping) -> dict[str, Any]:
     """The run's settings: ``manifest["config"]`` without :data:`IGNORED_SETTINGS`, and the model's
     identity (:data:`MODEL_IDENTITY`, where the manifest records it): runs of different models are
-    flagged as different settings, never mixed (checkpoints of one model are what is compared)."""
+    flagged as different settings, never mixed (checkpoints of one model are what is compared).
+    A setting an older run does not record is the default it was made with
+    (:class:`~gmts_analysis.options.settings.RunSettings`), so it matches a newer run that records it."""
+    from gmts_analysis.options.settings import RunSettings
+
     cfg = manifest.get("config")
     out = {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS} if isinstance(cfg, Mapping) else {}
+    if out:
+        defaults = RunSettings.from_manifest(manifest)
+        out.update({f.name: getattr(defaults, f.name) for f in dataclasses.fields(RunSettings)
+                    if f.name not in out and f.name not in IGNORED_SETTINGS and f.name not in cfg})
     out.update({k: manifest[k] for k in MODEL_IDENTITY if k in manifest})
     return out
 
