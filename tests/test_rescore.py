@@ -151,3 +151,40 @@ def test_a_reward_for_an_answer_the_run_does_not_have_is_refused(run, rows, tmp_
                  + json.dumps({"answer_id": "not-in-run", "reward": 0.0}) + "\n")
     with pytest.raises(GmtsError, match="'not-in-run' is not in the run"):
         run.rescore(rewards=f, n_boot=0)
+
+
+def test_a_copied_example_is_kept_whoever_scores_the_answers(run, rows, tmp_path):
+    """copies_example is a fact of an answer and its prompt, not of the verifier: re-scoring with a verifier
+    that cannot see the prompt's messages, or with a rewards file, keeps the recorded flags (and the audit's
+    share), where it used to drop them (the SmolLM2 study's `math` sensitivity run lost its 1.6%)."""
+    copies = [i % 5 == 0 for i in range(len(run.answers))]
+    texts = ["3 + 4 = 7. \\boxed{7}"] * len(copies)  # text prompts: the verifier cannot tell a copy
+    marked = gmts.Run(tokens=run.tokens, answers=run.answers.assign(copies_example=copies, response=texts,
+                                                                    prompt="What is 3 + 4?", solution="7"),
+                      stats=run.stats, manifest=run.manifest)
+    want = float(np.mean(copies))
+    by_verifier = marked.rescore(verifier="math_boxed", n_boot=0)
+    assert by_verifier.answers["copies_example"].tolist() == copies
+    assert by_verifier.stats["reward_audit"]["copies_prompt_example_share"] == pytest.approx(want)
+    f = tmp_path / "r.csv"
+    pd.DataFrame({"answer_id": [str(r["answer_id"]) for r in rows], "reward": [r["reward"] for r in rows]}).to_csv(f, index=False)
+    by_file = marked.rescore(rewards=f, n_boot=0)
+    assert by_file.stats["reward_audit"]["copies_prompt_example_share"] == pytest.approx(want)
+
+
+def test_the_rollouts_file_a_probe_named_is_read_when_unchanged(run, rows, tmp_path):
+    """A run made by `gmts probe --rollouts FILE` has no rollouts.jsonl of its own: re-scoring reads the file its
+    manifest names (as given, or relative to the run) when its sha256 is the recorded one, never a changed file."""
+    from gmts_analysis.analysis.runs import RunTables
+    from gmts_analysis.run.rescore import _rollouts_file
+    from gmts_analysis.util.io import file_sha256
+
+    d = tmp_path / "study"
+    (d / "run").mkdir(parents=True)
+    src = d / "rollouts.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec = {"path": "../rollouts.jsonl", "sha256": file_sha256(src)}
+    tables = RunTables(tokens=run.tokens, answers=run.answers, stats={}, manifest={"rollouts": rec}, path=d / "run")
+    assert _rollouts_file(tables) == d / "run" / "../rollouts.jsonl"
+    src.write_text(src.read_text() + "\n")  # changed since the probe: not the run's file
+    assert _rollouts_file(tables) is None

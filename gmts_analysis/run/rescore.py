@@ -31,13 +31,32 @@ from gmts_analysis.errors import GmtsError
 log = logging.getLogger("gmts_analysis.run.rescore")
 
 
+def _rollouts_file(run: RunTables) -> Path | None:
+    """The rollouts file the run probed: its own ``rollouts.jsonl`` (``gmts run``), else the file its manifest
+    names (``gmts probe --rollouts``; as given, or relative to the run's folder) when its sha256 is the one
+    recorded, so a file changed since is never read as the run's."""
+    own = Path(run.path) / "rollouts.jsonl" if run.path is not None else None
+    if own is not None and own.is_file():
+        return own
+    rec = run.manifest.get("rollouts") if isinstance(run.manifest, dict) else None
+    if not (isinstance(rec, dict) and isinstance(rec.get("path"), str) and rec.get("sha256")):
+        return None
+    from gmts_analysis.util.io import file_sha256
+
+    given = Path(rec["path"])
+    for cand in (given, Path(run.path) / given if run.path is not None else None):
+        if cand is not None and cand.is_file() and file_sha256(cand) == rec["sha256"]:
+            return cand
+    return None
+
+
 def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:
     """``(prompts, responses)`` of each answer for a verifier: the run's ``rollouts.jsonl`` when it has one
     (message-list prompts as sampled), else the answers table's text columns."""
     ans = run.answers
     by_id: dict[str, dict] = {}
-    src = Path(run.path) / "rollouts.jsonl" if run.path is not None else None
-    if src is not None and src.is_file():
+    src = _rollouts_file(run)
+    if src is not None:
         from gmts_analysis.util.io import jsonl_objects
 
         by_id = {str(r["answer_id"]): r for _, r in jsonl_objects(src) if r.get("answer_id") is not None}
@@ -56,6 +75,19 @@ def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:
 #: answer columns that are the run's own, never a verifier's input
 _OWN = {"answer_id", "group_id", "reward", "advantage", "length", "loss_weight", "prompt_ids", "response_ids",
         "prompt", "response", "grad_norm_method", "verifier", "boxed", "fallback", "copies_example"}
+
+
+def _keep_recorded_copies(ans: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
+    """``copies_example`` where the new verifier could not tell (a prompt without its messages) is the one the
+    run recorded: whether an answer copies a worked example of its prompt does not depend on who scores it."""
+    if "copies_example" not in old.columns or "copies_example" not in ans.columns:
+        return ans
+    new = ans["copies_example"].astype(object)
+    unknown = new.isna().to_numpy()
+    if unknown.any():
+        ans = ans.copy()
+        ans["copies_example"] = np.where(unknown, old["copies_example"].astype(object).to_numpy(), new.to_numpy())
+    return ans
 
 
 def verifier_rewards(run: RunTables, name: str) -> tuple[np.ndarray, list[dict]]:
@@ -193,12 +225,14 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
         r, audit = verifier_rewards(run, verifier)
         for k in audit[0] if audit else ():
             ans[k] = [a[k] for a in audit]
+        ans = _keep_recorded_copies(ans, run.answers)
         how = f"verifier {verifier}"
     elif rewards is not None:
         from gmts_analysis.util.io import file_sha256
 
         r = file_rewards(run, rewards)
-        for k in ("verifier", "boxed", "fallback", "copies_example"):  # the old verifier's facts no longer apply
+        for k in ("verifier", "boxed", "fallback"):  # the old verifier's facts no longer apply (a copied example
+            # is a fact of the answer and its prompt, whoever scores it: copies_example stays)
             if k in ans.columns:
                 ans = ans.drop(columns=k)
         how = f"file {rewards} (sha256 {file_sha256(rewards)})"
