@@ -160,8 +160,8 @@ def test_readme_results_block_is_generated_from_the_example_run():
     assert block == readme_block(stats, manifest.get("domains"))
 
 
-def test_readme_headline_block_is_generated_from_the_real_model_run():
-    """The README's headline block is the committed SmolLM2 run's, rendered by the summary."""
+def test_readme_quick_demo_block_is_generated_from_the_real_model_run():
+    """The README's quick-demo block is the committed 8-group SmolLM2 run's, rendered by the summary."""
     import json
     from pathlib import Path
 
@@ -176,3 +176,41 @@ def test_readme_headline_block_is_generated_from_the_real_model_run():
     readme = (root / "README.md").read_text()
     block = readme[readme.index(begin): readme.index(end) + len(end)]
     assert block == readme_block(stats, manifest.get("domains"), "smollm2-135m", "data/smollm2_run/stats.json")
+
+
+def test_readme_headline_is_the_smollm2_study():
+    """The README's headline is the SmolLM2 study (issue #28): at least 96 groups of 4, at least 90% of the answers
+    finished, exact on every answer; its summary block is rendered from its stats.json, and its contrasts block is
+    primary.md, which is the planned family read again from the committed stats files."""
+    import json
+    from pathlib import Path
+
+    import pandas as pd
+
+    from gmts_analysis.analysis.planned import SMOLLM2_STUDY, family, markdown
+    from gmts_analysis.analysis.summary import readme_block, readme_markers
+    from gmts_analysis.util.markers import find_block
+
+    root = Path(__file__).resolve().parent.parent
+    study = root / "data" / "smollm2_study"
+    stats = json.loads((study / "run" / "stats.json").read_text())
+    manifest = json.loads((study / "run" / "manifest.json").read_text())
+    answers = pd.read_parquet(study / "run" / "answers.parquet")
+    assert manifest["grad_norm_methods"] == {"exact": len(answers)} and manifest["n_loop_answers"] == 0
+    assert answers["group_id"].nunique() >= 96 and answers.groupby("group_id").size().min() >= 4
+    assert 1 - answers["truncated"].mean() >= 0.9
+    assert stats["reward_audit"]["verifier"] == "math_boxed" and stats["meta"]["n_groups"] == 96
+    readme = (root / "README.md").read_text()
+    begin, end = readme_markers("smollm2-study", "data/smollm2_study/run/stats.json")
+    block = readme[readme.index(begin): readme.index(end) + len(end)]
+    assert block == readme_block(stats, manifest.get("domains"), "smollm2-study", "data/smollm2_study/run/stats.json")
+    texts = []
+    for name, d in (("primary: math_boxed", study / "run"), ("sensitivity: math (fallback)", study / "math"),
+                    ("sensitivity: truncated masked", study / "masked")):
+        p005 = study / "stats_rho0.05.json" if d.name == "run" else d / "stats_rho0.05.json"
+        by_rho = {"0.2": json.loads((d / "stats.json").read_text()), "0.05": json.loads(p005.read_text())}
+        texts.append(markdown(family(by_rho, SMOLLM2_STUDY), name))
+    primary = (study / "primary.md").read_text()
+    assert primary == "\n\n".join(texts) + "\n"
+    a, b, c, _ = find_block(readme, "gmts-results:smollm2-study-contrasts")
+    assert readme[b:c].strip("\n") == primary.rstrip("\n")
