@@ -44,10 +44,8 @@ def _rollouts_file(run: RunTables) -> Path | None:
     from gmts_analysis.util.io import file_sha256
 
     given = Path(rec["path"])
-    for cand in (given, Path(run.path) / given if run.path is not None else None):
-        if cand is not None and cand.is_file() and file_sha256(cand) == rec["sha256"]:
-            return cand
-    return None
+    places = [given] + ([Path(run.path) / given] if run.path is not None and not given.is_absolute() else [])
+    return next((p for p in places if p.is_file() and file_sha256(p) == rec["sha256"]), None)
 
 
 def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:

@@ -262,7 +262,7 @@ def settings_of(manifest: Mapping) -> dict[str, Any]:
     if out:
         defaults = RunSettings.from_manifest(manifest)
         out.update({f.name: getattr(defaults, f.name) for f in dataclasses.fields(RunSettings)
-                    if f.name not in out and f.name not in IGNORED_SETTINGS and f.name not in cfg})
+                    if f.name not in cfg and f.name not in IGNORED_SETTINGS})
     out.update({k: manifest[k] for k in MODEL_IDENTITY if k in manifest})
     return out
 
