@@ -43,6 +43,8 @@ RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
 RESUME_ONLY_PREFIXES = ("rng_state",)
 #: what the script records of its own arguments in the output directory
 SCRIPT_ARGS_FILE = "gmts_script_args.json"
+#: the problems the script trained on and held out, as ``gmts sample --prompts`` rows
+TRAIN_PROBLEMS, HELDOUT_PROBLEMS = "problems_train.jsonl", "problems_heldout.jsonl"
 
 
 @dataclass
@@ -57,6 +59,9 @@ class WordProblemArguments:
         "help": "held-out problems (never trained on: the training problems exclude their texts)"})
     eval_seed: int = field(default=12345, metadata={"help": "seed of the held-out problems"})
     difficulty: int | None = field(default=None, metadata={"help": "1 or 2 only (default: both)"})
+    exclude_problems: str | None = field(default=None, metadata={
+        "help": "JSONL files of prompt rows (comma-separated) whose problems are neither trained on nor held out "
+                "(e.g. another study's held-out set, or a pilot's problems)"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's own)"})
 
 
@@ -76,27 +81,61 @@ def _problem_text(row: dict) -> str:
     return str(row["prompt"][-1]["content"])
 
 
-def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int = 12345,
-                        difficulty: int | None = None) -> tuple[list[dict], list[dict]]:
-    """``(train, held_out)`` prompt rows of :func:`gmts_analysis.sampling.wordproblems.word_problems`: the
-    ``n_eval`` held-out problems drawn from ``eval_seed``, the ``n_train`` training problems from ``seed`` with
-    every held-out text left out (so no held-out problem is ever trained on)."""
+#: problems per draw of :func:`distinct_word_problems` (one ``word_problems`` call takes templates in turn and
+#: stalls near 250 distinct problems, as its smallest templates run out)
+_DRAW = 150
+
+
+def distinct_word_problems(n: int, seed: int, difficulty: int | None = None,
+                           exclude: set[str] | frozenset = frozenset()) -> list[dict]:
+    """``n`` distinct word problems (prompt rows) whose texts are not in ``exclude``: successive draws of
+    :func:`gmts_analysis.sampling.wordproblems.word_problems` from the seeds ``"{seed}/0"``, ``"{seed}/1"``, ...,
+    deduplicated in order (reproducible from ``seed``; about 1,900 distinct problems exist over both levels)."""
     from gmts_analysis.sampling.wordproblems import word_problems
 
+    out: list[dict] = []
+    seen = set(exclude)
+    for j in range(max(40, 4 * n // _DRAW + 40)):
+        for r in word_problems(_DRAW, f"{seed}/{j}", difficulty):
+            t = _problem_text(r)
+            if t not in seen:
+                seen.add(t)
+                out.append(r)
+                if len(out) == n:
+                    return out
+    raise GmtsError(f"word problems: only {len(out)} distinct problems could be drawn (asked for {n}"
+                    f"{f', {len(exclude)} excluded' if exclude else ''}); ask for fewer")
+
+
+def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int = 12345,
+                        difficulty: int | None = None, exclude: set[str] | frozenset = frozenset(),
+                        ) -> tuple[list[dict], list[dict]]:
+    """``(train, held_out)`` prompt rows: ``n_eval`` held-out problems from ``eval_seed``, then ``n_train``
+    training problems from ``seed`` with every held-out text left out (no held-out problem is trained on);
+    both from :func:`distinct_word_problems`, neither holding a text of ``exclude``."""
     if n_train < 1 or n_eval < 0:
         raise GmtsError(f"word problems: need train_problems >= 1 and eval_problems >= 0, got {n_train}, {n_eval}")
-    held = word_problems(n_eval, eval_seed, difficulty) if n_eval else []
-    banned = {_problem_text(r) for r in held}
-    want = n_train + len(banned)
-    try:
-        pool = word_problems(want, seed, difficulty)
-    except GmtsError:
-        raise GmtsError(f"word problems: cannot draw {n_train} training problems distinct from the {n_eval} "
-                        "held-out ones; ask for fewer") from None
-    train = [r for r in pool if _problem_text(r) not in banned][:n_train]
-    if len(train) < n_train:
-        raise GmtsError(f"word problems: only {len(train)} training problems left after removing the held-out ones")
+    held = distinct_word_problems(n_eval, eval_seed, difficulty, exclude=exclude) if n_eval else []
+    train = distinct_word_problems(n_train, seed, difficulty, exclude=set(exclude) | {_problem_text(r) for r in held})
     return train, held
+
+
+def problem_texts(paths: str | None) -> set[str]:
+    """The problem texts (last user message) of the prompt rows in the JSONL files ``paths`` (comma-separated)."""
+    from gmts_analysis.sampling.generate import read_prompts
+
+    out: set[str] = set()
+    for p in (paths or "").split(","):
+        if p.strip():
+            out |= {_problem_text(r) if isinstance(r.get("prompt"), list) else str(r["prompt"])
+                    for r in read_prompts(p.strip())}
+    return out
+
+
+def script_splits(a: WordProblemArguments) -> tuple[list[dict], list[dict]]:
+    """The training and held-out problems of the script's arguments (:func:`word_problem_splits`)."""
+    return word_problem_splits(a.train_problems, a.eval_problems, a.problem_seed, a.eval_seed, a.difficulty,
+                               exclude=problem_texts(a.exclude_problems))
 
 
 def trl_dataset(rows: list[dict]) -> Any:
@@ -190,8 +229,7 @@ def build_trainer(script_args: WordProblemArguments, training_args: Any) -> Any:
     (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``math_boxed``)."""
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer
 
-    train_rows, _ = word_problem_splits(script_args.train_problems, script_args.eval_problems,
-                                        script_args.problem_seed, script_args.eval_seed, script_args.difficulty)
+    train_rows, _ = script_splits(script_args)
     model = trainable_checkpoint(script_args.model_name_or_path)
     if training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {"dtype": "float32"}
@@ -217,10 +255,15 @@ def train(script_args: WordProblemArguments, training_args: Any) -> Any:
     if prev.is_file():
         old = json.loads(prev.read_text(encoding="utf-8"))
         moved = [k for k in ("model_name_or_path", "train_problems", "problem_seed", "eval_problems", "eval_seed",
-                             "difficulty") if old.get(k) != rec.get(k)]
+                             "difficulty", "exclude_problems") if old.get(k) != rec.get(k)]
         if moved:
             raise GmtsError(f"{prev}: this output_dir was trained with other script arguments ({', '.join(moved)}); "
                             "use another output_dir")
+    train_rows, held = script_splits(script_args)
+    from gmts_analysis.integrations.rollout_log import write_rows
+
+    write_rows(out / TRAIN_PROBLEMS, train_rows)
+    write_rows(out / HELDOUT_PROBLEMS, held)
     _write_json(prev, rec)
     trainer = build_trainer(script_args, training_args)
     resume = training_args.resume_from_checkpoint
