@@ -26,7 +26,7 @@ from gmts_analysis.options.config import Debug
 from gmts_analysis.options.fields import opt
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
-COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "figures", "rl", "rl_report", "toy_train", "bench"]
+COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "series", "figures", "rl", "rl_report", "toy_train", "bench"]
 
 
 class GmtsArgumentParser(GmtsParser):

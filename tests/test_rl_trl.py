@@ -166,7 +166,7 @@ def test_rollouts_dir_writes_exact_ids_that_probe_reads_as_is(tmp_path):
     tr = _train(SelectiveGRPOTrainer, _args(tmp_path, rollouts_dir=str(rdir), num_iterations=2, max_steps=2,
                                             bf16=False))
     files = sorted(rdir.glob("*.jsonl"))
-    assert [f.name for f in files] == ["rollouts_rank0_00000.jsonl"]  # one generation serves 2 iterations
+    assert [f.name for f in files] == ["rollouts_rank0_00001.jsonl"]  # one generation serves 2 iterations (numbered as TRL: trained at step 1)
     rows = _read_jsonl(files[0])
     assert len(rows) == 8
     for r in rows:
@@ -175,7 +175,7 @@ def test_rollouts_dir_writes_exact_ids_that_probe_reads_as_is(tmp_path):
         assert 1 <= len(ids) <= 8 and (ids[-1] == tok.eos_token_id or len(ids) == 8)
         assert tok.eos_token_id not in ids[:-1]
         assert len(r["old_logprobs"]) == len(ids)
-        assert r["group_id"] == f"0-{int(r['answer_id'].split('-')[1]) // G}"
+        assert r["group_id"] == f"1-{int(r['answer_id'].split('-')[1]) // G}"
     assert len({r["group_id"] for r in rows}) == 2
     assert any(r["logged_advantage"] != 0 for r in rows)
     out = tmp_path / "run"
@@ -206,8 +206,26 @@ def test_log_rollouts_on_stock_trainer(tmp_path):
     with pytest.raises(ValueError):
         log_rollouts(tr, tmp_path / "r")
     tr.train()
-    rows = _read_jsonl(tmp_path / "r" / "rollouts_rank0_00000.jsonl")
+    rows = _read_jsonl(tmp_path / "r" / "rollouts_rank0_00001.jsonl")
     assert len(rows) == 8 and all("old_logprobs" not in r for r in rows)  # on-policy: TRL computed none
     assert {r["reward"] for r in rows} <= {0.0, 1.0}
     for r in rows:  # rewards as the reward function gives them for the logged text
         assert r["reward"] == char_sum_reward([r["prompt"]], [r["response"]])[0]
+
+
+def test_rollouts_numbered_as_trl_completions(tmp_path):
+    """The drop-in's rollouts file N holds the batch TRL logs as completions_N (the batch trained at step N)."""
+    import pandas as pd
+
+    tr = _train(SelectiveGRPOTrainer, _args(tmp_path, rollouts_dir=str(tmp_path / "r"), log_completions=True,
+                                            max_steps=2))
+    comp = sorted((tmp_path / "out" / "completions").glob("*.parquet"))
+    ours = sorted((tmp_path / "r").glob("*.jsonl"))
+    assert [p.name for p in comp] == ["completions_00001.parquet", "completions_00002.parquet"]
+    assert [p.name for p in ours] == ["rollouts_rank0_00001.jsonl", "rollouts_rank0_00002.jsonl"]
+    for c, o in zip(comp, ours):
+        logged = pd.read_parquet(c)["completion"].tolist()
+        rows = _read_jsonl(o)
+        assert [r["response"] for r in rows] == logged
+        assert {r["step"] for r in rows} == {int(o.stem.split("_")[-1])}
+    assert tr.state.global_step == 2

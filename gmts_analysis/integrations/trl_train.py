@@ -178,10 +178,10 @@ def prune_resume_state(output_dir: str | os.PathLike) -> int:
     resumable one; returns the bytes freed. The models and trainer states stay."""
     keep = resumable_checkpoint(output_dir)
     freed = 0
+    if keep is None:
+        return 0
     for _, p in checkpoint_dirs(output_dir):
-        if keep is not None and str(p) == keep:
-            continue
-        if keep is None:
+        if str(p) == keep:
             continue
         for f in p.iterdir():
             if f.is_file() and _is_resume_only(f.name):
@@ -224,22 +224,23 @@ def _write_json(path: Path, obj: dict) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
 
 
-def build_trainer(script_args: WordProblemArguments, training_args: Any) -> Any:
+def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
     """The :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` of the script's arguments
-    (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``math_boxed``)."""
+    (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``reward_funcs``:
+    ``math_boxed`` unless given, any TRL reward function or list of them)."""
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer
 
     train_rows, _ = script_splits(script_args)
     model = trainable_checkpoint(script_args.model_name_or_path)
     if training_args.model_init_kwargs is None:
         training_args.model_init_kwargs = {"dtype": "float32"}
-    trainer = SelectiveGRPOTrainer(model=model, reward_funcs=word_problem_reward(), args=training_args,
+    trainer = SelectiveGRPOTrainer(model=model, reward_funcs=reward_funcs or word_problem_reward(), args=training_args,
                                    train_dataset=trl_dataset(train_rows))
     trainer.add_callback(KeepLastOptimizerCallback())
     return trainer
 
 
-def train(script_args: WordProblemArguments, training_args: Any) -> Any:
+def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
     """Build the trainer and train, resuming from the newest resumable checkpoint of ``output_dir`` (when
     ``training_args.resume_from_checkpoint`` is unset); records the script's arguments in
     ``output_dir/gmts_script_args.json`` (the series audit reads the held-out problems from it). Returns the
@@ -265,7 +266,7 @@ def train(script_args: WordProblemArguments, training_args: Any) -> Any:
     write_rows(out / TRAIN_PROBLEMS, train_rows)
     write_rows(out / HELDOUT_PROBLEMS, held)
     _write_json(prev, rec)
-    trainer = build_trainer(script_args, training_args)
+    trainer = build_trainer(script_args, training_args, reward_funcs)
     resume = training_args.resume_from_checkpoint
     if resume is None:
         resume = resumable_checkpoint(out)

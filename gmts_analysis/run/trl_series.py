@@ -1,0 +1,249 @@
+"""``gmts series``: audit a TRL training run across its checkpoints.
+
+Given a TRL output directory as TRL leaves it (:mod:`gmts_analysis.readers.trl_output`: ``checkpoint-N`` folders
+by step, the base model as step 0, the loss the trainer trained read from its own ``training_args.bin``), and a
+fixed set of held-out prompts, for every checkpoint:
+
+1. **sample** ``num_generations`` answers to each held-out prompt with that checkpoint (the same seed at every
+   checkpoint: common random numbers), scored by the verifier (``math_boxed`` by default);
+2. **probe** them (:func:`gmts_analysis.run.job.run_probe`: a full run directory ``step-NNNNN/``, resumable) with
+   the trained loss, by the exact engine or the sketch (``auto`` chooses from the answers' lengths,
+   :func:`gmts_analysis.engine.choice.choose_method`, and says why); where the sketch carries a checkpoint, an
+   exact subset (``exact_subset`` answers) is probed too and their agreement recorded;
+3. optionally (``own_batches``) probe the checkpoint on the batch it generated during training
+   (``batches/step-NNNNN/``: the trainer's exact ids, :func:`gmts_analysis.readers.trl_output.own_batch`);
+4. the **token view**: the first ``token_answers`` answers of the first checkpoint's sample, the same answers
+   probed by every checkpoint (``tokens/step-NNNNN/``), so a token's share of its answer's gradient can be
+   followed (:mod:`gmts_analysis.views.token_moves`).
+
+Then ``compare/`` (``gmts compare`` of the ``step-*`` runs, its figures of the trends) and ``series.json``
+(per checkpoint: pass@1 with a 95% CI over prompts, the method and why, the sketch's agreement, seconds).
+Killed, the same command resumes: finished samples and runs are reused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gmts_analysis.errors import GmtsError
+
+log = logging.getLogger(__name__)
+
+SERIES_FILE = "series.json"
+
+
+@dataclasses.dataclass
+class SeriesSettings:
+    """What ``gmts series`` does (its options; :class:`gmts_analysis.commands.series.SeriesOptions` declares them)."""
+
+    output_dir: str
+    out: str
+    base: str | None = None
+    prompts: str | None = None
+    num_prompts: int = 16
+    num_generations: int = 4
+    temperature: float | None = None
+    max_completion_length: int | None = None
+    verifier: str = "math_boxed"
+    grad_norm: str = "auto"
+    probes: int = 16
+    exact_subset: int = 4
+    own_batches: bool = False
+    token_answers: int = 8
+    steps: str | None = None
+    seed: int = 0
+    batch_size: int = 32
+    threads: int | None = None
+    quiet: bool = False
+    figures: bool = True
+
+
+def _steps_wanted(spec: str | None, have: list[int]) -> list[int]:
+    if not spec:
+        return have
+    from gmts_analysis.readers.sources import parse_steps
+
+    want = parse_steps(spec)
+    got = [s for s in have if s in want]
+    missing = sorted(set(want) - set(have)) if want is not None else []
+    if missing:
+        raise GmtsError(f"--steps {spec}: no checkpoint for step(s) {missing} (steps present: {have})")
+    return got
+
+
+def _jsonl(path: Path, rows: list[dict]) -> None:
+    from gmts_analysis.util.io import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def sample_checkpoint(model_path: str, rows: list[dict], s: SeriesSettings, temperature: float,
+                      max_new: int, path: Path) -> list[dict]:
+    """The checkpoint's answers to ``rows`` (``s.num_generations`` each), written to ``path`` with the sampling
+    key beside it; reused when ``path`` holds the same sampling."""
+    key = {"model": model_path, "prompts": [r["prompt"] for r in rows], "num_generations": s.num_generations,
+           "temperature": temperature, "max_new_tokens": max_new, "seed": s.seed, "verifier": s.verifier}
+    kfile = path.with_suffix(".key.json")
+    if path.is_file() and kfile.is_file() and json.loads(kfile.read_text(encoding="utf-8")) == key:
+        return _read_jsonl(path)
+    from gmts_analysis.readers.models import load_model
+    from gmts_analysis.readers.verifiers import resolve_verifier
+    from gmts_analysis.sampling.generate import sample_prompts
+
+    model, tok = load_model(model_path, "cpu")
+    out = sample_prompts(model, tok, rows, s.num_generations, verifier=resolve_verifier(s.verifier),
+                         temperature=temperature, max_new_tokens=max_new, seed=s.seed, batch_size=s.batch_size,
+                         progress=not s.quiet, where=str(s.prompts or "held-out prompts"))
+    del model
+    from gmts_analysis.util.io import atomic_write_json
+
+    _jsonl(path, out)
+    atomic_write_json(kfile, key)
+    return out
+
+
+def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
+    prompts (answers of one prompt resampled together), and the share of prompts whose answers all agree."""
+    from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
+
+    groups = sorted({r["group_id"] for r in rows})
+    codes = np.array([groups.index(r["group_id"]) for r in rows])
+    v = np.array([float(r.get("reward", 0.0)) for r in rows])
+    counts = multiplicities(len(groups), n_boot, block_rng(seed, "series-pass1"))
+    lo, hi = quantile_ci(resampled_means(v, codes, counts))
+    same = sum(1 for g in range(len(groups)) if np.ptp(v[codes == g]) == 0)
+    return {"pass1": float(v.mean()), "ci_low": float(lo), "ci_high": float(hi), "n_answers": len(rows),
+            "n_prompts": len(groups), "zero_variance_groups": same / len(groups)}
+
+
+def _probe(s: SeriesSettings, model: str, rollouts: Path, out: Path, method: str, loss: dict, step: int,
+           extra: dict | None = None) -> Path:
+    from gmts_analysis.options.config import ProbeConfig
+    from gmts_analysis.run.job import run_probe
+
+    cfg = ProbeConfig(model=model, rollouts=str(rollouts), out=str(out), grad_norm=method, probes=s.probes,
+                      seed=s.seed, threads=s.threads, quiet=s.quiet, figures=s.figures, **loss)
+    return run_probe(cfg, extra={"step": step, "checkpoint": model, "job": "gmts series", **(extra or {})})
+
+
+def _finished(d: Path) -> bool:
+    return (d / "stats.json").is_file() and (d / "manifest.json").is_file()
+
+
+def _agreement(sketch_dir: Path, exact_dir: Path) -> dict:
+    """Spearman between the sketch's and exact norms on the answers both probed, and the median relative error."""
+    from scipy.stats import spearmanr
+
+    from gmts_analysis.util.io import read_parquet
+
+    a = read_parquet(sketch_dir / "tokens.parquet")[["answer_id", "position", "grad_norm_logp"]]
+    b = read_parquet(exact_dir / "tokens.parquet")[["answer_id", "position", "grad_norm_logp"]]
+    m = a.merge(b, on=["answer_id", "position"], suffixes=("_sketch", "_exact"))
+    if len(m) < 3:
+        return {"n_tokens": int(len(m))}
+    x, y = m["grad_norm_logp_sketch"].to_numpy(), m["grad_norm_logp_exact"].to_numpy()
+    rel = np.abs(x - y) / np.maximum(np.abs(y), 1e-30)
+    return {"n_tokens": int(len(m)), "spearman": float(spearmanr(x, y).statistic),
+            "median_rel_error": float(np.median(rel))}
+
+
+def audit_series(s: SeriesSettings) -> Path:
+    """Run the audit (module docstring) into ``s.out``; returns ``s.out``."""
+    from gmts_analysis.engine.choice import choose_method
+    from gmts_analysis.readers.trl_output import own_batch, probe_loss_options, read_trl_output, training_args
+    from gmts_analysis.sampling.generate import read_prompts
+    from gmts_analysis.util.io import atomic_write_json
+
+    trl = read_trl_output(s.output_dir, s.base)
+    steps = _steps_wanted(s.steps, trl.steps)
+    ckpts = [(st, p) for st, p in trl.checkpoints if st in steps]
+    newest = next(p for st, p in reversed(trl.checkpoints) if st > 0)
+    targs = training_args(newest)
+    loss = probe_loss_options(targs)
+    temperature = s.temperature if s.temperature is not None else loss["temperature"]
+    loss["temperature"] = temperature  # the probe's log-probs at the sampling temperature
+    max_new = s.max_completion_length or loss.get("max_completion_length") or 256
+    prompts = s.prompts or (str(trl.heldout_prompts()) if trl.heldout_prompts() else None)
+    if prompts is None:
+        raise GmtsError(f"{s.output_dir}: no held-out prompts: pass --prompts FILE (the example script writes "
+                        "problems_heldout.jsonl)")
+    rows = read_prompts(prompts, limit=s.num_prompts)
+    out = Path(s.out)
+    for sub in ("samples", "tokens", "exact_subset", "batches"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    log.info("series of %d checkpoints (steps %s; base from %s), %d held-out prompts x %d answers, loss %s, "
+             "temperature %g, %d tokens", len(ckpts), [c[0] for c in ckpts], trl.base_source or "none", len(rows),
+             s.num_generations, loss.get("loss_type"), temperature, max_new)
+    record: dict[str, Any] = {"output_dir": str(trl.root), "base_source": trl.base_source, "prompts": str(prompts),
+                              "num_prompts": len(rows), "num_generations": s.num_generations,
+                              "temperature": temperature, "max_completion_length": max_new, "seed": s.seed,
+                              "verifier": s.verifier, "loss": loss, "checkpoints": []}
+    token_file = out / "tokens" / "answers.jsonl"
+    for step, path in ckpts:
+        t0 = time.perf_counter()
+        tag = f"step-{step:05d}"
+        answers = sample_checkpoint(path, rows, s, temperature, max_new, out / "samples" / f"{tag}.jsonl")
+        t_sample = time.perf_counter() - t0
+        lengths = [len(a["response_ids"]) for a in answers]
+        if s.grad_norm == "auto":
+            method, why = choose_method(lengths, s.probes)
+        else:
+            method, why = s.grad_norm, "as asked (--grad-norm)"
+        log.info("%s (%s): %s", tag, path, why)
+        run_dir = out / tag
+        _probe(s, path, out / "samples" / f"{tag}.jsonl", run_dir, method, loss, step)
+        entry: dict[str, Any] = {"step": step, "checkpoint": path, "run": tag, "method": method, "why": why,
+                                 "mean_answer_tokens": float(np.mean(lengths)), **pass_at_1(answers, seed=s.seed),
+                                 "seconds": {"sample": round(t_sample, 1)}}
+        if method == "sketch" and s.exact_subset > 0:
+            sub = out / "exact_subset" / f"{tag}.jsonl"
+            if not sub.is_file():
+                _jsonl(sub, answers[: s.exact_subset])
+            _probe(s, path, sub, out / "exact_subset" / tag, "exact", loss, step)
+            entry["sketch_vs_exact"] = _agreement(run_dir, out / "exact_subset" / tag)
+        if s.own_batches:
+            files = own_batch(trl, step)
+            if files is None:
+                entry["own_batch"] = None
+                log.warning("%s: no training batch generated by this checkpoint was logged (rollouts_dir)", tag)
+            else:
+                bfile = out / "batches" / f"{tag}.jsonl"
+                if not bfile.is_file():
+                    _jsonl(bfile, [r for f in files for r in _read_jsonl(f)])
+                _probe(s, path, bfile, out / "batches" / tag, method, loss, step, extra={"own_batch": str(files[0])})
+                entry["own_batch"] = f"batches/{tag}"
+        if s.token_answers > 0:
+            if not token_file.is_file():
+                _jsonl(token_file, answers[: s.token_answers])
+            _probe(s, path, token_file, out / "tokens" / tag, "exact", loss, step)
+        entry["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+        record["checkpoints"].append(entry)
+        atomic_write_json(out / SERIES_FILE, record)
+    from gmts_analysis.views.compare import compare_runs, write_comparison
+
+    runs = [out / f"step-{st:05d}" for st, _ in ckpts]
+    if len(runs) >= 2:
+        write_comparison(compare_runs(runs), out / "compare", figures=s.figures)
+    if s.token_answers > 0 and len(ckpts) >= 2:
+        from gmts_analysis.views.token_moves import write_token_moves
+
+        record["token_moves"] = write_token_moves([out / "tokens" / f"step-{st:05d}" for st, _ in ckpts],
+                                                  out / "tokens", figures=s.figures)
+    if s.figures and len(ckpts) >= 2:
+        from gmts_analysis.views.token_moves import plot_pass1
+
+        plot_pass1(record["checkpoints"], out / "pass1.png")
+    atomic_write_json(out / SERIES_FILE, record)
+    return out

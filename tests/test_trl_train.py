@@ -1,0 +1,147 @@
+"""Training a causal LM with token selection through TRL (gmts_analysis.integrations.trl_train and
+examples/trl_grpo_word_problems.py): the word problems split, the example script end to end on a tiny model,
+checkpoints that keep only the newest optimizer, and a killed run resumed to the same weights.
+
+A tiny random llama with the character tokenizer and a minimal chat template stands in for SmolLM2 (the
+script takes any causal LM directory); one thread, about a minute."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("trl")
+pytest.importorskip("math_verify")
+
+from gmts_analysis.errors import GmtsError  # noqa: E402
+from gmts_analysis.integrations import trl_train  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = ("{% for m in messages %}{{ m['role'][0] }}:{{ m['content'][-40:] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}a:{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random llama and the character tokenizer with a chat template (short prompts: the last 40
+    characters of each message)."""
+    from gmts_analysis.toy.testing import save_tiny_model
+
+    d = save_tiny_model("llama", tmp_path_factory.mktemp("tiny") / "model", seed=0)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = CHAT
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def _args(out: Path, model: Path, **kw) -> list[str]:
+    base = {"output_dir": str(out), "model_name_or_path": str(model), "train_problems": 16, "eval_problems": 8,
+            "per_device_train_batch_size": 4, "num_generations": 2, "max_completion_length": 6,
+            "learning_rate": 5e-2, "lr_scheduler_type": "constant", "max_steps": 2, "save_steps": 1,
+            "logging_steps": 1, "report_to": "none", "use_cpu": "true", "seed": 3, "threads": 1,
+            "token_selection": "gmts", "selection_rho": 0.5, "disable_tqdm": "true", "bf16": "false"}
+    base.update(kw)
+    return [x for k, v in base.items() for x in (f"--{k}", str(v))]
+
+
+def test_problem_splits_are_disjoint_reproducible_and_exclude(tmp_path):
+    train, held = trl_train.word_problem_splits(600, 200, seed=1, eval_seed=2)
+    t = {trl_train._problem_text(r) for r in train}
+    h = {trl_train._problem_text(r) for r in held}
+    assert len(t) == 600 and len(h) == 200 and not t & h  # more than one word_problems call can draw (250)
+    assert trl_train.word_problem_splits(600, 200, seed=1, eval_seed=2) == (train, held)
+    from gmts_analysis.integrations.rollout_log import write_rows
+
+    write_rows(tmp_path / "other.jsonl", held[:50])
+    t2, h2 = trl_train.word_problem_splits(100, 20, seed=1, eval_seed=3,
+                                           exclude=trl_train.problem_texts(str(tmp_path / "other.jsonl")))
+    assert not ({trl_train._problem_text(r) for r in t2 + h2} & {trl_train._problem_text(r) for r in held[:50]})
+    with pytest.raises(GmtsError, match="distinct problems"):
+        trl_train.distinct_word_problems(5000, 0)
+
+
+def test_example_script_trains_and_keeps_one_optimizer(tiny_dir, tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, str(ROOT / "examples" / "trl_grpo_word_problems.py"),
+           *_args(out, tiny_dir, rollouts_dir=out / "rollouts", log_completions="true")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                       env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    c1, c2 = out / "checkpoint-1", out / "checkpoint-2"
+    assert (c1 / "model.safetensors").is_file() and not (c1 / "optimizer.pt").exists()  # model only
+    assert (c2 / "optimizer.pt").is_file() and (c2 / "trainer_state.json").is_file()
+    assert trl_train.resumable_checkpoint(out) == str(c2)
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == ["rollouts_rank0_00001.jsonl",
+                                                                    "rollouts_rank0_00002.jsonl"]
+    rec = json.loads((out / trl_train.SCRIPT_ARGS_FILE).read_text())
+    assert rec["model_path"] == str(tiny_dir) and rec["train_problems"] == 16
+    held = [json.loads(x) for x in (out / trl_train.HELDOUT_PROBLEMS).read_text().splitlines()]
+    train = [json.loads(x) for x in (out / trl_train.TRAIN_PROBLEMS).read_text().splitlines()]
+    assert len(held) == 8 and len(train) == 16
+    # the same output_dir with other problems is refused in one line
+    r = subprocess.run(cmd[:2] + _args(out, tiny_dir, problem_seed=9), capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "other script arguments (problem_seed)" in r.stderr
+
+
+def _parity(prompts, completions, **kw):
+    """Mixed rewards for a random policy, so the loss moves the weights."""
+    return [float(sum(map(ord, str(c))) % 2) for c in completions]
+
+
+def _weights(d: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "model.safetensors"))
+
+
+def _run(out: Path, model: Path, stop_after: int | None = None):
+    from transformers import TrainerCallback
+    from trl import TrlParser
+
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
+
+    a, t = TrlParser((trl_train.WordProblemArguments, SelectiveGRPOConfig)).parse_args_and_config(
+        args=_args(out, model, max_steps=3))
+    if stop_after is None:
+        return trl_train.train(a, t, reward_funcs=_parity)
+
+    class Kill(TrainerCallback):  # a kill right after a checkpoint is written
+        def on_save(self, args, state, control, **kw):
+            if state.global_step >= stop_after:
+                raise KeyboardInterrupt
+
+    orig = trl_train.build_trainer
+
+    def with_kill(*args, **kw):
+        tr = orig(*args, **kw)
+        tr.add_callback(Kill())
+        return tr
+
+    trl_train.build_trainer = with_kill
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trl_train.train(a, t, reward_funcs=_parity)
+    finally:
+        trl_train.build_trainer = orig
+
+
+def test_killed_run_resumes_to_the_same_weights(tiny_dir, tmp_path):
+    torch.set_num_threads(1)
+    _run(tmp_path / "straight", tiny_dir)
+    _run(tmp_path / "killed", tiny_dir, stop_after=1)
+    assert trl_train.resumable_checkpoint(tmp_path / "killed").endswith("checkpoint-1")
+    tr = _run(tmp_path / "killed", tiny_dir)  # the same command again: resumes from checkpoint-1
+    assert tr.state.global_step == 3
+    base = _weights(tiny_dir)
+    a, b = _weights(tmp_path / "straight" / "checkpoint-3"), _weights(tmp_path / "killed" / "checkpoint-3")
+    assert any(not torch.equal(a[k], base[k]) for k in a)  # it trained
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    logs = [json.loads((tmp_path / d / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
+            for d in ("straight", "killed")]
+    assert [h.get("reward") for h in logs[0]] == [h.get("reward") for h in logs[1]]
