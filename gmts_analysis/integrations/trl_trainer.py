@@ -44,7 +44,9 @@ the bias-corrected KL, GSPO's sequence ratio, the vLLM correction); a setting om
 the global generation batch, so row ``r`` of the global batch belongs to group
 ``r // num_generations``; the trainer records each row's global index before TRL shuffles
 the batch into micro-batches, and breaks ties by (global row, position). Every micro-batch
-logs ``gmts/selection/frac_selected`` and ``gmts/selection/overlap_entropy`` (|S ∩ S_entropy| / |S_entropy|).
+logs ``gmts/selection/frac_selected``, ``gmts/selection/overlap_entropy`` (|S ∩ S_entropy| / |S_entropy|)
+and ``gmts/selection/frac_selected_zero_adv`` (the selection's waste: picks whose advantage is 0); every
+generation batch logs ``gmts/frac_tokens_zero_adv`` (completion tokens whose advantage is 0), for every arm.
 """
 
 from __future__ import annotations
@@ -151,6 +153,11 @@ class SelectiveGRPOTrainer(GRPOTrainer):
     # -- bookkeeping: each row's index in the global generation batch, before TRL shuffles it
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
+        if self.model.training:  # the mechanism's zero-advantage token share, logged for every arm
+            cm = out["completion_mask"].bool()
+            zero = (out["advantages"].reshape(-1, 1) == 0).expand_as(cm) & cm
+            n = self.accelerator.gather(torch.stack([zero.sum(), cm.sum()]).double().reshape(1, 2)).sum(0)
+            self._metrics["train"]["gmts/frac_tokens_zero_adv"].append(float(n[0] / n[1].clamp(min=1)))
         if self.token_selection != "all":
             ids = out["completion_ids"]
             n_local = ids.shape[0]
@@ -224,8 +231,9 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         G = self._num_generations()
         # gather (B, T) tensors across processes as TRL does: pad the length, then concatenate rows
         acc = self.accelerator
+        adv = inputs["advantages"].reshape(-1, 1).expand(B, T)
         parts = {"scores": scores, "mask": mask.long(), "ent": entropies.detach().double(),
-                 "rows": rows.long()[:, None].expand(B, T).contiguous()}
+                 "rows": rows.long()[:, None].expand(B, T).contiguous(), "zero_adv": (adv == 0).long().contiguous()}
         if acc.num_processes > 1:
             parts = {k: acc.pad_across_processes(v, dim=1, pad_index=0) for k, v in parts.items()}
             parts = {k: acc.pad_across_processes(v, dim=0, pad_index=0) for k, v in parts.items()}
@@ -247,6 +255,9 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["gmts/selection/frac_selected"].append(float(sel_all.sum()) / max(int(m_o.sum()), 1))
         self._metrics[mode]["gmts/selection/overlap_entropy"].append(selection_overlap(sel_all, ent_all))
+        zero_o = gathered["zero_adv"][order].bool()  # the selection's waste: picks whose advantage is 0
+        self._metrics[mode]["gmts/selection/frac_selected_zero_adv"].append(
+            float((sel_o & zero_o).sum()) / max(int(sel_o.sum()), 1))
         if self.selection_normalizer == "all":
             return selected
         m = mask.to(entropies.dtype)

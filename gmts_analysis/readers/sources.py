@@ -90,15 +90,33 @@ def name_step(path: Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
+#: files a TRL ``output_dir`` holds at its top, never rollouts: the final model's after ``save_model()``, and what
+#: the example script records (its arguments, its training and held-out problems)
+_NOT_ROLLOUTS = re.compile(r"^(config|generation_config|tokenizer|tokenizer_config|special_tokens_map|"
+                          r"added_tokens|trainer_state|adapter_config|chat_template|vocab|preprocessor_config|"
+                          r"model\.safetensors\.index|all_results|train_results|eval_results)\.json$|^gmts_|"
+                           r"^problems_(train|heldout)\.jsonl$")
+
+
+def _is_trl_output_dir(path: Path) -> bool:
+    """A TRL ``output_dir``: its top holds no rollout file but the final model's files (or none), beside
+    ``checkpoint-N`` folders, a ``completions/`` folder or a ``rollouts/`` folder of the drop-in."""
+    tops = [p for p in path.iterdir() if p.is_file() and not p.name.startswith(".")
+            and p.suffix.lower() in ROLLOUT_SUFFIXES]
+    return all(_NOT_ROLLOUTS.match(p.name) for p in tops)
+
+
 def trl_completions_dir(path: Path) -> Path:
-    """``path``, or its ``completions/`` when ``path`` is a TRL ``output_dir``: a directory with no
-    rollout files of its own and a ``completions`` folder (``GRPOTrainer(log_completions=True)``)."""
+    """``path``, or the rollouts of a TRL ``output_dir``: its ``rollouts/`` folder when the drop-in wrote the exact
+    ids there (``rollouts_rank{R}_{N}.jsonl``), else its ``completions/`` (``GRPOTrainer(log_completions=True)``).
+    The final model's files that ``save_model()`` leaves at its top (config.json, ...) are not rollouts."""
+    if not path.is_dir() or not _is_trl_output_dir(path):
+        return path
+    ours = path / "rollouts"
+    if ours.is_dir() and any(re.fullmatch(r"rollouts_rank\d+_\d+\.jsonl", p.name) for p in ours.iterdir()):
+        return ours
     sub = path / "completions"
-    if path.is_dir() and sub.is_dir() and not any(
-            p.is_file() and not p.name.startswith(".") and p.suffix.lower() in ROLLOUT_SUFFIXES
-            for p in path.iterdir()):
-        return sub
-    return path
+    return sub if sub.is_dir() else path
 
 
 def rollout_files(path: str | Path, steps: Any = None) -> list[RolloutFile]:

@@ -18,7 +18,9 @@ log = logging.getLogger(__name__)
 def checkpoint_series(model: str) -> list[str] | None:
     """The checkpoints named by ``--model``: a comma-separated list, or a directory holding
     checkpoint directories (each with a config.json) that is not itself a model (sorted by the
-    step in their names, then by name); ``None`` for a single model. An existing path is never
+    step in their names, then by name), or a TRL output directory (its ``checkpoint-N`` folders by step, the
+    base model first when recorded: :func:`gmts_analysis.readers.trl_output.read_trl_output`); ``None`` for a
+    single model. An existing path is never
     split at its commas (a checkpoint directory may be named ``lr=1e-6,bs=64``)."""
     if "," in model and not os.path.lexists(model):
         items = [m.strip() for m in model.split(",") if m.strip()]
@@ -26,6 +28,11 @@ def checkpoint_series(model: str) -> list[str] | None:
             raise GmtsError(f"--model {model!r}: a checkpoint list needs at least two names separated by commas")
         return items
     p = Path(model)
+    from gmts_analysis.readers.trl_output import is_trl_output, read_trl_output
+
+    if is_trl_output(p):  # TRL's output_dir: checkpoint-N by step (the final model at its top is not one of
+        # them), the base model first when the example script recorded it
+        return [path for _, path in read_trl_output(p).checkpoints]
     if p.is_dir() and not (p / "config.json").exists():
         from gmts_analysis.readers.gguf import find_gguf
 
@@ -59,10 +66,13 @@ def probe_series(cfg: Any, models: Sequence[str], figures: bool = True) -> Path:
 
     out = Path(cfg.out)
     bases = [Path(m.rstrip("/")).name for m in models]
+    steps = [run_step({"model_path": m, "config": {}})[0] for m in models]
+    if steps.count(None) == 1 and all(s >= 1 for s in steps if s is not None):
+        steps[steps.index(None)] = 0  # the base model among checkpoints: step 0 wherever it is listed
     dirs = []
     for i, m in enumerate(models):
         sub = out / _checkpoint_name(m, i, bases)
-        step, _ = run_step({"model_path": m, "config": {}})
+        step = steps[i]
         extra = {"checkpoint": m, **({"step": step} if step is not None else {})}
         log.info("checkpoint %d/%d: %s -> %s", i + 1, len(models), m, sub)
         run_probe(dataclasses.replace(cfg, model=m, out=str(sub)), extra=extra)

@@ -24,7 +24,6 @@ Killed, the same command resumes: finished samples and runs are reused.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.run.heldout import pass_at_1, read_jsonl, sample_answers, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -76,56 +76,6 @@ def _steps_wanted(spec: str | None, have: list[int]) -> list[int]:
     if missing:
         raise GmtsError(f"--steps {spec}: no checkpoint for step(s) {missing} (steps present: {have})")
     return got
-
-
-def _jsonl(path: Path, rows: list[dict]) -> None:
-    from gmts_analysis.util.io import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def sample_checkpoint(model_path: str, rows: list[dict], s: SeriesSettings, temperature: float,
-                      max_new: int, path: Path) -> list[dict]:
-    """The checkpoint's answers to ``rows`` (``s.num_generations`` each), written to ``path`` with the sampling
-    key beside it; reused when ``path`` holds the same sampling."""
-    key = {"model": model_path, "prompts": [r["prompt"] for r in rows], "num_generations": s.num_generations,
-           "temperature": temperature, "max_new_tokens": max_new, "seed": s.seed, "verifier": s.verifier}
-    kfile = path.with_suffix(".key.json")
-    if path.is_file() and kfile.is_file() and json.loads(kfile.read_text(encoding="utf-8")) == key:
-        return _read_jsonl(path)
-    from gmts_analysis.readers.models import load_model
-    from gmts_analysis.readers.verifiers import resolve_verifier
-    from gmts_analysis.sampling.generate import sample_prompts
-
-    model, tok = load_model(model_path, "cpu")
-    out = sample_prompts(model, tok, rows, s.num_generations, verifier=resolve_verifier(s.verifier),
-                         temperature=temperature, max_new_tokens=max_new, seed=s.seed, batch_size=s.batch_size,
-                         progress=not s.quiet, where=str(s.prompts or "held-out prompts"))
-    del model
-    from gmts_analysis.util.io import atomic_write_json
-
-    _jsonl(path, out)
-    atomic_write_json(kfile, key)
-    return out
-
-
-def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
-    """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
-    prompts (answers of one prompt resampled together), and the share of prompts whose answers all agree."""
-    from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
-
-    groups = sorted({r["group_id"] for r in rows})
-    codes = np.array([groups.index(r["group_id"]) for r in rows])
-    v = np.array([float(r.get("reward", 0.0)) for r in rows])
-    counts = multiplicities(len(groups), n_boot, block_rng(seed, "series-pass1"))
-    lo, hi = quantile_ci(resampled_means(v, codes, counts))
-    same = sum(1 for g in range(len(groups)) if np.ptp(v[codes == g]) == 0)
-    return {"pass1": float(v.mean()), "ci_low": float(lo), "ci_high": float(hi), "n_answers": len(rows),
-            "n_prompts": len(groups), "zero_variance_groups": same / len(groups)}
 
 
 def _probe(s: SeriesSettings, model: str, rollouts: Path, out: Path, method: str, loss: dict, step: int,
@@ -194,7 +144,9 @@ def audit_series(s: SeriesSettings) -> Path:
     for step, path in ckpts:
         t0 = time.perf_counter()
         tag = f"step-{step:05d}"
-        answers = sample_checkpoint(path, rows, s, temperature, max_new, out / "samples" / f"{tag}.jsonl")
+        answers = sample_answers(path, rows, s.num_generations, temperature=temperature, max_new_tokens=max_new,
+                                 seed=s.seed, verifier=s.verifier, batch_size=s.batch_size, progress=not s.quiet,
+                                 path=out / "samples" / f"{tag}.jsonl")
         t_sample = time.perf_counter() - t0
         lengths = [len(a["response_ids"]) for a in answers]
         if s.grad_norm == "auto":
@@ -210,7 +162,7 @@ def audit_series(s: SeriesSettings) -> Path:
         if method == "sketch" and s.exact_subset > 0:
             sub = out / "exact_subset" / f"{tag}.jsonl"
             if not sub.is_file():
-                _jsonl(sub, answers[: s.exact_subset])
+                write_jsonl(sub, answers[: s.exact_subset])
             _probe(s, path, sub, out / "exact_subset" / tag, "exact", loss, step)
             entry["sketch_vs_exact"] = _agreement(run_dir, out / "exact_subset" / tag)
         if s.own_batches:
@@ -221,12 +173,12 @@ def audit_series(s: SeriesSettings) -> Path:
             else:
                 bfile = out / "batches" / f"{tag}.jsonl"
                 if not bfile.is_file():
-                    _jsonl(bfile, [r for f in files for r in _read_jsonl(f)])
+                    write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
                 _probe(s, path, bfile, out / "batches" / tag, method, loss, step, extra={"own_batch": str(files[0])})
                 entry["own_batch"] = f"batches/{tag}"
         if s.token_answers > 0:
             if not token_file.is_file():
-                _jsonl(token_file, answers[: s.token_answers])
+                write_jsonl(token_file, answers[: s.token_answers])
             _probe(s, path, token_file, out / "tokens" / tag, "exact", loss, step)
         entry["seconds"]["total"] = round(time.perf_counter() - t0, 1)
         record["checkpoints"].append(entry)

@@ -1,0 +1,185 @@
+"""The real-model training study's driver (docs/rl.md section 11): train, evaluate and record every run of a plan.
+
+    python benchmarks/trl_study.py run data/trl_study/plan.json --runs-root /work/study37/runs [--only gmts-s0]
+    python benchmarks/trl_study.py eval RUN_DIR --prompts heldout.jsonl --steps 0,20,40 [--base smollm2]
+
+``run`` goes through the plan's runs seed by seed (every arm of a seed, then the next seed), each in three
+resumable stages: **train** (``examples/trl_grpo_word_problems.py`` in a subprocess with the plan's ``trl``
+arguments and the run's arm and seed; killed, it resumes from its newest checkpoint), **evaluate** (pass@1 on the
+plan's held-out problems at the plan's evaluation steps, one answer each at the fixed evaluation seed; each
+evaluation cached in ``RUN_DIR/evals/step-NNNNN.json``; step 0 is the base model, evaluated once for all runs)
+and **record** (the run record that ``gmts rl-report`` reads, :func:`gmts_analysis.rl.trl_records.trl_run_record`,
+written into the plan's ``<setting>.runs/`` beside plan.json). Run it again after a kill: finished stages are
+skipped. Logs go to stderr and RUN_DIR/train.log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+log = logging.getLogger("trl_study")
+
+
+def _eval_dir(run_dir: Path) -> Path:
+    d = run_dir / "evals"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def evaluate(model: str, rows: list[dict], out: Path, ev: dict) -> dict:
+    """pass@1 of ``model`` on ``rows`` cached at ``out`` (json) and ``out.answers.jsonl``."""
+    from gmts_analysis.run.heldout import evaluate_pass1
+    from gmts_analysis.util.io import atomic_write_json
+
+    if out.is_file():
+        return json.loads(out.read_text())
+    res = evaluate_pass1(model, rows, temperature=ev["temperature"], max_new_tokens=ev["max_new_tokens"],
+                         seed=ev["seed"], verifier=ev.get("verifier", "math_boxed"),
+                         path=out.with_suffix(".answers.jsonl"), batch_size=ev.get("batch_size", 32))
+    res["model"] = model
+    atomic_write_json(out, res)
+    log.info("%s: pass@1 %.3f [%.3f, %.3f] on %d (%.0f s)", out, res["pass1"], res["ci_low"], res["ci_high"],
+             res["n_answers"], res["seconds"])
+    return res
+
+
+def eval_run(run_dir: Path, rows: list[dict], steps: list[int], ev: dict, base: str | None,
+             base_cache: Path | None = None) -> dict[int, dict]:
+    """Evaluations of the checkpoints ``steps`` of ``run_dir`` (step 0: ``base``, cached at ``base_cache``)."""
+    from gmts_analysis.readers.trl_output import read_trl_output
+
+    trl = read_trl_output(run_dir, base=base)
+    where = dict(trl.checkpoints)
+    out = {}
+    for s in steps:
+        if s not in where:
+            raise SystemExit(f"{run_dir}: no checkpoint of step {s} (have {sorted(where)})")
+        f = base_cache if (s == 0 and base_cache is not None) else _eval_dir(run_dir) / f"step-{s:05d}.json"
+        out[s] = evaluate(where[s], rows, f, ev)
+    return out
+
+
+def _flags(d: dict) -> list[str]:
+    return [x for k, v in d.items() if v is not None for x in (f"--{k}", str(v))]
+
+
+def train(run_dir: Path, trl: dict, arm: str, seed: int, threads: int) -> float:
+    """Train (or resume) one run; returns this segment's wall seconds (0 when already finished)."""
+    from gmts_analysis.integrations.trl_train import checkpoint_dirs
+
+    steps = int(trl["training_args"]["max_steps"])
+    done = [s for s, _ in checkpoint_dirs(run_dir)]
+    if steps in done:
+        return 0.0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    args = {**trl["script_args"], **trl["training_args"], "output_dir": str(run_dir), "seed": seed,
+            "token_selection": arm, "threads": threads, "rollouts_dir": str(run_dir / "rollouts")}
+    cmd = [sys.executable, str(ROOT / "examples" / "trl_grpo_word_problems.py"), *_flags(args)]
+    log.info("train %s (resume from %s)", run_dir.name, max(done) if done else "scratch")
+    t0 = time.time()
+    with open(run_dir / "train.log", "a") as f:
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads),
+                                                                         "PYTHONUNBUFFERED": "1"})
+    if r.returncode != 0:
+        raise SystemExit(f"{run_dir}: training failed (exit {r.returncode}); see {run_dir / 'train.log'}")
+    return time.time() - t0
+
+
+def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: int) -> None:
+    from gmts_analysis.rl.config import run_path
+    from gmts_analysis.rl.referee_plan import expected_config, load_plan
+    from gmts_analysis.rl.trl_records import trl_run_record
+    from gmts_analysis.sampling.generate import read_prompts
+    from gmts_analysis.util.io import atomic_write_json
+
+    plan = load_plan(plan_path)
+    trl = plan["trl"]
+    ev = trl["eval"]
+    rows = read_prompts(plan_path.parent / ev["prompts"])
+    base = trl["script_args"]["model_name_or_path"]
+    base_cache = runs_root / "base_eval.json"
+    runs_root.mkdir(parents=True, exist_ok=True)
+    for seed in plan["seeds"]:
+        for setting in plan["settings"]:
+            for arm in setting["arms"]:
+                name = f"{arm}-s{seed}"
+                if only and name not in only:
+                    continue
+                rec_path = run_path(plan_path.parent / setting["file"], arm, seed)
+                if rec_path.is_file():
+                    continue
+                run_dir = runs_root / setting["name"] / name
+                seg = train(run_dir, trl, arm, seed, threads)
+                tfile = run_dir / "timing.json"
+                timing = json.loads(tfile.read_text()) if tfile.is_file() else {"train_wall_segments": []}
+                if seg:
+                    timing["train_wall_segments"].append(round(seg, 1))
+                    atomic_write_json(tfile, timing)
+                t0 = time.time()
+                evals = eval_run(run_dir, rows, list(ev["steps"]), ev, base=None if 0 not in ev["steps"] else
+                                 _base_path(base), base_cache=base_cache)
+                cfg = {**expected_config(plan, setting), "selection": arm, "seed": seed}
+                rec = trl_run_record(run_dir, cfg, evals, timing={
+                    "train": float(sum(timing["train_wall_segments"])), "eval": round(time.time() - t0, 1),
+                    "threads": threads})
+                rec["timing_s"]["total"] = rec["timing_s"]["train"] + rec["timing_s"]["eval"]
+                rec_path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(rec_path, rec)
+                log.info("recorded %s: final pass@1 %.3f", rec_path, rec["final_pass1"]["word"])
+
+
+def _base_path(name: str) -> str:
+    from gmts_analysis.integrations.trl_train import trainable_checkpoint
+
+    return trainable_checkpoint(name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run")
+    r.add_argument("plan", type=Path)
+    r.add_argument("--runs-root", type=Path, required=True)
+    r.add_argument("--only", default=None, help="comma-separated run names (arm-sSEED)")
+    r.add_argument("--threads", type=int, default=2)
+    e = sub.add_parser("eval")
+    e.add_argument("run_dir", type=Path)
+    e.add_argument("--prompts", type=Path, required=True)
+    e.add_argument("--steps", required=True)
+    e.add_argument("--base", default=None)
+    e.add_argument("--seed", type=int, default=12345)
+    e.add_argument("--temperature", type=float, default=0.7)
+    e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--threads", type=int, default=2)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    if a.cmd == "run":
+        run_plan(a.plan, a.runs_root, set(a.only.split(",")) if a.only else None, a.threads)
+    else:
+        from gmts_analysis.sampling.generate import read_prompts
+
+        ev = {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "seed": a.seed}
+        steps = [int(x) for x in a.steps.split(",")]
+        res = eval_run(a.run_dir, read_prompts(a.prompts), steps, ev,
+                       base=_base_path(a.base) if a.base else None)
+        for s, v in res.items():
+            print(f"step {s}: pass@1 {v['pass1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] n={v['n_answers']} "
+                  f"boxed {v['boxed_share']} truncated {v['truncated_share']:.3f} len {v['mean_answer_tokens']:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

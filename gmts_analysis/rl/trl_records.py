@@ -1,0 +1,105 @@
+"""Run records of TRL training runs, in the format ``gmts rl-report`` reads (docs/rl.md section 7).
+
+A toy run of ``gmts rl`` writes its record itself (:mod:`gmts_analysis.rl.experiment`). A TRL run leaves its
+per-step metrics in ``trainer_state.json``; :func:`trl_run_record` turns them, and the held-out evaluations of
+its checkpoints, into the same record, so that one tool reports the toy and the real studies:
+
+- ``config``: the plan's fields (``selection``, ``seed``, ``steps``, ``domains`` = ``["word"]``, ``rho``, ``scope``,
+  ``group_size``, ``dynamic_sampling`` false, ``lr``, ...) and ``trainer: "trl"``;
+- ``steps``: one entry per optimizer step from TRL's ``log_history``: ``reward_mean`` (TRL ``reward``),
+  ``frac_groups_zero_std`` (``frac_reward_zero_std``), ``frac_tokens_zero_adv`` and ``frac_selected_zero_adv``
+  (the drop-in's ``gmts/...`` metrics: the mechanism's zero-advantage shares and the selection's waste),
+  ``loss``, ``grad_norm``, ``entropy_mean``, ``response_len_mean``, ``clipped_ratio``, ``frac_selected``,
+  ``overlap_entropy``, ``step_s``;
+- ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high}]`` on the held-out problems;
+- ``final_pass1``: ``{word: p}`` of the last evaluation, ``final_eval_prompts``;
+- ``timing_s``: ``train`` (TRL's ``train_runtime``, summed over resumed segments when given), ``eval``, ``total``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from gmts_analysis.errors import GmtsError
+
+#: TRL log_history keys -> run record step keys
+STEP_KEYS = {
+    "reward": "reward_mean", "frac_reward_zero_std": "frac_groups_zero_std",
+    "gmts/frac_tokens_zero_adv": "frac_tokens_zero_adv",
+    "gmts/selection/frac_selected_zero_adv": "frac_selected_zero_adv", "loss": "loss", "grad_norm": "grad_norm",
+    "entropy": "entropy_mean", "completions/mean_length": "response_len_mean",
+    "completions/clipped_ratio": "clipped_ratio", "gmts/selection/frac_selected": "frac_selected",
+    "gmts/selection/overlap_entropy": "overlap_entropy", "step_time": "step_s", "learning_rate": "learning_rate",
+}
+DOMAIN = "word"
+
+
+def _num(v: Any) -> float | None:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+def trl_steps(log_history: list[dict]) -> list[dict]:
+    """The per-step entries of a TRL ``log_history`` (those with a ``reward``), as run record steps."""
+    out = []
+    for h in log_history:
+        if "reward" not in h or "step" not in h:
+            continue
+        e: dict[str, Any] = {"step": int(h["step"])}
+        for k, name in STEP_KEYS.items():
+            if k in h and _num(h[k]) is not None:
+                e[name] = _num(h[k])
+        out.append(e)
+    return out
+
+
+def eval_entry(step: int, ev: dict) -> dict:
+    """An ``evals`` entry from :func:`gmts_analysis.run.heldout.evaluate_pass1`'s result."""
+    return {"step": int(step), "pass1": {DOMAIN: ev["pass1"]}, "pass1_mean": ev["pass1"], "n": ev["n_answers"],
+            "ci_low": ev["ci_low"], "ci_high": ev["ci_high"], "se": ev["se"],
+            "boxed_share": ev.get("boxed_share"), "truncated_share": ev.get("truncated_share"),
+            "mean_answer_tokens": ev.get("mean_answer_tokens")}
+
+
+def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict], timing: dict | None = None) -> dict:
+    """The run record (module docstring) of the TRL output directory ``output_dir``: its steps from the newest
+    checkpoint's ``trainer_state.json``, ``evals`` ``{step: evaluate_pass1 result}`` (the last is the final
+    pass@1), ``config`` the plan's fields of this run."""
+    from gmts_analysis.readers.trl_output import read_trl_output, trainer_log
+
+    out = read_trl_output(output_dir, base=None)
+    newest = out.checkpoints[-1][1]
+    steps = trl_steps(trainer_log(newest))
+    if not evals:
+        raise GmtsError(f"{output_dir}: no held-out evaluation to record")
+    if config.get("steps") is not None and steps and steps[-1]["step"] != int(config["steps"]):
+        raise GmtsError(f"{output_dir}: trained {steps[-1]['step']} steps, the plan says {config['steps']}")
+    ev = [eval_entry(s, evals[s]) for s in sorted(evals)]
+    final = ev[-1]
+    return {
+        "config": {**config, "domains": [DOMAIN], "trainer": "trl"},
+        "steps": steps,
+        "evals": ev,
+        "final_pass1": dict(final["pass1"]),
+        "final_eval_prompts": final["n"],
+        "timing_s": dict(timing or {}),
+        "versions": _versions(),
+    }
+
+
+def _versions() -> dict[str, str]:
+    from gmts_analysis.rl.experiment import _versions as v
+
+    out = v()
+    try:
+        import trl
+
+        out["trl"] = trl.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    return out

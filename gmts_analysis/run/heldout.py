@@ -1,0 +1,89 @@
+"""Held-out answers of a checkpoint: sampled once per sampling key and cached, and their pass@1 with a CI.
+
+The series audit (:mod:`gmts_analysis.run.trl_series`) and the real-model training study use one code path:
+:func:`sample_answers` writes a checkpoint's answers to a JSONL file (with its sampling key beside it, so the
+same command reuses it), :func:`pass_at_1` gives pass@1 with a 95% CI over prompts, and :func:`evaluate_pass1`
+does both for a held-out set with one answer per prompt (the study's final evaluation).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    """``rows`` as JSON lines at ``path``, atomically."""
+    from gmts_analysis.util.io import atomic_write_text
+
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON lines of ``path`` (a file this module wrote)."""
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: float, max_new_tokens: int,
+                   seed: int, verifier: str | None, batch_size: int = 32, progress: bool = False,
+                   path: Path, device: str = "cpu") -> list[dict]:
+    """``n`` answers of the checkpoint ``model_path`` to each prompt row (rollout rows of
+    :func:`gmts_analysis.sampling.generate.sample_prompts`, scored by ``verifier``), written to ``path`` with the
+    sampling key in ``path.key.json``; reused when ``path`` holds the same sampling."""
+    key = {"model": str(model_path), "prompts": [r["prompt"] for r in rows], "num_generations": n,
+           "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "verifier": verifier}
+    path = Path(path)
+    kfile = path.with_suffix(".key.json")
+    if path.is_file() and kfile.is_file() and json.loads(kfile.read_text(encoding="utf-8")) == key:
+        return read_jsonl(path)
+    from gmts_analysis.readers.models import load_model
+    from gmts_analysis.readers.verifiers import resolve_verifier
+    from gmts_analysis.sampling.generate import sample_prompts
+    from gmts_analysis.util.io import atomic_write_json
+
+    model, tok = load_model(str(model_path), device)
+    out = sample_prompts(model, tok, rows, n, verifier=resolve_verifier(verifier) if verifier else None,
+                         temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
+                         progress=progress, where=str(path))
+    del model
+    write_jsonl(path, out)
+    atomic_write_json(kfile, key)
+    return out
+
+
+def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
+    """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
+    prompts (the answers of one prompt resampled together), the binomial SE, and the share of prompts whose
+    answers all got the same reward (``zero_variance_groups``; 1.0 when each prompt has one answer)."""
+    from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
+
+    groups = sorted({r["group_id"] for r in rows})
+    index = {g: i for i, g in enumerate(groups)}
+    codes = np.array([index[r["group_id"]] for r in rows])
+    v = np.array([float(r.get("reward", 0.0)) for r in rows])
+    counts = multiplicities(len(groups), n_boot, block_rng(seed, "heldout-pass1"))
+    lo, hi = quantile_ci(resampled_means(v, codes, counts))
+    same = sum(1 for g in range(len(groups)) if np.ptp(v[codes == g]) == 0)
+    p = float(v.mean())
+    return {"pass1": p, "ci_low": float(lo), "ci_high": float(hi), "se": float(np.sqrt(p * (1 - p) / len(v))),
+            "n_answers": len(rows), "n_prompts": len(groups), "zero_variance_groups": same / len(groups),
+            "boxed_share": float(np.mean([bool(r.get("boxed")) for r in rows])) if rows and "boxed" in rows[0]
+            else None, "truncated_share": float(np.mean([bool(r.get("truncated")) for r in rows]))}
+
+
+def evaluate_pass1(model_path: str, rows: list[dict], *, temperature: float, max_new_tokens: int, seed: int,
+                   verifier: str = "math_boxed", path: Path, batch_size: int = 32, progress: bool = False) -> dict:
+    """pass@1 of ``model_path`` on the held-out prompt ``rows``, one answer each (:func:`sample_answers` cached at
+    ``path``; :func:`pass_at_1`), with the mean answer length."""
+    import time
+
+    t0 = time.perf_counter()
+    answers = sample_answers(model_path, rows, 1, temperature=temperature, max_new_tokens=max_new_tokens,
+                             seed=seed, verifier=verifier, batch_size=batch_size, progress=progress, path=path)
+    out: dict[str, Any] = pass_at_1(answers, seed=seed)
+    out["mean_answer_tokens"] = float(np.mean([len(a["response_ids"]) for a in answers]))
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    return out
