@@ -254,3 +254,19 @@ def test_a_setting_an_old_run_does_not_record_is_its_default(tmp_path):
     cmp = compare_runs([root])
     assert [m["key"] for m in cmp.mismatches] == ["uncertain_below"]
     assert cmp.mismatches[0]["values"] == {"old": 0.9, "new": 0.9, "other": 0.5}
+
+
+def test_the_base_model_without_a_step_is_step_0_wherever_listed(tmp_path, caplog):
+    """A series of checkpoints with the base model added (no step in its name) puts the base at step 0, given
+    first or last; before, the warning 'some runs have no step' made every run fall back to the given order."""
+    base = _write(tmp_path / "base", _stats(0), _manifest("/models/SmolLM2-135M-Instruct"))
+    c1 = _write(tmp_path / "c1", _stats(1), _manifest("/out/checkpoint-10"))
+    c3 = _write(tmp_path / "c3", _stats(2), _manifest("/out/checkpoint-30"))
+    for order in ([base, c1, c3], [c3, c1, base]):
+        caplog.clear()
+        cmp = compare_runs(order)
+        assert cmp.x_label == "step" and [(r["run"], r["x"]) for r in cmp.runs] == [("base", 0), ("c1", 10),
+                                                                                     ("c3", 30)]
+        assert "no step" not in " ".join(r.message for r in caplog.records if r.levelname == "WARNING")
+    two = _write(tmp_path / "other", _stats(0), _manifest("small"))  # two runs without a step: the given order
+    assert compare_runs([c1, base, two]).x_label == "run"

@@ -240,3 +240,34 @@ def test_probe_takes_a_gguf_file_and_a_folder_holding_one(cache, smollm2, tmp_pa
 
     pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "run0" / "tokens.parquet"),
                                   pd.read_parquet(tmp_path / "run1" / "tokens.parquet"))
+
+
+def test_a_stale_conversion_carrying_quantization_config_is_not_reused(tmp_path):
+    """A cache entry made before conversions dropped the GGUF quantization_config (with checksums that match)
+    is refused as stale, so converted_checkpoint converts again (with a warning) instead of reusing it."""
+    from gmts_analysis.readers.gguf import SOURCE_RECORD, _entry_files, cache_entry_problem
+
+    d = tmp_path / "entry"
+    d.mkdir()
+    cfg = {"model_type": "llama", "quantization_config": {"quant_method": "gguf"}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").write_bytes(b"weights")
+    (d / SOURCE_RECORD).write_text(json.dumps({"files": _entry_files(d)}))
+    assert "older conversion" in cache_entry_problem(d) and "Trainer" in cache_entry_problem(d)
+    del cfg["quantization_config"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / SOURCE_RECORD).write_text(json.dumps({"files": _entry_files(d)}))
+    assert cache_entry_problem(d) is None
+
+
+@needs_smollm2
+def test_converted_smollm2_is_an_ordinary_trainable_checkpoint(cache, smollm2, tmp_path):
+    """transformers' Trainer (so TRL) refused the converted model: 'You cannot perform fine-tuning on purely
+    quantized models' (its config kept the GGUF quantization_config)."""
+    from transformers import Trainer, TrainingArguments
+
+    model, _ = smollm2
+    assert getattr(model.config, "quantization_config", None) is None and not getattr(model, "is_quantized", False)
+    entry = next((cache / "gguf").iterdir())
+    assert "quantization_config" not in json.loads((entry / "config.json").read_text())
+    Trainer(model=model, args=TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none"))

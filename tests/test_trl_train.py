@@ -212,3 +212,39 @@ def test_killed_run_resumes_to_the_same_weights(tiny_dir, tmp_path):
     logs = [json.loads((tmp_path / d / "checkpoint-3" / "trainer_state.json").read_text())["log_history"]
             for d in ("straight", "killed")]
     assert [h.get("reward") for h in logs[0]] == [h.get("reward") for h in logs[1]]
+
+
+def test_trl_run_records_are_read_by_rl_report(trained, tmp_path):
+    """A TRL run as a gmts rl-report run record: TRL's per-step metrics, held-out evaluations, the plan's config."""
+    from gmts_analysis.cli import main
+    from gmts_analysis.rl.trl_records import trl_run_record
+
+    out, _ = trained
+    common = {"policy": "tiny-llama", "steps": 2, "lr": 0.05, "normalizer": "all", "loss_agg": "token-mean",
+              "prompts_per_domain": 2, "temperature": 1.0, "eval_prompts": 8, "final_eval_prompts": 8}
+    setting = {"name": "rho0.5_batch", "role": "primary", "file": "rho0.5_batch.json", "rho": 0.5,
+               "scope": "batch", "group_size": 2, "dynamic_sampling": False, "arms": ["all", "gmts"]}
+    plan = {"title": "t", "seeds": [3, 4], "alpha": 0.05, "correction": "holm", "common": common,
+            "settings": [setting], "contrasts": [{"setting": "rho0.5_batch", "a": "gmts", "b": "all",
+                                                  "family": "primary", "question": "?"}]}
+    data = tmp_path / "study"
+    (data / "rho0.5_batch.runs").mkdir(parents=True)
+    (data / "plan.json").write_text(json.dumps(plan))
+    ev = {"n_answers": 8, "ci_low": 0.0, "ci_high": 0.25, "se": 0.1, "boxed_share": 0.0, "truncated_share": 1.0}
+    for arm in ("all", "gmts"):
+        for seed, p in ((3, 0.125), (4, 0.25 if arm == "gmts" else 0.125)):
+            cfg = {**common, **{k: setting[k] for k in ("rho", "scope", "group_size", "dynamic_sampling")},
+                   "selection": arm, "seed": seed}
+            rec = trl_run_record(out, cfg, {0: {**ev, "pass1": 0.0}, 2: {**ev, "pass1": p}},
+                                 timing={"train": 1.0})
+            (data / "rho0.5_batch.runs" / f"{arm}-s{seed}.json").write_text(json.dumps(rec))
+    assert [s["step"] for s in rec["steps"]] == [1, 2]
+    st = rec["steps"][0]
+    assert 0.0 <= st["frac_groups_zero_std"] <= 1.0 and 0.0 <= st["frac_tokens_zero_adv"] <= 1.0
+    assert 0.0 <= st["frac_selected_zero_adv"] <= 1.0 and abs(st["frac_selected"] - 0.5) < 0.1
+    assert rec["final_pass1"] == {"word": 0.25} and rec["evals"][0]["step"] == 0
+    assert main(["rl-report", str(data), "-q"]) == 0
+    rep = json.loads((data / "rl_report.json").read_text())
+    s = rep["settings"][0]
+    assert s["status"] == "complete" and abs(s["results"]["gmts"]["mean"] - 0.1875) < 1e-12
+    assert 0.0 <= s["mechanism"]["gmts"]["zero_adv_tokens"] <= 1.0
