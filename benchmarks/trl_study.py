@@ -56,10 +56,13 @@ def evaluate(model: str, rows: list[dict], out: Path, ev: dict) -> dict:
 def eval_run(run_dir: Path, rows: list[dict], steps: list[int], ev: dict, base: str | None,
              base_cache: Path | None = None) -> dict[int, dict]:
     """Evaluations of the checkpoints ``steps`` of ``run_dir`` (step 0: ``base``, cached at ``base_cache``)."""
-    from gmts_analysis.readers.trl_output import read_trl_output
+    from gmts_analysis.readers.trl_output import is_trl_output, read_trl_output
 
-    trl = read_trl_output(run_dir, base=base)
-    where = dict(trl.checkpoints)
+    if is_trl_output(run_dir):
+        where = dict(read_trl_output(run_dir, base=base).checkpoints)
+    else:  # no checkpoint yet: only the base model (step 0), as the script recorded it
+        args = json.loads((run_dir / "gmts_script_args.json").read_text())
+        where = {0: base or args["model_path"]}
     out = {}
     for s in steps:
         if s not in where:
