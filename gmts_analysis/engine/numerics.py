@@ -42,13 +42,13 @@ def _new_api() -> bool:
     return _leaf("cuda.matmul") is not None
 
 
-def legacy_matmul_precision() -> str:
-    """``torch.get_float32_matmul_precision()``, or ``"medium"`` (the loosest) where reading it raises
-    (the legacy and per-backend APIs mixed)."""
+def legacy_matmul_precision(default: str | None = "medium") -> str | None:
+    """``torch.get_float32_matmul_precision()``, or ``default`` (``"medium"``, the loosest) where reading it
+    raises (the legacy and per-backend APIs mixed)."""
     try:
         return torch.get_float32_matmul_precision()
     except RuntimeError:
-        return "medium"
+        return default
 
 
 def fp32_matmul_unit_roundoff(device_type: str) -> float:
@@ -77,38 +77,46 @@ def pinned_numerics() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _full_precision_matmuls() -> Iterator[None]:
+def preserved_matmul_settings() -> Iterator[None]:
+    """Whatever changes the float32 matmul settings inside (TF32 flags, matmul precision, the backends'
+    ``fp32_precision``) is undone on exit, exception or not: the values found on entry are put back
+    through the API that holds them (see the module docstring)."""
     if _new_api():
-        leaves = [(p, _leaf(p)) for p in _LEAVES]
-        leaves = [(p, o) for p, o in leaves if o is not None]
-        saved = [o.fp32_precision for _, o in leaves]
+        leaves = [o for o in (_leaf(p) for p in _LEAVES) if o is not None]
+        saved = [o.fp32_precision for o in leaves]
+        prec = legacy_matmul_precision(default=None)
         try:
-            prec = torch.get_float32_matmul_precision()
-        except RuntimeError:
-            prec = None
-        try:
-            for p, o in leaves:
-                if p:  # the global default stays; every backend leaf says "ieee"
-                    o.fp32_precision = "ieee"
-            torch.set_float32_matmul_precision("highest")
             yield
         finally:
             if prec is not None:
                 torch.set_float32_matmul_precision(prec)
-            for (_, o), v in zip(leaves, saved):
+            for o, v in zip(leaves, saved):
                 o.fp32_precision = v
         return
-    saved_legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-                    torch.get_float32_matmul_precision())
+    legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+              torch.get_float32_matmul_precision())
     try:
-        torch.backends.cuda.matmul.allow_tf32 = False
-        torch.backends.cudnn.allow_tf32 = False
-        torch.set_float32_matmul_precision("highest")
         yield
     finally:
-        torch.set_float32_matmul_precision(saved_legacy[2])
-        torch.backends.cuda.matmul.allow_tf32 = saved_legacy[0]
-        torch.backends.cudnn.allow_tf32 = saved_legacy[1]
+        torch.set_float32_matmul_precision(legacy[2])
+        torch.backends.cuda.matmul.allow_tf32 = legacy[0]
+        torch.backends.cudnn.allow_tf32 = legacy[1]
+
+
+@contextlib.contextmanager
+def _full_precision_matmuls() -> Iterator[None]:
+    readable = legacy_matmul_precision(default=None) is not None  # unreadable: the APIs mixed; leaves decide
+    with preserved_matmul_settings():
+        if _new_api():
+            for p in _LEAVES:
+                if p and _leaf(p) is not None:  # the global default stays; every backend leaf says "ieee"
+                    _leaf(p).fp32_precision = "ieee"
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        if readable:
+            torch.set_float32_matmul_precision("highest")
+        yield
 
 
 def numerics_state() -> dict[str, object]:
@@ -130,4 +138,4 @@ def numerics_state() -> dict[str, object]:
 
 
 __all__ = ["AUTOCAST_DEVICES", "fp32_matmul_unit_roundoff", "legacy_matmul_precision", "numerics_state",
-           "pinned_numerics"]
+           "pinned_numerics", "preserved_matmul_settings"]
