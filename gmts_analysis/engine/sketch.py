@@ -4,7 +4,8 @@ Split each token's gradient ``g_t`` into two orthogonal parts (disjoint coordina
 
 - ``a_t``, known in closed form: the output head's part on vocabulary rows that never
   occur in the input (untied head: the whole head, ``||a_t||^2 = ||c_t||^2 ||h_t||^2`` with
-  ``c_t = (e_y - p_t) / tau``; tied head: ``||h_t||^2 sum_{v not in U} c_t[v]^2``, ``U`` the
+  ``c_t = f'(z_t) * (e_y - p_t) / tau``, ``f`` the logits' elementwise transform of the head's output
+  ``z_t``, the identity for most models: :mod:`gmts_analysis.engine.logit_transforms`; tied head: ``||h_t||^2 sum_{v not in U} c_t[v]^2``, ``U`` the
   token ids fed to the embedding, because the embedding part only touches rows in ``U``);
 - ``b_t``, everything else, sketched: for a Gaussian direction ``v`` (``N(0, I)`` over the
   coordinates of ``b``) one ``torch.func.jvp`` gives ``v . b_t`` for every token at once
