@@ -186,27 +186,58 @@ def test_embedding_subclass_with_own_forward(kind):
         assert abs(float(((sk.norms - ref) / ref).mean())) < 0.05
 
 
-def test_refused_model_goes_to_the_loop_once(caplog):
-    """Gemma 2 soft-caps its logits (its config says so: a structural refusal): the exact engine refuses it, once; later
-    answers go to the loop without a planning pass or a second warning, and the norms are exact."""
-    import logging
-
+def _softcapped_gemma2() -> torch.nn.Module:
     import transformers as T
 
     from gmts_analysis.core.seeding import seeded_global_rng
 
     cfg = T.Gemma2Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=8,
-                         final_logit_softcapping=30.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+                         final_logit_softcapping=3.0, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     with seeded_global_rng(0):
         model = T.AutoModelForCausalLM.from_config(cfg).double().eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(30.0)  # logits large enough for the cap to show
+    return model
+
+
+def test_softcapped_logits_take_the_fast_paths():
+    """Gemma 2 soft-caps its logits (``3 tanh(z / 3)`` here, most logits near the cap): the exact engine and
+    the sketch carry the cap's derivative and stay on their paths; the norms and the head's closed form
+    match the loop's. (Gemma's norms compute in float32 inside a float64 model, so 1e-6.)"""
+    model = _softcapped_gemma2()
     ids, P = _ids(14), 5
-    with caplog.at_level(logging.WARNING, logger="gmts_analysis"):
-        a = grad_norms(model, ids, P)
-        b = grad_norms(model, ids[:12], P)
-    assert a.method == b.method == "loop"
+    ref = grad_norms(model, ids, P, temperature=0.9, method="loop", groups="module")
+    got = grad_norms(model, ids, P, temperature=0.9, chunk_size=4, groups="module")
+    assert got.method == "exact" and got.fallback is None
+    assert _rel(got.norms, ref.norms) < 1e-6
+    for key in ("model.embed_tokens",):  # the tied head: the cross term carries f'(z) too
+        assert _rel(got.groups[key], ref.groups[key]) < 1e-6
+    assert _rel(got.quantities.head_grad_norm, ref.quantities.head_grad_norm) < 1e-12
+    sk = grad_norms(model, ids, P, temperature=0.9, method="sketch", probes=256)
+    assert sk.method == "sketch" and abs(float(((sk.norms - ref.norms) / ref.norms).mean())) < 0.05
+
+
+def test_refused_model_goes_to_the_loop_once(caplog):
+    """A config two logit transforms claim (here a test entry claiming Gemma 2 beside soft-capping: the
+    order they apply in is unknown) is a structural refusal: the exact engine refuses it, once; later answers
+    go to the loop without a planning pass or a second warning, and the norms are exact."""
+    import logging
+
+    from gmts_analysis.engine.logit_transforms import LOGIT_TRANSFORMS, LogitTransform, register_logit_transform
+
+    model = _softcapped_gemma2()
+    register_logit_transform(LogitTransform(
+        "test_gemma2_scale", lambda cfg: {"scale": 2.0} if cfg.model_type == "gemma2" else None,
+        forward=lambda z, p: z * p["scale"], derivative=lambda z, p: p["scale"]))
+    ids, P = _ids(14), 5
+    try:
+        with caplog.at_level(logging.WARNING, logger="gmts_analysis"):
+            a = grad_norms(model, ids, P)
+            b = grad_norms(model, ids[:12], P)
+    finally:
+        del LOGIT_TRANSFORMS["test_gemma2_scale"]
+    assert a.method == b.method == "loop" and "several logit transforms" in a.fallback
     assert sum("exact engine unavailable" in r.getMessage() for r in caplog.records) == 1
     assert _rel(a.norms, loop_grad_norms(model, ids, P)) < 1e-12
     assert _rel(b.norms, loop_grad_norms(model, ids[:12], P)) < 1e-12

@@ -158,21 +158,26 @@ class TokenQuantities:
     sum_p2: Tensor  # sum_v p_v^2 (kept for checks)
     head_grad_norm: Tensor | None = None  # ||d logprob / d (W, b) of the output head||, see head_grad_sq
     finite: bool = True  # every logit was finite
-    logit_grad: Tensor | None = None  # (T, V) c = (e_y - p) / tau, only when asked for
+    head_cotangent: Tensor | None = None  # (T, V) d logprob / d z, z the head's output; only when asked for
+    head_cotangent_sq: Tensor | None = None  # (T,) its squared norm; only when asked for
 
 
 @torch.no_grad()
 def token_quantities(
     resp_logits: Tensor, targets: Tensor, temperature: float = 1.0, head_input: Tensor | None = None,
-    head_bias: bool = False, with_logit_grad: bool = False,
+    head_bias: bool = False, with_head_cotangent: bool = False, logit_jacobian: Tensor | None = None,
 ) -> TokenQuantities:
     """Closed-form quantities from response logits ``(T, V)`` and targets ``(T,)``.
 
     ``logit_grad_norm = ||e_y - p||_2 / tau`` (:func:`logit_grad_sq`) is the norm of the
-    gradient of ``logprob`` with respect to the *raw* logits z (the 1/tau comes from ``z / tau``).
+    gradient of ``logprob`` with respect to the model's logits l (the 1/tau comes from ``l / tau``).
+    ``logit_jacobian`` ``(T, V)``: ``f'(z)`` where the logits are ``l = f(z)``, ``f`` elementwise and
+    ``z`` the output head's output (soft-capping, scaling; ``None``: ``l = z``); the head's gradient
+    is then taken through it: ``d logprob / d z = f'(z) * (e_y - p) / tau``.
     ``head_input`` ``(T, d)``: the output head's inputs at the predicting positions; gives
-    ``head_grad_norm`` (:func:`head_grad_sq`; ``head_bias``: the head has a trainable bias).
-    ``with_logit_grad``: also keep the ``(T, V)`` vectors ``c`` (:func:`logit_grad`).
+    ``head_grad_norm`` (:func:`head_grad_sq` of ``||d logprob / d z||^2``; ``head_bias``: the head has a
+    trainable bias). ``with_head_cotangent``: also keep the ``(T, V)`` vectors ``d logprob / d z``
+    (:func:`logit_grad`, times ``f'(z)``) and their squared norms ``(T,)``.
     """
     logp = scaled_log_softmax(resp_logits, temperature)
     p = logp.exp()
@@ -181,11 +186,17 @@ def token_quantities(
     entropy = entropy_from_logprobs(logp)
     sum_p2 = (p * p).sum(-1)
     lg2 = logit_grad_sq(logp, targets, temperature)
-    head = None if head_input is None else head_grad_sq(lg2, head_input, head_bias).sqrt()
+    cot, cot2 = None, lg2  # d logprob / d z and its squared norm (z = l without a transform)
+    if logit_jacobian is not None:
+        cot = logit_grad(logp, targets, temperature) * logit_jacobian.to(logp.dtype)
+        cot2 = cot.pow(2).sum(-1)
+    elif with_head_cotangent:
+        cot = logit_grad(logp, targets, temperature)
+    head = None if head_input is None else head_grad_sq(cot2, head_input, head_bias).sqrt()
     return TokenQuantities(
         logprob=lp_t, prob=p_t, entropy=entropy, logit_grad_norm=lg2.sqrt(), sum_p2=sum_p2,
         head_grad_norm=head, finite=bool(torch.isfinite(resp_logits).all()),
-        logit_grad=logit_grad(logp, targets, temperature) if with_logit_grad else None,
+        head_cotangent=cot if with_head_cotangent else None, head_cotangent_sq=cot2 if with_head_cotangent else None,
     )
 
 

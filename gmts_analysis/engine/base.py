@@ -70,11 +70,18 @@ def forward_quantities(
     model: torch.nn.Module, input_ids: torch.LongTensor, prompt_len: int, temperature: float = 1.0
 ) -> TokenQuantities:
     """The response tokens' closed forms from one no-grad forward: log-prob, probability,
-    entropy, ``logit_grad_norm`` and ``head_grad_norm`` (the head's input captured by a hook;
-    only the ``T`` predicting positions' logits are computed when the model allows it).
+    entropy, ``logit_grad_norm`` and ``head_grad_norm`` (the head's input and output captured by a
+    hook; only the ``T`` predicting positions' logits are computed when the model allows it). Runs
+    with the engine's numerics pinned (:func:`gmts_analysis.engine.numerics.pinned_numerics`).
+
+    ``head_grad_norm`` goes through the logits' elementwise transform (soft-capping, scaling:
+    :mod:`gmts_analysis.engine.logit_transforms`) where the config declares one and the logits are
+    that transform of the head's output; for post-processing no entry recognises, it is the norm the
+    head would have without it.
 
     input_ids ``(S,)``, ``prompt_len`` = P >= 1. See :func:`gmts_analysis.core.tokens.token_quantities`."""
-    from gmts_analysis.core.tokens import response_prefix, response_targets, token_quantities
+    from gmts_analysis.core.tokens import compute_dtype, response_prefix, response_targets, token_quantities
+    from gmts_analysis.engine.numerics import pinned_numerics
 
     T = int(input_ids.shape[0]) - int(prompt_len)
     L = response_prefix(prompt_len, 0, T)
@@ -82,12 +89,13 @@ def forward_quantities(
     captured: dict[str, torch.Tensor] = {}
     handle = None
     if isinstance(head, torch.nn.Module):
-        handle = head.register_forward_hook(lambda m, a, o: captured.__setitem__("h", a[0]))
+        handle = head.register_forward_hook(lambda m, a, o: captured.update(h=a[0], z=o))
     kw = {"input_ids": input_ids[:L].unsqueeze(0), "use_cache": False}
     if _accepts(model, "logits_to_keep"):
         kw["logits_to_keep"] = T
     try:
-        logits = model(**kw).logits[0, -T:]
+        with pinned_numerics():
+            logits = model(**kw).logits[0, -T:]
     finally:
         if handle is not None:
             handle.remove()
@@ -95,7 +103,28 @@ def forward_quantities(
     return token_quantities(
         logits, response_targets(input_ids, prompt_len), temperature,
         head_input=None if h is None else h[0, -T:], head_bias=_head_has_bias(head),
+        logit_jacobian=_checked_jacobian(model, captured.get("z"), logits, T, compute_dtype(logits.dtype)),
     )
+
+
+def _checked_jacobian(model: torch.nn.Module, z: torch.Tensor | None, logits: torch.Tensor, T: int,
+                      dtype: torch.dtype) -> torch.Tensor | None:
+    """``f'(z)`` ``(T, V)`` of the transform the model's config declares when its logits ``(T, V)`` are
+    that transform of the head's output ``z`` ``(1, >=T, V)``; else ``None``."""
+    from gmts_analysis.engine.head import check_transformed_logits
+    from gmts_analysis.engine.logit_transforms import detect_logit_transform, logit_jacobian
+
+    if not isinstance(z, torch.Tensor) or z.dim() != 3:
+        return None
+    z = z[0, -T:]
+    try:
+        transform = detect_logit_transform(model)
+        if transform is None:
+            return None
+        check_transformed_logits(z, logits, transform)
+    except NotImplementedError:
+        return None
+    return logit_jacobian(z, transform, dtype)
 
 
 def _accepts(model: torch.nn.Module, arg: str) -> bool:

@@ -21,9 +21,11 @@ cached; every forward counts the calls of every tapped module, so a module the p
 did not call (an expert no token was routed to) is still counted exactly, and one called
 more than once is moved to the exact fallback and its chunk redone.
 
-The logits must be ``lm_head(h)`` (:func:`check_head_logits`: equal to the head module's
-output, which lies within a rigorous rounding bound of ``h W^T + b`` computed in float64, so
-rounding alone cannot fail it); a config declaring post-processing is refused before any work.
+The logits must be ``f(lm_head(h))`` with ``f`` the elementwise transform the config declares
+(soft-capping, scaling; the identity for most models; :mod:`gmts_analysis.engine.logit_transforms`),
+checked on every chunk by :func:`gmts_analysis.engine.head.check_head_logits` (rounding bounds, so
+rounding alone cannot fail it). With a transform, ``c_t`` above is ``f'(z_t) * (e_y - p_t) / tau``
+(``z_t`` the head's output): the head's closed form, the cotangent and the tied cross term use it.
 
 The backward starts at the head's input ``h`` with cotangent ``W^T c_t``, so the vocabulary
 never enters the batched backward. Accumulation is float32 (float64 for float64 models).
@@ -34,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import math
 import weakref
 from dataclasses import dataclass, field
 
@@ -47,6 +48,18 @@ from gmts_analysis.core.tokens import (
     response_prefix,
     response_targets,
     token_quantities,
+)
+from gmts_analysis.engine.head import (  # noqa: F401 - re-exported: the check's home is head.py
+    NumericalRefusal,
+    check_head_logits,
+    head_error_bound,
+    matmul_unit_roundoff,
+)
+from gmts_analysis.engine.logit_transforms import (
+    AppliedTransform,
+    declared_post_processing,
+    detect_logit_transform,
+    logit_jacobian,
 )
 from gmts_analysis.engine.plan import Capture, GhostRule, Plan, Tap, make_plan
 
@@ -200,104 +213,6 @@ def cached_plan(model: nn.Module, named: list[tuple[str, nn.Parameter]], sample_
     return plan
 
 
-# config fields of transformers models that post-process the head's output, and their no-op value
-_POST_PROCESSING = {"final_logit_softcapping": None, "logits_scaling": 1.0, "logit_scale": 1.0}
-
-
-def declared_logit_post_processing(model: nn.Module) -> str:
-    """``field=value`` of the config fields that change the logits after the head (Gemma 2's
-    soft-capping, Granite's and Cohere's scaling), or ``""``: a structural refusal."""
-    cfg = getattr(model, "config", None)
-    found = []
-    for key, noop in _POST_PROCESSING.items():
-        v = getattr(cfg, key, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v != noop and (noop is not None or v > 0):
-            found.append(f"{key}={v}")
-    return ", ".join(found)
-
-
-class NumericalRefusal(NotImplementedError):
-    """A refusal decided by comparing numbers (the logits against ``lm_head(h)``), not by what
-    the model is made of: never cached, so that one answer's refusal does not decide the next."""
-
-
-def matmul_unit_roundoff(dtype: torch.dtype, device: torch.device) -> float:
-    """Unit roundoff of the accumulation of a ``dtype`` matmul on ``device``: float32 with
-    ``torch.set_float32_matmul_precision`` "high" / "medium" may run on TF32 / bfloat16 units;
-    half types accumulate in float32 unless CUDA's reduced-precision reductions are allowed."""
-    if dtype == torch.float64:
-        return 2.0**-53
-    prec = torch.get_float32_matmul_precision()
-    u32 = {"highest": 2.0**-24, "high": 2.0**-11, "medium": 2.0**-8}.get(prec, 2.0**-8)
-    if device.type == "cuda" and dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
-        u32 = max(u32, 2.0**-11)
-    if dtype in (torch.float16, torch.bfloat16):
-        reduced = device.type == "cuda" and (
-            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction if dtype == torch.float16
-            else torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
-        return torch.finfo(dtype).eps / 2 if reduced else u32
-    return u32
-
-
-def head_error_bound(h: Tensor, W: Tensor, b: Tensor | None, out_dtype: torch.dtype, block: int = 8192
-                     ) -> tuple[Tensor, Tensor]:
-    """``(raw, tol)``, both ``(n, V)`` float64: ``raw = h W^T + b`` computed in float64 from the
-    model's own ``h`` ``(n, d)``, ``W`` ``(V, d)``, ``b`` ``(V,)``, and a rigorous bound on how far
-    the model's ``lm_head(h)`` can be from it by rounding alone: ``gamma_d (|h| |W|^T + |b|)``
-    with ``gamma_d = d u / (1 - d u)`` (``u``: :func:`matmul_unit_roundoff`; a sum of ``d``
-    products, Higham's bound; the float64 reference's own error is added the same way), plus
-    half an ulp of the output for outputs narrower than the accumulation. ``tol`` is ``inf``
-    where the bound is useless (``d u >= 1/2``). ``V`` is processed ``block`` rows at a time."""
-    n, d = h.shape
-    u = matmul_unit_roundoff(W.dtype, W.device)
-    gam = (d * u / (1 - d * u) if d * u < 0.5 else math.inf) + 2 * d * 2.0**-53
-    u_out = torch.finfo(out_dtype).eps / 2 if torch.finfo(out_dtype).eps / 2 > u else 0.0
-    h64 = h.to(torch.float64)
-    ha = h64.abs()
-    raws, tols = [], []
-    for i in range(0, W.shape[0], block):
-        w = W[i:i + block].to(torch.float64)
-        raw = h64 @ w.T
-        mag = ha @ w.abs().T
-        if b is not None:
-            bb = b[i:i + block].to(torch.float64)
-            raw = raw + bb
-            mag = mag + bb.abs()
-        raws.append(raw)
-        tols.append(gam * mag + u_out * raw.abs() * (1 + 2 * gam))
-    return torch.cat(raws, 1), torch.cat(tols, 1)
-
-
-def check_head_logits(h: Tensor, head_out: Tensor | None, logits: Tensor, W: Tensor, b: Tensor | None) -> None:
-    """Raise :class:`NumericalRefusal` unless the model's logits ``(c, V)`` are ``lm_head(h)``.
-
-    Two checks that rounding cannot fail: the logits must equal the head module's own output
-    ``head_out`` exactly (post-processing after the head, soft-capping or scaling, changes them);
-    and the head's output on the first and last token must lie within the rigorous rounding
-    bound of :func:`head_error_bound` of ``h W^T + b`` in float64 (a head module whose forward
-    is not a plain linear map)."""
-    same = head_out is not None and head_out.shape == logits.shape
-    if same:
-        ho = head_out.to(logits.dtype)
-        same = bool(((ho == logits) | (ho.isnan() & logits.isnan())).all())  # NaN: the finiteness check's job
-    if not same:
-        diff = ("" if head_out is None or head_out.shape != logits.shape
-                else f"; max |logit - lm_head(h)| = {(logits.double() - head_out.double()).abs().max().item():.3g}")
-        raise NumericalRefusal(f"model logits are not the output head's output (post-processing such as "
-                               f"soft-capping or scaling is not supported{diff})")
-    c = h.shape[0]
-    rows = [0, c - 1] if c > 1 else [0]
-    raw, tol = head_error_bound(h[rows], W, b, head_out.dtype)
-    dev = (head_out[rows].to(torch.float64) - raw).abs()
-    bad = dev > tol
-    if bool(bad.any()):
-        k = int(torch.argmax((dev - tol).flatten()))
-        r, v = divmod(k, raw.shape[1])
-        raise NumericalRefusal(
-            f"the output head's output is not h W^T + b: logit {v} of row {rows[r]} is off by "
-            f"{dev[r, v].item():.3g}, past the rounding bound {tol[r, v].item():.3g}")
-
-
 class _Redo(Exception):
     def __init__(self, names: set[str]):
         self.names = names
@@ -322,15 +237,15 @@ class ExactEngine:
         self.n_heads = _n_heads(model)
         self.plan: Plan | None = None
         self.state: _State | None = None
+        self.transform: AppliedTransform | None = None  # the logits' elementwise transform, if any
+        self.declared = ""  # the config's post-processing fields (for a refusal's message)
 
     # ---- hooks -----------------------------------------------------------------------
     def install(self, sample_ids: Tensor) -> None:
-        """Get the model's plan (cached; made on a short input the first time), install the hooks.
-        Raises ``NotImplementedError`` for a model whose config declares logit post-processing."""
-        declared = declared_logit_post_processing(self.model)
-        if declared:
-            raise NotImplementedError(f"the model's config declares logit post-processing ({declared}): "
-                                      "its logits are not lm_head(h)")
+        """Get the model's plan (cached; made on a short input the first time), install the hooks, and
+        detect the logits' elementwise transform (``NotImplementedError`` for a config declaring several)."""
+        self.transform = detect_logit_transform(self.model)
+        self.declared = declared_post_processing(self.model)
         self.plan = cached_plan(self.model, self.named, sample_ids)
         self._hooks()
 
@@ -390,7 +305,7 @@ class ExactEngine:
         if self.keep:
             kwargs["logits_to_keep"] = c
         h, vjp_fn, logits, head_out = self._vjp(_PrefixForward(self.model, self.state, kwargs, c), probes, direct)
-        cf = _closed_forms(plan, h, head_out, logits, targets, temperature, acc)
+        cf = _closed_forms(plan, h, head_out, logits, targets, temperature, acc, self.transform, self.declared)
         out = _squared_norms(plan, vjp_fn, cf, tied_uniq, c, sub, acc)
         return out, cf.q
 
@@ -459,26 +374,27 @@ class _ClosedForms:
     """A chunk's closed forms and the cotangents of its batched backward."""
 
     q: TokenQuantities
-    cvec: Tensor  # (c, V): d logprob / d raw logits, acc dtype
+    cvec: Tensor  # (c, V): d logprob / d z, z the head's output (f'(z) (e_y - p) / tau), acc dtype
     ct: Tensor  # (c, c, d): token t's cotangent W^T c_t at row t, zero elsewhere
     hh: Tensor  # (c, d) head input, acc dtype
     head_sq: Tensor  # (c,) the head's squared norm ||c_t||^2 (||h_t||^2 + [bias])
 
 
 def _closed_forms(plan: Plan, h: Tensor, head_out: Tensor | None, logits: Tensor, targets: Tensor,
-                  temperature: float, acc: torch.dtype) -> _ClosedForms:
-    """Check the logits are ``lm_head(h)``; the tokens' quantities, the head's closed form and
-    the cotangents at ``h`` of the chunk's ``c`` tokens."""
+                  temperature: float, acc: torch.dtype, transform: AppliedTransform | None = None,
+                  declared: str = "") -> _ClosedForms:
+    """Check the logits are ``f(lm_head(h))`` (``f``: ``transform``, default the identity); the tokens'
+    quantities, the head's closed form and the cotangents at ``h`` of the chunk's ``c`` tokens."""
     head = plan.head
     W = head.weight.detach()
     hb = head.bias.detach() if head.bias is not None else None
     c = targets.shape[0]
     with torch.no_grad():
-        check_head_logits(h.detach(), head_out, logits, W, hb)
+        check_head_logits(h.detach(), head_out, logits, W, hb, transform, declared)
         q = token_quantities(logits, targets, temperature, head_input=h.detach(), head_bias=plan.head_bias,
-                             with_logit_grad=True)
-        cvec = q.logit_grad.to(acc)  # (c, V): d logprob / d raw logits
-        q.logit_grad = None
+                             with_head_cotangent=True, logit_jacobian=logit_jacobian(head_out, transform, acc))
+        cvec = q.head_cotangent.to(acc)  # (c, V): d logprob / d z (the head's output)
+        q.head_cotangent = q.head_cotangent_sq = None
         ct_h = (cvec @ W.to(acc)).to(h.dtype)  # (c, d)
         ct = torch.zeros((c,) + tuple(h.shape), dtype=h.dtype, device=targets.device)
         ar = torch.arange(c, device=targets.device)
@@ -584,4 +500,5 @@ def model_acc_dtype(model: nn.Module) -> torch.dtype:
     return compute_dtype(next(model.parameters()).dtype)
 
 
-__all__ = ["ExactEngine", "NumericalRefusal", "check_head_logits", "head_error_bound", "cached_plan", "plan_key", "default_budget", "exact_chunks", "math", "model_acc_dtype", "planning_pass"]
+__all__ = ["ExactEngine", "NumericalRefusal", "cached_plan", "check_head_logits", "default_budget", "exact_chunks",
+           "head_error_bound", "model_acc_dtype", "plan_key", "planning_pass"]

@@ -205,7 +205,9 @@ def grad_norms(
 
     input_ids: ``(S,)`` on the model's device; ``prompt_len`` = P >= 1. logprob_t is
     ``log softmax(z_{P+t-1} / tau)[input_ids[P+t]]`` (:func:`gmts_analysis.core.tokens.sequence_logprobs`).
-    Norms are over all trainable parameters, tied tensors once.
+    Norms are over all trainable parameters, tied tensors once. The call runs with autocast off and
+    full-precision float32 matmuls (no TF32), whatever the caller set; the caller's settings are
+    restored on return (:func:`gmts_analysis.engine.numerics.pinned_numerics`).
 
     chunk_size: tokens per batched VJP (``auto``: as many as fit ``max_memory`` bytes, by default
     an estimate of one forward-and-backward of the answer). probes/seed: sketch only. groups: ``layer`` | ``module`` also returns
@@ -224,7 +226,10 @@ def grad_norms(
     from gmts_analysis.core.sizes import parse_chunk_size
 
     args = dataclasses.replace(args, chunk_size=parse_chunk_size(chunk_size, "chunk_size"))
-    return entry.run(model, input_ids, prompt_len, args)
+    from gmts_analysis.engine.numerics import pinned_numerics
+
+    with pinned_numerics():  # autocast off, float32 matmuls in full precision; restored on exit
+        return entry.run(model, input_ids, prompt_len, args)
 
 
 def expected_loop_slowdown(model: torch.nn.Module, prompt_len: int, T: int) -> float:

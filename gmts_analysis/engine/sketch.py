@@ -4,7 +4,8 @@ Split each token's gradient ``g_t`` into two orthogonal parts (disjoint coordina
 
 - ``a_t``, known in closed form: the output head's part on vocabulary rows that never
   occur in the input (untied head: the whole head, ``||a_t||^2 = ||c_t||^2 ||h_t||^2`` with
-  ``c_t = (e_y - p_t) / tau``; tied head: ``||h_t||^2 sum_{v not in U} c_t[v]^2``, ``U`` the
+  ``c_t = f'(z_t) * (e_y - p_t) / tau``, ``f`` the logits' elementwise transform of the head's output
+  ``z_t``, the identity for most models: :mod:`gmts_analysis.engine.logit_transforms`; tied head: ``||h_t||^2 sum_{v not in U} c_t[v]^2``, ``U`` the
   token ids fed to the embedding, because the embedding part only touches rows in ``U``);
 - ``b_t``, everything else, sketched: for a Gaussian direction ``v`` (``N(0, I)`` over the
   coordinates of ``b``) one ``torch.func.jvp`` gives ``v . b_t`` for every token at once
@@ -84,8 +85,8 @@ def sketch_grad_norms(
         try:
             hooks.install(layout)
             with torch.no_grad():
-                logits, h = _forward_once(model, layout, hooks, ids, T)
-                head = _closed_form_part(layout, hooks, logits, h, targets, temperature, acc)
+                logits, h, jac = _forward_once(model, layout, hooks, ids, T, acc)
+                head = _closed_form_part(layout, hooks, logits, h, targets, temperature, acc, jac)
             sum_y2 = _sketched_part(layout, hooks, head, ids, S, T, probes=probes, seed=seed, budget=budget, acc=acc)
         finally:
             hooks.remove()
@@ -195,13 +196,17 @@ class _SketchHooks:
         return None
 
 
-def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, ids: Tensor, T: int
-                  ) -> tuple[Tensor, Tensor]:
-    """One plain forward pass: the response logits (T, V) and the head input ``h`` (T, d), checked to be the
-    base model's last hidden state, with logits that are the head's own output within the rigorous rounding
-    bound of ``h W^T + b`` (:func:`gmts_analysis.engine.exact.check_head_logits`, the exact engine's check:
-    a float32 head on a real model differs from a float64 product by more than any fixed tolerance, and a
-    fixed ``allclose`` refused SmolLM2 answers that are plain linear heads). ``NotImplementedError`` otherwise."""
+def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, ids: Tensor, T: int,
+                  acc: torch.dtype) -> tuple[Tensor, Tensor, Tensor | None]:
+    """One plain forward pass: the response logits (T, V), the head input ``h`` (T, d), checked to be the
+    base model's last hidden state, and ``f'(z)`` (T, V) of the logits' elementwise transform (``None``
+    without one), with logits that are ``f`` of the head's own output, which lies within the rigorous
+    rounding bound of ``h W^T + b`` (:func:`gmts_analysis.engine.exact.check_head_logits`, the exact engine's
+    check: a float32 head on a real model differs from a float64 product by more than any fixed tolerance, and
+    a fixed ``allclose`` refused SmolLM2 answers that are plain linear heads). ``NotImplementedError`` otherwise."""
+    from gmts_analysis.engine.logit_transforms import declared_post_processing, detect_logit_transform, logit_jacobian
+
+    transform = detect_logit_transform(model)
     head = layout.head
     kw = {"input_ids": ids, "use_cache": False}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
@@ -215,8 +220,9 @@ def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, 
     if not isinstance(hb, Tensor) or not torch.equal(hb[0, -T:], h):
         raise NotImplementedError("head input is not the base model's last hidden state")
     out = hooks.captured.get("head_out")
-    check_head_logits(h, out[0, -T:] if isinstance(out, Tensor) else None, logits, head.weight, head.bias)
-    return logits, h
+    z = out[0, -T:] if isinstance(out, Tensor) else None
+    check_head_logits(h, z, logits, head.weight, head.bias, transform, declared_post_processing(model))
+    return logits, h, logit_jacobian(z, transform, acc)
 
 
 @dataclass
@@ -227,25 +233,26 @@ class _ClosedFormPart:
     q: TokenQuantities
     h: Tensor  # (T, d) head input
     hh: Tensor  # (T, d) head input in the accumulation dtype
-    u: Tensor  # (T, d): d logprob_t / d h_t
+    u: Tensor  # (T, d): d logprob_t / d h_t = W^T (d logprob_t / d z_t)
     uniq: dict[str, Tensor]  # embedding rows that can receive gradient, per embedding module
     inv: dict[str, Tensor]  # each input position's row in ``uniq`` (-1: padding)
     tied_name: str | None  # the embedding the head is tied to
-    cU: Tensor | None  # (T, U) logit gradient on the tied rows ``uniq[tied_name]``
+    cU: Tensor | None  # (T, U) d logprob_t / d z_t (the head's output) on the tied rows ``uniq[tied_name]``
     a2: Tensor  # (T,) ||a_t||^2
 
 
 def _closed_form_part(layout: _SketchLayout, hooks: _SketchHooks, logits: Tensor, h: Tensor, targets: Tensor,
-                      temperature: float, acc: torch.dtype) -> _ClosedFormPart:
-    """The token quantities and the head's part ``a_t`` outside the input's rows, in closed form."""
+                      temperature: float, acc: torch.dtype, jac: Tensor | None = None) -> _ClosedFormPart:
+    """The token quantities and the head's part ``a_t`` outside the input's rows, in closed form (``jac``:
+    ``f'(z)`` (T, V) of the logits' elementwise transform, ``None`` for none)."""
     head_w = layout.head.weight
     q = token_quantities(logits, targets, temperature, head_input=h, head_bias=layout.head_bias,
-                         with_logit_grad=True)
-    cvec = q.logit_grad.to(acc)  # (T, V): d logprob_t / d raw logits
-    q.logit_grad = None
+                         with_head_cotangent=True, logit_jacobian=jac)
+    cvec = q.head_cotangent.to(acc)  # (T, V): d logprob_t / d z_t, z the head's output
+    c2 = q.head_cotangent_sq.to(acc)  # (T,): its squared norm
+    q.head_cotangent = q.head_cotangent_sq = None
     hh = h.to(acc)
     u = cvec @ head_w.to(acc)  # (T, d): d logprob_t / d h_t
-    c2 = q.logit_grad_norm.to(acc).pow(2)
     uniq, inv = _embedding_rows(layout.emb_mods, hooks.emb_inputs)
     tied_name = next((n for n, m in layout.emb_mods.items() if m.weight is head_w), None) if layout.head_tied else None
     if tied_name is None:

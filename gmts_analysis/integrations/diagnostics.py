@@ -46,11 +46,12 @@ Entry points: :func:`diagnose_batch` (both parts on ``(B, T)`` tensors), :class:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -291,6 +292,23 @@ def trl_sequences(prompt_ids: Tensor, prompt_mask: Tensor, completion_ids: Tenso
     return out
 
 
+@contextlib.contextmanager
+def unwrapped_without_amp(accelerator: Any, model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """The model inside ``accelerator``'s wrappers (DDP, ...) without its mixed-precision forward wrapper
+    (``accelerator.unwrap_model(model, keep_fp32_wrapper=False)``): a bf16 run's autocast must not reach
+    the gradient-norm engine or the closed forms. Accelerate strips that wrapper from the model object
+    itself, which is also the model training runs, so it is put back on exit (exception or not)."""
+    inner = accelerator.unwrap_model(model, keep_torch_compile=False)
+    keys = ("forward", "_original_forward")
+    saved = {k: inner.__dict__[k] for k in keys if k in inner.__dict__}
+    try:
+        yield accelerator.unwrap_model(model, keep_fp32_wrapper=False)
+    finally:
+        for k in keys:
+            inner.__dict__.pop(k, None)
+        inner.__dict__.update(saved)
+
+
 def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *, rho: float, scope: str = "batch",
                           max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0) -> dict[str, float]:
     """The metrics on one TRL ``GRPOTrainer`` micro-batch (``inputs`` of ``_compute_loss``).
@@ -301,12 +319,19 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
     Group labels come from each row's index in the global generation batch
     (``selection_row_ids``, written by ``SelectiveGRPOTrainer``, or ``gmts_row_ids``, written by
     :meth:`GmtsDiagnosticsCallback.attach`): row ``r`` is in group ``r // num_generations``.
-    Scope ``batch`` is the micro-batch on this process.
+    Scope ``batch`` is the micro-batch on this process. The model runs without accelerate's
+    mixed-precision wrapper (:func:`unwrapped_without_amp`).
     """
+    with unwrapped_without_amp(trainer.accelerator, model) as unwrapped:
+        return _trl_batch_diagnostics(trainer, unwrapped, inputs, rho=rho, scope=scope, max_tokens=max_tokens,
+                                      seed=seed)
+
+
+def _trl_batch_diagnostics(trainer: Any, unwrapped: torch.nn.Module, inputs: dict, *, rho: float, scope: str,
+                           max_tokens: int, seed: int) -> dict[str, float]:
     from gmts_analysis.core.objective import trl_loss_settings
     from gmts_analysis.core.selection import token_omega
 
-    unwrapped = trainer.accelerator.unwrap_model(model)
     pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
     if "tool_mask" in inputs:
         cm = cm * inputs["tool_mask"]

@@ -170,15 +170,16 @@ class SelectiveGRPOTrainer(GRPOTrainer):
             return super()._compute_loss(model, inputs)
         self._sel_inputs, self._sel_logps, self._sel_lgn = inputs, None, None
         if "logit_grad_norm" in self._score.needs:
-            from gmts_analysis.integrations.diagnostics import completion_quantities
+            from gmts_analysis.integrations.diagnostics import completion_quantities, unwrapped_without_amp
 
             cm = inputs["completion_mask"]
             if "tool_mask" in inputs:
                 cm = cm * inputs["tool_mask"]
-            self._sel_lgn = completion_quantities(
-                self.accelerator.unwrap_model(model), inputs["prompt_ids"], inputs["prompt_mask"],
-                inputs["completion_ids"], cm, float(self.temperature),
-            )[2]
+            with unwrapped_without_amp(self.accelerator, model) as unwrapped:  # no autocast, wrapper put back
+                self._sel_lgn = completion_quantities(
+                    unwrapped, inputs["prompt_ids"], inputs["prompt_mask"],
+                    inputs["completion_ids"], cm, float(self.temperature),
+                )[2]
         try:
             return super()._compute_loss(model, inputs)
         finally:
