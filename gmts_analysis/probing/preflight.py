@@ -148,6 +148,12 @@ def check_before_probe(cfg: Any, model: torch.nn.Module, answers: Sequence[Any],
     """Every need knowable before the model runs (module docstring); raises :class:`GmtsError`
     naming the option to change, logs one line when ``--fidelity auto`` turns fidelity off."""
     n_tokens = sum(a.length for a in answers)
+    if cfg.grad_norm == "sketch" and answers:
+        from gmts_analysis.engine.choice import choose_method
+
+        method, reason = choose_method([a.length for a in answers], int(cfg.probes))
+        if method == "exact":  # the sketch is an estimate: say when it does not even save time
+            log.warning("--grad-norm sketch: %s; --grad-norm exact is cheaper here, and exact", reason)
     on, why = fidelity_decision(cfg, model, n_tokens)
     if cfg.fidelity == "auto" and not on and cfg.grad_norm != "none":
         log.warning("update fidelity off: %s (--fidelity auto)", why)
