@@ -249,7 +249,7 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     return out
 
 
-#: exit status of ``gmts probe`` / ``gmts run`` when the run finished without answers dropped for memory
+#: exit status of ``gmts probe`` / ``gmts run`` when the run finished but dropped answers still out of memory
 EXIT_OUT_OF_MEMORY = 3
 
 
