@@ -64,8 +64,9 @@ def _free_memory() -> None:
 def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
                      token_text: Any) -> tuple[dict, pd.DataFrame | None]:
     """:func:`gmts_analysis.probing.kernel.probe_answer`, retried on out of memory with half the
-    batch that failed (:func:`_next_limit`), at most :data:`~gmts_analysis.engine.memory.OOM_RETRIES`
-    times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
+    batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
+    :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
+    :data:`~gmts_analysis.engine.memory.OOM_RETRIES` times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
     or the retries are spent."""
     limit = memory.BatchLimit()
     tried: list[str] = []
