@@ -111,3 +111,24 @@ def test_gpu_sh_refuses_without_cuda():
         "gpu.sh: no CUDA device (torch.cuda.is_available() is False); nothing was run. "
         "On CPU: benchmarks/gpu.sh --dry-run"
     ]
+
+
+def test_gpu_sh_goes_on_past_a_failing_part_and_reports_it(tmp_path):
+    """Every part runs under its own timeout whatever the one before did; the table and the exit
+    status say which failed (here a stand-in interpreter fails the smoke part and passes the rest)."""
+    fake = tmp_path / "python"
+    fake.write_text("#!/usr/bin/env bash\n"
+                    'for a in "$@"; do [[ "$a" == *smoke.json ]] && { echo boom >&2; exit 3; }; done\n'
+                    f'[[ "$1" == -c ]] && exec {sys.executable} "$@"\n'
+                    'echo "ran $*"\n')
+    fake.chmod(0o755)
+    out = tmp_path / "res" / "gpu.json"
+    env = dict(os.environ, PYTHON=str(fake))
+    r = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu.sh"), "--dry-run", "--parts", "smoke,probe,smollm2,qwen",
+                        str(out)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stderr
+    rows = [line.split("\t") for line in (tmp_path / "res" / "gpu-parts.tsv").read_text().splitlines()[1:]]
+    assert [(x[0], x[1]) for x in rows] == [("smoke", "failed (rc 3)"), ("probe", "passed"),
+                                            ("smollm2-T24", "passed"), ("smollm2-T48", "passed"), ("qwen", "passed")]
+    assert "boom" in (tmp_path / "res" / "gpu-smoke.log").read_text()
+    assert "--strict" in (tmp_path / "res" / "gpu-probe.log").read_text()  # gmts probe --device cpu --strict

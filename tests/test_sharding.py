@@ -267,33 +267,70 @@ def test_strict_stops_at_the_bad_answer(nan_model_dir, tmp_path, capsys):
     assert sorted(done) == [0, 1, 2, 3]
 
 
-def test_out_of_memory_lowers_the_chunk_size_and_retries(model_dir, reference, tmp_path, monkeypatch):
+def test_out_of_memory_halves_the_batch_used_last_and_reports_a_dropped_answer(model_dir, reference, tmp_path,
+                                                                                 monkeypatch, capsys):
+    """Each retry halves the batch the engine said it used when it ran out of memory (here a
+    fake engine batching all of an answer's tokens), down to one; an answer out of memory even
+    there (here: an error outside any batch, halved from what ``auto`` takes at most) is dropped,
+    and the run says so in errors.jsonl, the manifest, its printed summary and its exit status."""
+    from gmts_analysis.engine import memory
+    from gmts_analysis.run.sharding.merge import EXIT_OUT_OF_MEMORY
+
     r, ref = reference
     real = probe_mod.probe_answer
     tried: dict = {}
 
     def flaky(model, answer, coef, cfg, token_text=None):
-        tried.setdefault(answer.answer_id, []).append(cfg.chunk_size)
-        cs = cfg.chunk_size
-        if answer.answer_id == "q2-0":  # never fits
+        lim = memory.current_limit().tokens
+        tried.setdefault(answer.answer_id, []).append(lim)
+        if answer.answer_id == "q2-0":  # never fits, and not inside a batch
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        if answer.length > 4 and (not cs.isdigit() or int(cs) > 2):
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        used = answer.length if lim is None else min(lim, answer.length)
+        if answer.length > 4 and used > 2:
+            with memory.noting_batch("tokens", used):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
         return real(model, answer, coef, cfg, token_text)
 
     monkeypatch.setattr(probe_mod, "probe_answer", flaky)
     out = tmp_path / "run"
-    assert main(probe_args(model_dir, r, out, *FAST)) == 0
+    assert main(probe_args(model_dir, r, out, *FAST)) == EXIT_OUT_OF_MEMORY
     long_ok = next(k for k, v in tried.items() if len(v) > 1 and k != "q2-0")
     sizes = tried[long_ok]
-    assert sizes[0] == "auto" and all(int(b) == int(a) // 2 for a, b in itertools.pairwise(sizes[1:]))
-    assert int(sizes[-1]) <= 2
-    assert tried["q2-0"][-1] == "1"  # halved down to one token before giving up
+    assert sizes[0] is None and all(b == a // 2 for a, b in itertools.pairwise(sizes[1:]))
+    assert sizes[-1] <= 2 < sizes[-2]
+    q2 = tried["q2-0"]
+    assert q2[0] is None and q2[-1] == 1 and all(b == a // 2 for a, b in itertools.pairwise(q2[1:]))
     errs = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
-    assert [e["answer_id"] for e in errs] == ["q2-0"] and "out of memory" in errs[0]["reason"]
+    assert [e["answer_id"] for e in errs] == ["q2-0"] and errs[0]["out_of_memory"] is True
+    assert "out of memory after" in errs[0]["reason"] and "tokens per batched VJP" in errs[0]["reason"]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["n_errors"] == 1 and m["n_out_of_memory"] == 1
+    printed = capsys.readouterr().out
+    assert "1 of 20 answers failed and were skipped, 1 still out of memory after the back-off" in printed
     ref_t = tokens(ref)
     got = tokens(out)
     assert_same_rows(got, ref_t[ref_t.answer_id != "q2-0"].reset_index(drop=True))
+
+
+def test_out_of_memory_retries_are_bounded(model_dir, tmp_path, monkeypatch, capsys):
+    from gmts_analysis.engine import memory
+
+    r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2), long_answer="long")
+    tried = []
+
+    def always(model, answer, coef, cfg, token_text=None):
+        lim = memory.current_limit().tokens
+        tried.append(lim)
+        with memory.noting_batch("tokens", 256 if lim is None else lim):
+            raise torch.OutOfMemoryError("CUDA out of memory")
+
+    monkeypatch.setattr(memory, "OOM_RETRIES", 2)
+    monkeypatch.setattr(probe_mod, "probe_answer", always)
+    assert main(probe_args(model_dir, r, tmp_path / "run", *FAST, "--strict")) == 2  # --strict: stops there
+    err = capsys.readouterr().err
+    assert "answer 'q0-0' failed: AnswerOutOfMemory: out of memory after 3 tries at 256, 128, 64 tokens per " \
+           "batched VJP (floor 1, at most 2 retries)" in err
+    assert tried == [None, 128, 64]
 
 
 # ---------------------------------------------------------------- merge

@@ -50,7 +50,26 @@ def run(args: argparse.Namespace) -> int:
         if series is None:
             print_results(out)
         print(f"wrote {out}", file=sys.stderr)
+        return exit_status([out] if series is None else _series_runs(out.parent), quiet=series is None)
     return 0
+
+
+def exit_status(runs, quiet: bool = False) -> int:
+    """0, or :data:`gmts_analysis.run.sharding.merge.EXIT_OUT_OF_MEMORY` when a finished run of
+    ``runs`` dropped answers still out of memory after the back-off (each such run's line is
+    printed to stderr unless ``quiet``: :func:`print_results` printed it already)."""
+    from gmts_analysis.run.sharding.merge import EXIT_OUT_OF_MEMORY, skipped_answers, skipped_line
+
+    bad = [r for r in runs if skipped_answers(r)[1]]
+    if not quiet:
+        for r in bad:
+            print(f"{r}: {skipped_line(r)}", file=sys.stderr)
+    return EXIT_OUT_OF_MEMORY if bad else 0
+
+
+def _series_runs(out):
+    """The finished checkpoint runs of a ``--model A,B,...`` series written under ``out``."""
+    return sorted(d for d in out.iterdir() if d.name != "compare" and (d / "manifest.json").is_file())
 
 
 def print_results(out) -> None:
@@ -66,3 +85,9 @@ def print_results(out) -> None:
         st = Statistics.read(path)  # parsed once for the table and the warning
         print(summary_text(st))
         warn_few_groups(st)
+    if (Path(out) / "manifest.json").is_file():
+        from gmts_analysis.run.sharding.merge import skipped_line
+
+        line = skipped_line(Path(out))  # never only in errors.jsonl
+        if line:
+            print(line)

@@ -121,4 +121,10 @@ def run(args: argparse.Namespace) -> int:
     wall = time.perf_counter() - t0
     n_tokens = int(answers["length"].sum()) if "length" in answers else 0
     print(f"{n_tokens} tokens, {len(answers)} answers in {wall:.0f} s -> {out}/ (report: {out / 'report.html'})")
-    return 0
+    from gmts_analysis.commands.probe import exit_status
+    from gmts_analysis.run.sharding.merge import skipped_line
+
+    line = skipped_line(out)  # never only in errors.jsonl
+    if line:
+        print(line)
+    return exit_status([out], quiet=True)

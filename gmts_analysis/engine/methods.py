@@ -98,7 +98,8 @@ def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
 
 
 def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
-    from gmts_analysis.engine.exact import CPU_BLOCK, ExactEngine, default_budget, exact_chunks, model_acc_dtype
+    from gmts_analysis.engine.exact import CPU_BLOCK, ExactEngine, exact_chunks, model_acc_dtype
+    from gmts_analysis.engine.memory import exact_budget, limited_chunking, noting_batch
 
     acc = model_acc_dtype(model)
     S = input_ids.shape[0]
@@ -107,14 +108,16 @@ def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, gr
     with frozen_for_transforms(model):
         try:
             engine.install(input_ids[: min(S, 8)])
-            budget = int(max_memory) if max_memory else default_budget(engine, S)
-            # CPU: short blocks (less truncation waste); GPU: at least 64 tokens per block (more work per call)
-            chunks = exact_chunks(T, prompt_len, chunk_size, engine, budget,
-                                  cap=CPU_BLOCK if input_ids.device.type == "cpu" else None)
+            budget = int(max_memory) if max_memory else exact_budget(engine, S, input_ids.device)
+            # CPU: short blocks (less truncation waste); GPU: at least 64 tokens per block (more work per call);
+            # both within the out-of-memory back-off's limit (engine/memory.py)
+            size, cap = limited_chunking(chunk_size, CPU_BLOCK if input_ids.device.type == "cpu" else None)
+            chunks = exact_chunks(T, prompt_len, size, engine, budget, cap=cap)
             per_module: dict[str, torch.Tensor] = {}
             parts: list[TokenQuantities] = []
             for s, e, sub in chunks:
-                res, q = engine.chunk(input_ids, prompt_len, s, e, temperature, sub)
+                with noting_batch("tokens", min(sub, e - s)):
+                    res, q = engine.chunk(input_ids, prompt_len, s, e, temperature, sub)
                 parts.append(q)
                 for name, v in res.items():
                     buf = per_module.setdefault(name, torch.zeros(T, dtype=torch.float64))

@@ -20,6 +20,18 @@ the coverage, so ``[lo, hi]`` covers ``||g_t||`` for 95% of tokens (per token, n
 
 Embedding tangents are applied to the embedding *outputs* (``v[ids]``), so only the rows of
 tokens present in the input are drawn: cost does not grow with the vocabulary.
+
+**The random stream.** The directions come from one ``torch.Generator`` on the model's device,
+seeded with ``seed`` itself, drawn in the accumulation dtype directly on that device: per batch of
+``k`` directions, one ``randn`` of ``(k, *shape)`` per parameter (in the model's parameter order),
+then one per lookup embedding. On the CPU this is the stream the sketch always drew. The stream
+depends on the device: CUDA's generator (Philox) gives other numbers than the CPU's (Mersenne
+Twister) for the same seed, so one seed gives different (equally distributed) directions, hence
+different estimates and intervals, on a CPU and on a GPU; the estimate's distribution, and the
+intervals' coverage, are the same. It also depends on the directions per batch (the memory
+budget, ``--max-memory``, and the out-of-memory back-off of :mod:`gmts_analysis.engine.memory`):
+a batch of ``k`` draws ``k`` directions per parameter at once. A run records the stream's device
+in ``manifest.json`` (``sketch_stream_device``).
 """
 
 from __future__ import annotations
@@ -317,7 +329,9 @@ def _sketched_part(layout: _SketchLayout, hooks: _SketchHooks, head: _ClosedForm
     batched with vmap over as many directions as ``budget`` bytes allow (``S``: the answer's
     length in tokens, prompt included; ``T``: its response tokens)."""
     es = torch.finfo(acc).bits // 8
-    gen = torch.Generator(device="cpu").manual_seed(int(seed))
+    from gmts_analysis.engine.memory import current_limit, noting_batch, sketch_budget
+
+    gen = stream_generator(ids.device, seed)
     primals_rest = {n: p.detach() for n, p in layout.rest.items()}
     primals_emb = {
         n: torch.zeros(ids.shape + (m.weight.shape[1],), dtype=m.weight.dtype, device=ids.device)
@@ -325,31 +339,43 @@ def _sketched_part(layout: _SketchLayout, hooks: _SketchHooks, head: _ClosedForm
     }
     d_model = head.h.shape[-1]
     per_probe = es * (sum(p.numel() for p in layout.rest.values()) + 12 * S * max(d_model, 1) * 4)
-    kb = max(1, min(probes, budget // max(1, per_probe)))
+    kb = max(1, min(probes, sketch_budget(budget, ids.device) // max(1, per_probe)))
+    if current_limit().directions is not None:  # the out-of-memory back-off's cap
+        kb = min(kb, current_limit().directions)
     body = _BodyJvp(layout, hooks, head.inv, ids, T, primals_rest, primals_emb)
 
     sum_y2 = torch.zeros(T, dtype=acc, device=ids.device)
     done = 0
     while done < probes:
         k = min(kb, probes - done)
-        tr, te = _directions(gen, k, primals_rest, layout.emb_mods, head.uniq, acc)
-        hdot = torch.vmap(body.jvp)(tr, te)  # (k, T, d)
-        with torch.no_grad():
-            sum_y2 += _projections(hdot, te, head, acc).pow(2).sum(0)
+        with noting_batch("directions", k):
+            tr, te = _directions(gen, k, primals_rest, layout.emb_mods, head.uniq, acc)
+            hdot = torch.vmap(body.jvp)(tr, te)  # (k, T, d)
+            with torch.no_grad():
+                sum_y2 += _projections(hdot, te, head, acc).pow(2).sum(0)
+        del tr, te, hdot
         done += k
     return sum_y2
 
 
+def stream_generator(device: torch.device | str, seed: int) -> torch.Generator:
+    """The sketch's random stream: a generator on ``device`` (the model's) seeded with ``seed``
+    (see the module docstring: the numbers depend on the device type)."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
+
+
 def _directions(gen: torch.Generator, k: int, primals_rest: dict[str, Tensor], emb_mods: dict[str, nn.Embedding],
                 uniq: dict[str, Tensor], acc: torch.dtype) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
-    """``k`` Gaussian directions drawn from ``gen``: parameter tangents ``(k, *shape)``, then
-    embedding-row tangents ``(k, U, d)`` on the rows in ``uniq``."""
+    """``k`` Gaussian directions drawn from ``gen`` on its device, one ``randn`` per parameter:
+    parameter tangents ``(k, *shape)``, then embedding-row tangents ``(k, U, d)`` on the rows in
+    ``uniq``. Drawn in ``acc`` (as on the CPU before) and cast to the parameter's dtype."""
+    dev = gen.device
     tr = {
-        n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc).to(device=p.device, dtype=p.dtype)
+        n: torch.randn((k,) + tuple(p.shape), generator=gen, dtype=acc, device=dev).to(device=p.device, dtype=p.dtype)
         for n, p in primals_rest.items()
     }
     te = {
-        n: torch.randn((k, uniq[n].numel(), m.weight.shape[1]), generator=gen, dtype=acc).to(
+        n: torch.randn((k, uniq[n].numel(), m.weight.shape[1]), generator=gen, dtype=acc, device=dev).to(
             device=m.weight.device, dtype=m.weight.dtype
         )
         for n, m in emb_mods.items()
@@ -367,4 +393,4 @@ def _projections(hdot: Tensor, te: dict[str, Tensor], head: _ClosedFormPart, acc
     return y
 
 
-__all__ = ["chi2_interval_factors", "math", "sketch_grad_norms"]
+__all__ = ["chi2_interval_factors", "math", "sketch_grad_norms", "stream_generator"]

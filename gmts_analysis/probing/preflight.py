@@ -98,25 +98,31 @@ def fidelity_decision(cfg: Any, model: torch.nn.Module, n_tokens: int) -> tuple[
 
 
 def engine_need(model: torch.nn.Module, longest: int, prompt_len: int, sample_ids: torch.Tensor) -> int:
-    """Bytes of one token's batched backward at the longest prefix (the exact engine's minimum;
-    its memory model :meth:`gmts_analysis.engine.exact.ExactEngine.bytes_per_token`). Makes the
-    model's plan (one short planning forward, cached for the probe)."""
+    """Bytes of one token's batched backward at the longest prefix, with what the engine keeps
+    there (the exact engine's minimum; its memory model
+    :meth:`gmts_analysis.engine.exact.ExactEngine.bytes_per_token` and
+    :func:`gmts_analysis.engine.memory.kept_bytes`, one token per block). Makes the model's plan
+    (one short planning forward, cached for the probe)."""
     from gmts_analysis.engine import frozen_for_transforms
     from gmts_analysis.engine.exact import ExactEngine, model_acc_dtype
+    from gmts_analysis.engine.memory import kept_bytes
 
     engine = ExactEngine(model, model_acc_dtype(model))
     with frozen_for_transforms(model):
         engine.install(sample_ids)
         engine.remove()
-    return int(engine.bytes_per_token(max(longest - 1, prompt_len)))
+    L = max(longest - 1, prompt_len)
+    return int(engine.bytes_per_token(L) + kept_bytes(engine, L, block=1))
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Free bytes on ``device``: CUDA's free memory, else the host's ``MemAvailable`` (Linux);
-    None when unknown."""
+    """Free bytes on ``device``: what torch can still allocate on CUDA
+    (:func:`gmts_analysis.engine.memory.free_device_memory`), else the host's ``MemAvailable``
+    (Linux); None when unknown."""
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        from gmts_analysis.engine.memory import free_device_memory
+
+        return free_device_memory(device)
     try:
         with open("/proc/meminfo") as f:
             for line in f:

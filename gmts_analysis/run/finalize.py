@@ -75,6 +75,8 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     }
     if method == "sketch":
         m["probes"] = cfg.probes
+    if counts.get("sketch"):  # the directions' random stream depends on the device type (engine/sketch.py)
+        m["sketch_stream_device"] = dev.type
     # the objective omega was computed under, after TRL's loss_type and the aliases are resolved
     # (loss_type dr_grpo is recorded as loss_agg seq-mean-token-sum-norm with its L_max)
     from gmts_analysis.core.objective import settings_of

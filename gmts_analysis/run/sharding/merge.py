@@ -223,6 +223,7 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
                                    grad_groups=groups, timings=timings)
     extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
+             "n_out_of_memory": sum(1 for e in errors if e.get("out_of_memory")),
              "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
     if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)
         finalize_mod.write_result(cfg, model, model_path, ok_answers, result, extra=extra,
@@ -246,3 +247,28 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     if errors:
         log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
     return out
+
+
+#: exit status of ``gmts probe`` / ``gmts run`` when the run finished but dropped answers still out of memory
+EXIT_OUT_OF_MEMORY = 3
+
+
+def skipped_answers(out: Path) -> tuple[int, int, int]:
+    """``(n_errors, n_out_of_memory, n_answers)`` of the finished run ``out`` from its manifest (the
+    answers skipped, those among them still out of memory after the back-off, the answers kept);
+    zeros for a manifest without them."""
+    m = io.read_json(Path(out) / "manifest.json")
+    return int(m.get("n_errors") or 0), int(m.get("n_out_of_memory") or 0), int(m.get("n_answers") or 0)
+
+
+def skipped_line(out: Path) -> str | None:
+    """The summary's line on skipped answers of the finished run ``out``, or ``None`` when none was
+    skipped; it names those dropped for lack of memory (the exit status is then
+    :data:`EXIT_OUT_OF_MEMORY`)."""
+    n_err, n_oom, n_kept = skipped_answers(out)
+    if not n_err:
+        return None
+    oom = (f", {n_oom} still out of memory after the back-off (exit status {EXIT_OUT_OF_MEMORY})"
+           if n_oom else "")
+    return (f"{n_err} of {n_err + n_kept} answers failed and were skipped{oom}: "
+            f"the statistics leave them out; reasons in {Path(out) / ERRORS_FILE}")

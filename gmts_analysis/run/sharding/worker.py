@@ -1,8 +1,12 @@
 """One rank's work: probe its answers chunk by chunk, record each chunk, survive bad answers.
 
 An answer that raises (non-finite logits, say) is recorded with its id and reason and
-skipped, unless ``strict``. Out of memory lowers the VJP chunk size (halving, down to
-one token) and retries the same answer before giving up on it.
+skipped, unless ``strict``. Out of memory retries the same answer with half the batch the
+engine used when it failed (the exact engine's tokens per VJP, the sketch's directions per
+JVP; :mod:`gmts_analysis.engine.memory`), down to one, at most ``OOM_RETRIES`` times; an
+answer still out of memory is recorded with ``out_of_memory: true``, which the manifest
+counts (``n_out_of_memory``) and ``gmts probe`` / ``gmts run`` report in their summary and
+exit status.
 
 Testing hooks (environment variables, for the kill-and-resume tests; never set them
 in real runs):
@@ -27,6 +31,8 @@ import pandas as pd
 import torch
 
 from gmts_analysis.core.sizes import AUTO, parse_chunk_size
+from gmts_analysis.engine import memory
+from gmts_analysis.engine.memory import is_out_of_memory
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
@@ -45,11 +51,8 @@ class InjectedFailure(RuntimeError):
     """Raised by the ``GMTS_TEST_FAIL_AFTER_CHUNKS`` hook."""
 
 
-def is_out_of_memory(e: BaseException) -> bool:
-    """CUDA (or any backend's) allocation failure."""
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return True
-    return isinstance(e, RuntimeError) and "out of memory" in str(e).lower()
+class AnswerOutOfMemory(MemoryError):
+    """An answer still out of memory at the back-off's floor or after its last retry."""
 
 
 def _free_memory() -> None:
@@ -60,31 +63,47 @@ def _free_memory() -> None:
 
 def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
                      token_text: Any) -> tuple[dict, pd.DataFrame | None]:
-    """:func:`gmts_analysis.probing.kernel.probe_answer`, retried with half the chunk size on out of memory.
-
-    ``auto`` becomes half the answer's length at the first failure. Raises the last
-    out-of-memory error when one token per chunk still does not fit.
-    """
-    cur = cfg
-    while True:
-        oom = None
+    """:func:`gmts_analysis.probing.kernel.probe_answer`, retried on out of memory with half the
+    batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
+    :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
+    :data:`~gmts_analysis.engine.memory.OOM_RETRIES` times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
+    or the retries are spent."""
+    limit = memory.BatchLimit()
+    tried: list[str] = []
+    for attempt in range(memory.OOM_RETRIES + 1):
         try:
-            return kernel.probe_answer(model, answer, coef, cur, token_text)
+            with memory.batch_limit(limit):
+                return kernel.probe_answer(model, answer, coef, cfg, token_text)
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
             oom = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'out of memory'}"
+            used = memory.batch_of(e)
         # outside the except block: the exception's frames (and their tensors) are released
         _free_memory()
-        cs = str(cur.chunk_size)
-        parsed = parse_chunk_size(cur.chunk_size)
-        size = None if parsed == AUTO else parsed
-        new = max(1, answer.length // 2) if size is None else size // 2
-        if (size is not None and size <= 1) or new < 1 or (size is None and answer.length <= 1):
-            raise MemoryError(f"out of memory even at chunk size 1 ({oom})")
-        log.warning("answer '%s' (%d tokens): out of memory at chunk size %s; retrying at %d",
-                    answer.answer_id, answer.length, cs, new)
-        cur = dataclasses.replace(cur, chunk_size=str(new))
+        kind, size = used if used is not None else _unnoted_batch(cfg, answer, limit)
+        tried.append(str(size))
+        new = limit.halved(kind, size) if attempt < memory.OOM_RETRIES else None
+        if new is None:
+            break
+        log.warning("answer '%s' (%d tokens): out of memory at %d %s; retrying at %d",
+                    answer.answer_id, answer.length, size, memory.BATCH_KINDS[kind], getattr(new, kind))
+        limit = new
+    raise AnswerOutOfMemory(f"out of memory after {len(tried)} tries at {', '.join(tried)} {memory.BATCH_KINDS[kind]} "
+                            f"(floor {memory.OOM_FLOOR[kind]}, at most {memory.OOM_RETRIES} retries): {oom}")
+
+
+def _unnoted_batch(cfg: ProbeConfig, answer: Answer, limit: memory.BatchLimit) -> tuple[str, int]:
+    """The batch to halve after an out-of-memory error outside any batch (a forward, the closed
+    forms): the sketch's directions per JVP (its cap, else ``--probes``), else the exact engine's
+    tokens per VJP (its cap, else the integer ``--chunk-size``, else what ``auto`` takes at most:
+    256, and never more than the answer)."""
+    if cfg.grad_norm == "sketch":
+        return "directions", limit.directions or int(cfg.probes)
+    if limit.tokens is not None:
+        return "tokens", limit.tokens
+    parsed = parse_chunk_size(cfg.chunk_size)
+    return "tokens", max(1, min(answer.length, 256 if parsed == AUTO else int(parsed)))
 
 
 def _reason(e: BaseException) -> str:
@@ -177,11 +196,15 @@ class _ChunkRecord:
         self.parts.append(cols)
         self.n_tok += n_tokens
 
-    def skip(self, i: int, a: Answer, reason: str) -> None:
-        """Answer ``i`` failed: logged, its reason kept for errors.jsonl, memory freed."""
+    def skip(self, i: int, a: Answer, reason: str, out_of_memory: bool = False) -> None:
+        """Answer ``i`` failed: logged, its reason kept for errors.jsonl (``out_of_memory``: still
+        out of memory after the back-off), memory freed."""
         log.warning("answer '%s' failed and is skipped: %s", a.answer_id, reason)
-        self.errors.append({"index": int(i), "answer_id": a.answer_id, "group_id": a.group_id,
-                            "where": a.where, "reason": reason, "rank": self.meta["rank"]})
+        err = {"index": int(i), "answer_id": a.answer_id, "group_id": a.group_id,
+               "where": a.where, "reason": reason, "rank": self.meta["rank"]}
+        if out_of_memory:
+            err["out_of_memory"] = True
+        self.errors.append(err)
         _free_memory()
 
     def write(self, indices: list[int]) -> None:
@@ -204,7 +227,7 @@ def _probe_one(model: torch.nn.Module, a: Answer, i: int, coef: Any, cfg: ProbeC
                 record.write(record.done)
             raise GmtsError(f"{a.where}: answer '{a.answer_id}' failed: {reason} "
                             "(--strict; without it the answer is skipped)") from e
-        record.skip(i, a, reason)
+        record.skip(i, a, reason, out_of_memory=isinstance(e, AnswerOutOfMemory))
     else:
         record.add(i, cols, g, a.length)
     record.done.append(i)
