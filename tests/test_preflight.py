@@ -90,3 +90,20 @@ def test_engine_memory_and_disk_refused_before_the_model_runs(rows, tmp_path, mo
     monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: Usage(10**6, 10**6 - 1000, 1000))
     with pytest.raises(GmtsError, match="the run needs about .* MB of disk"):
         gmts.probe(model, rows, quiet=True, device="cpu", fidelity="off", out=tmp_path / "o")
+
+
+def test_sketch_on_short_answers_says_exact_is_cheaper(rows, caplog):
+    """The sketch was slower than exact on short answers (59 s exact, 90 s sketch at K = 16 on 35-token answers)
+    and nothing said so; now the probe warns, from the answers' lengths, before any work."""
+    from gmts_analysis.engine.choice import choose_method
+
+    assert choose_method([35] * 4, 16)[0] == "exact" and choose_method([228] * 4, 16)[0] == "sketch"
+    assert choose_method([228] * 4, 64)[0] == "exact"  # more directions: the sketch costs more
+    model = build_tiny_model("gpt2", seed=11)
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.probing.preflight"):
+        gmts.probe(model, rows, quiet=True, device="cpu", fidelity="off", grad_norm="sketch", probes=8)
+    assert any("exact is cheaper here" in r.message for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.probing.preflight"):
+        gmts.probe(model, rows, quiet=True, device="cpu", fidelity="off", grad_norm="exact")
+    assert not any("cheaper" in r.message for r in caplog.records)
