@@ -20,7 +20,8 @@ FLAT_SHARE_WARN = 0.75
 #: what gives groups reward variance again (the end of the warning)
 SIGNAL_ADVICE = ("sample more answers per prompt (--num-generations), more prompts (--num-prompts), at a higher "
                  "--temperature, on easier problems (gmts sample --difficulty, toy domains), or score the word problems "
-                 "with --verifier math (the math_boxed default's fallback to the last number)")
+                 "with --verifier math (math_boxed, the default, reads \\boxed{} only; math falls back to the last "
+                 "expression)")
 
 
 def flat_groups(rows: Iterable[Mapping[str, Any]]) -> tuple[int, int]:
