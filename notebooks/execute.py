@@ -5,7 +5,8 @@ From the repository root::
     python notebooks/execute.py [NOTEBOOK ...]
 
 Runs each notebook top to bottom with nbclient (the environment of tests/test_notebooks.py:
-``GMTS_RUN_DIR=data/example_run``, one thread, the inline matplotlib backend) and writes it back
+``GMTS_RUN_DIR=data/example_run``, or the run a notebook opens on by default (:data:`RUN_DIRS`: 01 the SmolLM2
+study), one thread, the inline matplotlib backend) and writes it back
 with its outputs, so a reader on the web sees the tables and figures without running anything.
 Stripped: execution counts, per-cell execution timings and other metadata nbclient adds, and
 stderr streams (progress bars, warnings with local paths), so that
@@ -19,6 +20,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+#: the run each notebook is stored with (relative to ROOT: no local path stored); default data/example_run
+RUN_DIRS = {"01_within_vs_cross_answer.ipynb": "data/smollm2_study/run"}
 
 
 def strip(nb) -> None:
@@ -43,7 +46,8 @@ def execute(path: Path) -> None:
     import nbformat
     from nbclient import NotebookClient
 
-    env = {"GMTS_RUN_DIR": "data/example_run",  # relative to ROOT, the kernel's working directory: no local path stored
+    env = {"GMTS_RUN_DIR": RUN_DIRS.get(path.name, "data/example_run"),  # relative to ROOT, the kernel's working
+           # directory: no local path stored
            "MPLBACKEND": "module://matplotlib_inline.backend_inline",
            "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

@@ -270,3 +270,79 @@ def test_the_base_model_without_a_step_is_step_0_wherever_listed(tmp_path, caplo
         assert "no step" not in " ".join(r.message for r in caplog.records if r.levelname == "WARNING")
     two = _write(tmp_path / "other", _stats(0), _manifest("small"))  # two runs without a step: the given order
     assert compare_runs([c1, base, two]).x_label == "run"
+
+
+def _small(k: int) -> dict:
+    """A run too small for an interval (4 groups, 3 informative, 10 needed): no CI anywhere, as stats.json has it."""
+    s = _stats(k)
+    s["meta"].update({"n_groups": 4, "n_ci_units": 4, "min_groups": 10, "n_answers": 8, "n_tokens": 100})
+    s["zero_advantage"].update({"groups": 1, "informative_units": 3})
+    for blk in ("cross_answer", "cross_answer_informative", "within_answer"):
+        for v in s[blk].values():
+            v["ci_low"] = v["ci_high"] = None
+    del s["selection_waste_ci"]
+    return s
+
+
+def test_small_runs_carry_their_caution_and_claim_no_interval(tmp_path, caplog):
+    """#36: the comparison's header said "value [95% CI]" and its y-axis "95% CI band" with no interval drawn
+    (every run too small for one), and it gave no "too small" caution where each run's own summary does."""
+    from gmts_analysis.views.compare import series_figure
+
+    root = tmp_path / "runs"
+    for k, step in [(0, 1), (1, 2)]:
+        _write(root / f"checkpoint-{step}", _small(k), _manifest(f"/ckpts/checkpoint-{step}"))
+    with caplog.at_level(logging.WARNING, logger="gmts_analysis.views.compare"):
+        cmp = compare_runs([root])
+    out = tmp_path / "cmp"
+    write_comparison(cmp, out)
+    page = (out / "compare.html").read_text()
+    assert "value [95% CI]" not in page and "values only: no run has an interval" in page
+    caution = ("Too small to compare: 3 informative groups (of 4), fewer than the 10 a bootstrap interval needs "
+               "(meta.min_groups)")
+    assert "<b>Too small to compare</b> (every run)" in page and html_escape(caution) in page
+    assert "none: too small (3 informative of 4, 10 needed)" in page
+    assert "0.500\u2020" in page  # cross_answer.entropy.spearman of the first run, marked a point estimate
+    ax = series_figure(cmp.table, "cross_answer_informative.*.spearman", cmp.x_label, cmp.figure_estimators,
+                       list(cmp.too_small)).axes[0]
+    assert ax.get_ylabel() == "value (no interval)" and "too small for an interval" in ax.get_title()
+    assert not ax.collections  # no band, no bars
+    assert cmp.too_small == {"checkpoint-1": caution, "checkpoint-2": caution}
+    assert json.loads((out / "compare.json").read_text())["too_small"] == cmp.too_small
+    assert sum("Too small to compare" in r.message for r in caplog.records) == 2
+    # the run summary's own words
+    from gmts_analysis.analysis.summary import findings, too_small_caution
+
+    assert too_small_caution(_small(0)) == caution and any(s.startswith(caution) for s in findings(_small(0)))
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)
+
+
+def test_intervals_are_shown_and_figures_draw_the_headline_estimators(tmp_path):
+    """#36: the table shows each value's 95% CI where stats.json has it, every figure draws it (bars and band),
+    and a figure draws the few headline estimators (Score.headline) while the table keeps every one."""
+    from gmts_analysis.core.scores import HEADLINE_SCORES
+    from gmts_analysis.views.compare import series_figure
+
+    cmp = compare_runs([_three(tmp_path)])
+    assert cmp.too_small == {}
+    heads = [e for e in ESTIMATORS if e in HEADLINE_SCORES]
+    assert cmp.figure_estimators == heads and len(heads) < len(ESTIMATORS)
+    out = tmp_path / "cmp"
+    write_comparison(cmp, out)
+    page = (out / "compare.html").read_text()
+    assert "value [95% CI] where the run has one" in page and "Too small to compare" not in page
+    assert "<td>0.500 [0.450, 0.550]</td>" in page  # cross_answer.entropy.spearman of the first run
+    assert all(f"cross_answer.{e}.spearman" in page for e in ESTIMATORS)  # the table: every estimator
+    assert json.loads((out / "compare.json").read_text())["figure_estimators"] == heads
+    fig = series_figure(cmp.table, "cross_answer_informative.*.spearman", cmp.x_label, cmp.figure_estimators)
+    ax = fig.axes[0]
+    drawn = {ln.get_label() for ln in ax.get_lines() if not ln.get_label().startswith("_")}
+    assert drawn == set(heads)
+    assert ax.get_ylabel() == "value (bars, band: 95% CI)"
+    assert len(ax.collections) == 2 * len(heads)  # per estimator: its error bars and its band
+    assert "1 more in compare.html's table" in ax.get_title()

@@ -109,3 +109,31 @@ def test_fresh_kernel_shows_figures_and_one_line_bars(run_dir, monkeypatch, tmp_
     text = "".join(o.get("text", "") for o in out[3])
     assert "IProgress" not in text and text.count("work:") == 1 and "100%" in text, text
     assert not any("IProgress" in o.get("text", "") for os_ in out for o in os_)
+
+
+NB01 = ROOT / "notebooks" / "01_within_vs_cross_answer.ipynb"
+
+
+def test_within_vs_cross_notebook_opens_on_the_real_model(monkeypatch):
+    """#36: notebook 01 opened on the toy run (median token probability 0.99993). It opens on the SmolLM2 study
+    (stored so, and by default), with the toy run one call away: open_run(toy=True)."""
+    import nbformat
+
+    nb = nbformat.read(NB01, as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code")
+    shown = "".join(o.get("text", "") for o in first.outputs if o.get("output_type") == "stream")
+    assert shown.startswith("data/smollm2_study/run: 384 answers in 96 groups"), shown
+    assert "LlamaForCausalLM" in shown
+    assert "open_run(toy=True)" in first.source and "open_run(toy=True)" in nb.cells[0].source
+    from gmts_analysis.util.resources import example_run_dir, study_run_dir
+
+    study = study_run_dir()
+    if study is None:
+        pytest.skip("the repository's data/smollm2_study/run is not here")
+    monkeypatch.delenv("GMTS_RUN_DIR", raising=False)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    ns: dict = {}
+    exec(compile(first.source, str(NB01), "exec"), ns)  # the cell as a user runs it: the study by default
+    assert ns["RUN_DIR"] == study and ns["meta"]["n_groups"] == 96
+    toy_dir, toy = ns["open_run"](toy=True)
+    assert toy_dir == example_run_dir() and toy.stats["meta"]["n_groups"] != 96

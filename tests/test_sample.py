@@ -153,3 +153,72 @@ def test_toy_domain_path_still_works(tmp_path):
                  "--max-new-tokens", "8", "--out", str(out), "--quiet"]) == 0
     rows = _read(out)
     assert len(rows) == 4 and all(r["reward"] in (0.0, 1.0) for r in rows)
+
+
+ZERO_VERIFIER = '''
+def reward(prompts, completions, **kw):
+    return [0.0 for _ in completions]
+'''
+
+
+def test_no_reward_variance_warns_with_what_to_do(tmp_path, chat_policy, capsys):
+    """#36: 4 x 4 answers all scored 0 printed "mean reward 0.000" and nothing more; now one line on stderr says
+    that no group carries gradient and what to change."""
+    mdir, _ = chat_policy
+    _, p, _ = _prompts(tmp_path)
+    v = tmp_path / "zero.py"
+    v.write_text(ZERO_VERIFIER)
+    out = tmp_path / "z.jsonl"
+    assert main(["sample", "--model", str(mdir), "--prompts", str(p), "--group-size", "2", "--max-new-tokens", "4",
+                 "--verifier", f"{v}:reward", "--out", str(out), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    lines = [x for x in err.splitlines() if "learning signal" in x]
+    assert len(lines) == 1, err
+    assert "no learning signal: none of the 3 groups has reward variance" in lines[0]
+    for advice in ("--num-generations", "--num-prompts", "--temperature", "--difficulty", "--verifier math"):
+        assert advice in lines[0]
+
+
+def test_signal_warning_threshold():
+    from gmts_analysis.sampling.signal import flat_groups, signal_warning
+
+    rows = [{"group_id": g, "reward": r} for g, rs in (("a", (0, 0)), ("b", (1, 1)), ("c", (0, 0)), ("d", (0, 1)))
+            for r in rs]
+    assert flat_groups(rows) == (3, 4)
+    assert signal_warning(3, 4) is None  # 75%: not more than the threshold
+    assert signal_warning(4, 5).startswith("little learning signal: 4 of 5 groups (80%) have no reward variance")
+    assert signal_warning(0, 0) is None
+    # an unscorable answer is left out of its group's rewards (as TRL leaves it out of the baseline)
+    assert flat_groups([{"group_id": "a", "reward": 1.0}, {"group_id": "a", "reward": 0.0, "unscorable": True}]) == (1, 1)
+
+
+def test_toy_domains_warn_when_no_group_has_signal(tmp_path, capsys, monkeypatch):
+    """The toy path (gmts sample --domains, and gmts run / gmts.sample through sample_rows) warns the same."""
+    import gmts_analysis.sampling.domains as dom
+
+    real = dom.sample_domains
+
+    def all_zero(*a, **k):
+        rows = real(*a, **k)
+        return [{**r, "reward": 0.0} for r in rows]
+
+    monkeypatch.setattr(dom, "sample_domains", all_zero)
+    out = tmp_path / "toy.jsonl"
+    assert main(["sample", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "2", "--group-size", "2",
+                 "--max-new-tokens", "8", "--out", str(out), "--quiet"]) == 0
+    assert "no learning signal: none of the 2 groups has reward variance" in capsys.readouterr().err
+    from gmts_analysis.api import sample
+
+    sample("tiny", "arithmetic", num_prompts=2, num_generations=2, max_completion_length=8, progress=False)
+    assert "gmts: sample: no learning signal" in capsys.readouterr().err  # main's handler (stderr) is still set
+
+
+def test_gmts_run_warns_after_its_summary(tmp_path, capsys):
+    """gmts run: the tiny policy scores 0 on every answer; the warning closes its summary (and sampling said it)."""
+    out = tmp_path / "run"
+    assert main(["run", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "2", "--num-generations", "2",
+                 "--max-completion-length", "8", "--no-figures", "--quiet", "--threads", "1", "--out", str(out)]) == 0
+    cap = capsys.readouterr()
+    lines = [x for x in cap.err.splitlines() if "no learning signal: none of the 2 groups" in x]
+    assert [x.split(": no learning")[0] for x in lines] == ["gmts: sample", f"gmts: {out}"]
+    assert "Too small to compare" in cap.out

@@ -147,6 +147,43 @@ def test_killed_after_k_chunks_resumes_to_the_same_rows(model_dir, reference, tm
     assert m["distributed"]["ranks"][0]["n_probed"] == 20 - 6  # only the rest was probed again
 
 
+def test_default_chunk_size_leaves_little_to_redo_and_resumes_an_old_run(model_dir, reference, tmp_path,
+                                                                           monkeypatch):
+    """#36: --answers-per-chunk defaulted to 16, so a killed probe of 16 answers restarted from answer 0. The
+    default (auto) cuts a run into about 8 records (here 20 answers: 3 each) and records the value used; a run
+    started with 16 (the old default) resumes with the new default."""
+    r, ref = reference
+    out = tmp_path / "run"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
+    with pytest.raises(InjectedFailure):
+        main(probe_args(model_dir, r, out, *FAST, "--debug"))
+    done = [i for p in (out / "chunks").glob("c*.json") for i in json.loads(p.read_text())["answers"]]
+    assert len(done) == 3  # what a kill loses is at most one record: 3 answers, not all 16
+    assert json.loads((out / "run.json").read_text())["config"]["answers_per_chunk"] == 3
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    assert main(probe_args(model_dir, r, out, *FAST)) == 0
+    assert_same_rows(tokens(out), tokens(ref))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["config"]["answers_per_chunk"] == m["distributed"]["answers_per_chunk"] == 3
+    assert m["distributed"]["n_chunks"] == 7 and m["distributed"]["ranks"][0]["n_probed"] == 17
+    # an old run, started with 16 answers per record (the default then) and killed after its first record
+    old = tmp_path / "old"
+    monkeypatch.setenv("GMTS_TEST_FAIL_AFTER_CHUNKS", "1")
+    with pytest.raises(InjectedFailure):
+        main(probe_args(model_dir, r, old, *FAST, "--debug", "--answers-per-chunk", "16"))
+    monkeypatch.delenv("GMTS_TEST_FAIL_AFTER_CHUNKS")
+    assert main(probe_args(model_dir, r, old, *FAST)) == 0  # resumed, not refused: how work is cut is no setting
+    assert_same_rows(tokens(old), tokens(ref))
+    m = json.loads((old / "manifest.json").read_text())
+    assert m["distributed"]["ranks"][0]["n_probed"] == 4 and len(m["distributed"]["attempts"]) == 2
+    assert m["distributed"]["n_chunks"] == 1 + 2  # the old record of 16, then the 4 left in records of 3
+    # the rule: a rank's share / 8, rounded up, between 1 and 16
+    from gmts_analysis.run.sharding.worker import answers_per_chunk
+
+    assert [answers_per_chunk(None, n) for n in (0, 1, 8, 16, 20, 128, 129, 5000)] == [1, 1, 1, 2, 3, 16, 16, 16]
+    assert answers_per_chunk(None, 20, world_size=2) == 2 and answers_per_chunk(5, 20) == 5
+
+
 def test_failure_during_the_final_rename_keeps_the_work(model_dir, reference, tmp_path, monkeypatch):
     r, ref = reference
     out = tmp_path / "run"

@@ -237,14 +237,25 @@ def too_small(st: Statistics) -> int | None:
     return have if isinstance(need, int) and isinstance(have, int) and have < need else None
 
 
+def too_small_caution(stats: StatsLike) -> str | None:
+    """"Too small to compare: 5 informative groups (of 8), fewer than the 10 a bootstrap interval needs
+    (meta.min_groups)" when :func:`too_small`, else None: the run summary's caution, which ``gmts compare``
+    carries into its comparison."""
+    st = Statistics.coerce(stats)
+    small = too_small(st)
+    if small is None:
+        return None
+    unit = _unit(st)
+    return (f"Too small to compare: {small} informative {unit}{'' if small == 1 else 's'} (of {st.meta.units}), "
+            f"fewer than the {st.meta.min_groups} a bootstrap interval needs (meta.min_groups)")
+
+
 def _scope_sentence(st: Statistics) -> str:
     unit = _unit(st)
     n = st.meta.units
-    small = too_small(st)
-    if small is not None:
-        return (f"Too small to compare: {small} informative {unit}{'' if small == 1 else 's'} (of {n}), fewer than "
-                f"the {st.meta.min_groups} a bootstrap interval needs (meta.min_groups); the numbers above are "
-                "point estimates, with no interval and no verdict between scores.")
+    caution = too_small_caution(st)
+    if caution is not None:
+        return caution + "; the numbers above are point estimates, with no interval and no verdict between scores."
     s = (f"Intervals: 95% percentile bootstrap over the {_units(n, unit)} of one checkpoint and one sampling seed "
          f"(they cover the choice of prompts, not of the model or of the sampling); a score is said to win only where "
          "the paired CI of the difference excludes 0.")

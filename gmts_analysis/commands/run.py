@@ -114,6 +114,15 @@ def run(args: argparse.Namespace) -> int:
     st = Statistics.read(out / "stats.json")  # parsed once for the table and the warning
     print(summary_text(st, domains))
     warn_few_groups(st)
+    from gmts_analysis.sampling.signal import signal_warning
+
+    za = st.zero_advantage  # groups without an informative token: all their rewards equal
+    flat = signal_warning(za.groups, st.meta.n_groups) if za is not None and isinstance(za.groups, int) \
+        and isinstance(st.meta.n_groups, int) else None
+    if flat is not None:
+        import logging
+
+        logging.getLogger("gmts_analysis.sampling").warning("%s: %s", out, flat)
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()

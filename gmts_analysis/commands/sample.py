@@ -99,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
                                    out, len(rows), args.num_prompts * len(domains), mean)
+    from gmts_analysis.sampling.signal import warn_if_no_signal
+
+    warn_if_no_signal(rows, str(out))  # all rewards of a group equal: no gradient there
     return 0
 
 
@@ -162,4 +165,8 @@ def _run_prompts(args: argparse.Namespace) -> int:
     if verifier is not None:
         msg += f", mean reward {sum(a['reward'] for a in answers) / len(answers):.3f}"
     logging.getLogger("gmts").info("%s", msg)
+    if verifier is not None:
+        from gmts_analysis.sampling.signal import warn_if_no_signal
+
+        warn_if_no_signal(answers, str(out))  # after the mean reward, the last line a user reads
     return 0

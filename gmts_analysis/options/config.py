@@ -190,8 +190,10 @@ class JobSettings:
     strict: bool = opt(False, "stop at the first answer that fails, and count an answer the exact engine refuses "
                        "as failed (default: record a failed answer in errors.jsonl and go on; send a refused "
                        "one to the per-token loop, exact but slower, with a warning)")
-    answers_per_chunk: int = opt(16, "answers per record (a resumable unit of work): a killed run redoes "
-                                 "at most one record per rank", metavar="ANSWERS", check=checks.int_at_least(1))
+    answers_per_chunk: int = opt(None, "answers per record (a resumable unit of work): a killed run redoes "
+                                 "at most one record per rank (default: auto, a rank's answers / 8 rounded up, "
+                                 "between 1 and 16: a run of 16 answers is cut into 8 records; the manifest "
+                                 "records the value used)", metavar="ANSWERS", check=checks.int_at_least(1))
     quiet: bool = opt(False, QUIET_HELP, short="-q")
     threads: int = opt(None, THREADS_HELP, metavar="THREADS", check=checks.int_at_least(1))
     offline: bool = opt(False, OFFLINE_HELP + "; without it a hub id is downloaded as transformers does",

@@ -131,6 +131,7 @@ class Contextualizer:
         self._char_bound: int | None = None
         self._checked_vocab = False
         self._verl_pattern: tuple[str, str] | None | bool = False  # False = not computed yet
+        self._specials: list[str] | None = None  # the special tokens' text (:meth:`_special_texts`)
         if tokenizer is not None:
             self.report.eos_token = getattr(tokenizer, "eos_token", None)
             self.report.eos_token_id = getattr(tokenizer, "eos_token_id", None)
@@ -180,16 +181,33 @@ class Contextualizer:
         self._note_dropped(text, ids)
         return ids
 
+    def _special_texts(self) -> list[str]:
+        """The text of the tokenizer's special tokens (``<|im_start|>``, ``<bos>``, ...), longest first."""
+        if self._specials is None:
+            names = {str(t) for t in (getattr(self.tok, "all_special_tokens", None) or [])}
+            for t in (getattr(self.tok, "added_tokens_decoder", None) or {}).values():
+                if getattr(t, "special", False):
+                    names.add(str(getattr(t, "content", t)))
+            self._specials = sorted((n for n in names if n), key=len, reverse=True)
+        return self._specials
+
     def _note_dropped(self, text: str, ids: list[int]) -> None:
         """Count a text whose characters do not all come back from its tokens (NUL, bidirectional
-        controls, zero-width characters are dropped by some tokenizers), and name those characters."""
+        controls, zero-width characters are dropped by some tokenizers), and name those characters.
+
+        The tokens are decoded without their special tokens, so the text of the special tokens (the chat
+        template's ``<|im_start|>`` markers) is taken out of ``text`` before comparing: those characters
+        are in the ids, as special tokens, not lost."""
         if text.isascii() and text.isprintable():
             return
         try:
             back = self.tok.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         except Exception:  # noqa: BLE001 - a tokenizer that cannot decode: nothing to compare
             return
-        gone = sorted(set(text) - set(back))
+        shown = text
+        for special in self._special_texts():
+            shown = shown.replace(special, "")
+        gone = sorted(set(shown) - set(back))
         if gone:
             self.report.text_changed_by_tokenizer += 1
             for c in gone:

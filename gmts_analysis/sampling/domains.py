@@ -77,7 +77,8 @@ def check_verifiers_installed(domains: list[str]) -> None:
 def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, progress: bool = True,
                 offline: bool = False) -> list[dict]:
     """Rollout rows of ``opts`` (docs/definitions.md section 7) from ``model``: a name or path (loaded on
-    ``opts.device``; no hub download when ``offline``) or a loaded model with ``tokenizer``."""
+    ``opts.device``; no hub download when ``offline``) or a loaded model with ``tokenizer``. Warns when most
+    groups have no reward variance (:func:`gmts_analysis.sampling.signal.warn_if_no_signal`)."""
     from gmts_analysis.readers.models import load_model, resolve_model_path
 
     doms = domain_list(opts.domains)
@@ -97,9 +98,13 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     if tokenizer is None:
         raise GmtsError("sample: the model has no tokenizer (pass tokenizer=)")
     budget = opts.max_completion_length or card_max_new_tokens(path)
-    return sample_domains(model, tokenizer, doms, n_prompts, opts.num_generations, opts.temperature, budget,
+    rows = sample_domains(model, tokenizer, doms, n_prompts, opts.num_generations, opts.temperature, budget,
                           opts.seed, difficulty=opts.difficulty, batch_size=opts.batch_size, progress=progress,
                           verifier=opts.verifier)
+    from gmts_analysis.sampling.signal import warn_if_no_signal
+
+    warn_if_no_signal(rows, "sample")  # all rewards of a group equal: no gradient there (one line on stderr)
+    return rows
 
 
 def check_word_verifier(verifier: str | None, domains: list[str]) -> None:

@@ -4,9 +4,13 @@ A real instruct LLM cannot answer the toy domains' ``#answer`` format, so ``gmts
 (and ``--domains word``) samples these instead: short stories of one to three arithmetic steps
 (shopping, ages, rates, sharing, change, seating), drawn from a seeded ``random.Random``, with small
 numbers (a 135M model gets some of them right, so that groups have mixed rewards). Each problem is
-asked as one user message through the model's chat template with a ``\\boxed{}`` instruction, and
-scored by the ``math`` verifier (:func:`gmts_analysis.readers.verifiers.math_reward`) against its ``solution``
-column, the answer as an integer.
+asked through the model's chat template as the last user message, with a ``\\boxed{}`` instruction after
+:data:`N_EXAMPLES` worked examples as earlier turns (:func:`prompt_messages`), and
+scored by the ``math_boxed`` verifier (:func:`gmts_analysis.readers.verifiers.math_boxed_reward`: 1 when the last
+``\\boxed{}`` holds the answer, the default of ``gmts run`` and ``gmts sample``; ``--verifier math``,
+:func:`gmts_analysis.readers.verifiers.math_reward`, adds the fallback to the last expression of the text) against its
+``solution`` column, the answer as an integer. To train on them through TRL:
+:mod:`gmts_analysis.integrations.trl_train` (docs/real_runs.md).
 
 ``difficulty`` 1 has one or two steps, 2 one more; every number is below 10 except sums of them. :func:`word_problems` returns prompt rows in the shape of
 a ``gmts sample --prompts`` file (``prompt`` as messages, ``solution``, ``difficulty``, ``template``).
@@ -160,6 +164,6 @@ def prompt_messages(problem: WordProblem, n_examples: int = N_EXAMPLES) -> list[
 
 def word_problems(n: int, seed: int = 0, difficulty: int | None = None) -> list[dict]:
     """Prompt rows (``prompt`` messages, ``solution``, ``difficulty``, ``template``) for
-    :func:`gmts_analysis.sampling.generate.sample_prompts` with the ``math`` verifier."""
+    :func:`gmts_analysis.sampling.generate.sample_prompts`, scored by the ``math_boxed`` verifier (or ``math``)."""
     return [{"prompt": prompt_messages(p), "solution": str(p.answer), "difficulty": p.difficulty,
              "template": p.template} for p in generate(n, seed, difficulty)]

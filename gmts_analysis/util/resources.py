@@ -3,6 +3,8 @@
 They live in ``gmts_analysis/data/`` (installed with the package, wheel or not; the
 repository's ``data/policies`` and ``data/example_run`` are links to them).
 ``GMTS_DATA_DIR`` points elsewhere (a directory holding ``policies/`` and ``example_run/``).
+The SmolLM2 study's run (``data/smollm2_study/run``) is the repository's, not the package's:
+:func:`study_run_dir` finds it beside a checkout.
 """
 
 from __future__ import annotations
@@ -27,3 +29,14 @@ def policy_dir(name: str) -> Path:
 def example_run_dir() -> Path:
     """The shipped example run (``gmts run`` on the small policy, default settings)."""
     return data_dir() / "example_run"
+
+
+#: the SmolLM2-135M-Instruct study's probe run, relative to the repository root (docs/smollm2_study.md)
+STUDY_RUN = Path("data") / "smollm2_study" / "run"
+
+
+def study_run_dir() -> Path | None:
+    """The SmolLM2 study's run directory of the repository this package is checked out in (a real model: 384
+    answers to 96 word problems), or None when the package is installed without the repository's data."""
+    d = Path(__file__).resolve().parent.parent.parent / STUDY_RUN
+    return d if (d / "stats.json").is_file() and (d / "tokens.parquet").is_file() else None

@@ -31,15 +31,17 @@ warning on stderr, and each run carries a ``settings`` group label (``A``, ``B``
 that the figures show as marker shapes. Nothing is averaged across runs.
 
 ``write_comparison`` writes ``compare.parquet``, ``compare.json``, ``figures/*.png`` and a
-self-contained ``compare.html`` (figures inlined as data URIs, every text escaped, no
-external fetch).
+self-contained ``compare.html`` (:mod:`gmts_analysis.views.compare_page`: figures inlined as data URIs,
+every text escaped, no external fetch). The figures draw the headline estimators (``Score.headline``),
+every point with its 95% CI where stats.json has one; the table holds every estimator. A run whose own
+summary says "Too small to compare" (fewer informative groups than ``meta.min_groups``: no interval)
+is named in ``runs[i]["too_small"]``, on a banner of ``compare.html``, in its table cells and figures
+(hollow points), and in a warning on stderr.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import html
 import logging
 import math
 import os
@@ -52,6 +54,8 @@ from typing import Any
 import pandas as pd
 
 from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.analysis.summary import too_small_caution
+from gmts_analysis.core.scores import HEADLINE_SCORES
 from gmts_analysis.errors import GmtsError
 
 log = logging.getLogger(__name__)
@@ -91,13 +95,25 @@ class Comparison:
     x_label: str
     estimators: list[str] = field(default_factory=list)
 
+    @property
+    def too_small(self) -> dict[str, str]:
+        """``{run: caution}`` of the runs whose own summary says "Too small to compare" (no interval)."""
+        return {r["run"]: r["too_small"] for r in self.runs if r.get("too_small")}
+
+    @property
+    def figure_estimators(self) -> list[str]:
+        """The estimators the figures draw: the headline scores (``Score.headline``); the rest are in the table."""
+        return [e for e in self.estimators if e in HEADLINE_SCORES]
+
     def to_json(self) -> dict:
         return {
             "format": COMPARE_FORMAT,
             "x_label": self.x_label,
             "runs": self.runs,
             "settings_mismatch": self.mismatches,
+            "too_small": self.too_small,
             "estimators": self.estimators,
+            "figure_estimators": self.figure_estimators,
             "rows": self.table.to_dict(orient="records"),
         }
 
@@ -338,9 +354,15 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
     runs = []
     for r, name, g in zip(recs, names, labels):
         cfg = r["manifest"].get("config") if isinstance(r["manifest"].get("config"), Mapping) else {}
+        za, meta = r["stats"].zero_advantage, r["stats"].meta
+        caution = too_small_caution(r["stats"])
         runs.append({"run": name, "dir": str(r["dir"]), "x": r["x"], "x_source": r["x_source"], "settings": g,
                      "model": r["manifest"].get("model_path") or cfg.get("model"),
-                     "inputs": inputs_of(r["manifest"])})
+                     "inputs": inputs_of(r["manifest"]), "too_small": caution,
+                     "informative_units": za.informative_units if za is not None else None,
+                     "units": meta.units, "min_groups": meta.min_groups})
+        if caution:
+            log.warning("compare: %s: %s; its values are point estimates, with no interval", name, caution)
         for row in stat_rows(r["stats"], estimators):
             rows.append({"run": name, "x": r["x"], **row, "settings": g})
     table = pd.DataFrame(rows, columns=COLUMNS)
@@ -392,9 +414,12 @@ def figure_series(table: pd.DataFrame) -> list[str]:
     return out
 
 
-def series_figure(table: pd.DataFrame, series: str, x_label: str):
-    """statistic vs step (or run number) for one series: one line per estimator in its registry colour,
-    markers per settings group, 95% CI band where known; whole-number x ticks. A Figure (no pyplot)."""
+def series_figure(table: pd.DataFrame, series: str, x_label: str, estimators: Sequence[str] | None = None,
+                  too_small: Sequence[str] = ()):
+    """statistic vs step (or run number) for one series: one line per estimator in its registry colour (only
+    ``estimators`` when given and present, else all), markers per settings group, the 95% CI as a bar at each
+    point and a band between points where stats.json has it; the points of the ``too_small`` runs hollow (no
+    interval: their own summary says "Too small to compare"); whole-number x ticks. A Figure (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
@@ -402,25 +427,43 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str):
     from gmts_analysis.core.scores import score_color
 
     sub = table[table["series"] == series]
+    shown = [e for e in (estimators or ()) if e in set(sub["estimator"])]
+    left_out = sub["estimator"].nunique() - len(shown) if shown else 0
+    if shown:
+        sub = sub[sub["estimator"].isin(shown)]
     fig = Figure(figsize=(7.6, 3.6))  # no pyplot, no global backend switch
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     markers = "osD^vP*X"
     groups = sorted(pd.unique(sub["settings"]))
     alpha = 0.15 if sub["estimator"].nunique() <= 4 else 0.06  # many overlapping bands stay readable
+    small = set(too_small)
+    has_ci = False
     for i, (e, d) in enumerate(sub.groupby("estimator", sort=False)):
         d = d.sort_values("x")
         line = ax.plot(d["x"], d["value"], "-", lw=1.4, label=e or series, color=score_color(e, i) if e else "black")[0]
+        colour = line.get_color()
         for gi, g in enumerate(groups):
-            dg = d[d["settings"] == g]
-            ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=line.get_color(), ms=4)
-        if d["ci_low"].notna().any():
-            ax.fill_between(d["x"], d["ci_low"], d["ci_high"], color=line.get_color(), alpha=alpha, lw=0)
+            for hollow in (False, True):
+                dg = d[(d["settings"] == g) & (d["run"].isin(small) == hollow)]
+                ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=colour, ms=4.5,
+                        markerfacecolor="white" if hollow else colour)
+        ci = d[d["ci_low"].notna() & d["ci_high"].notna()]
+        if not ci.empty:
+            has_ci = True
+            ax.errorbar(ci["x"], ci["value"], yerr=[ci["value"] - ci["ci_low"], ci["ci_high"] - ci["value"]],
+                        fmt="none", ecolor=colour, elinewidth=1.0, capsize=3, alpha=0.8)
+            ax.fill_between(d["x"], d["ci_low"], d["ci_high"], color=colour, alpha=alpha, lw=0)
     title = series + ("   [MIXED SETTINGS: markers = groups " + ", ".join(groups) + "]" if len(groups) > 1 else "")
-    ax.set_title(title, fontsize=9)
+    notes = []
+    if small & set(sub["run"]):
+        notes.append("hollow: too small for an interval (" + ", ".join(sorted(small & set(sub["run"]))) + ")")
+    if left_out:
+        notes.append(f"headline estimators; {left_out} more in compare.html's table")
+    ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=9)
     ax.set_xlabel(x_label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and run numbers: whole numbers only
-    ax.set_ylabel("value (95% CI band)")
+    ax.set_ylabel("value (bars, band: 95% CI)" if has_ci else "value (no interval)")
     ax.grid(alpha=0.3)
     if sub["estimator"].astype(bool).any():
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside, never on the data
@@ -428,19 +471,27 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str):
     return fig
 
 
-def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str) -> Path:
+def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str, estimators: Sequence[str] | None = None,
+                too_small: Sequence[str] = ()) -> Path:
     """:func:`series_figure` written as a PNG at ``path`` (atomically)."""
     import io
 
     from gmts_analysis.util.io import atomic_write_bytes
 
     buf = io.BytesIO()
-    series_figure(table, series, x_label).savefig(buf, format="png", dpi=110)
+    series_figure(table, series, x_label, estimators, too_small).savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path, buf.getvalue())
 
 
 def figure_name(series: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", series.replace("*", "all")).strip("_") + ".png"
+
+
+def render_html(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
+    """The self-contained compare.html (:func:`gmts_analysis.views.compare_page.render_page`)."""
+    from gmts_analysis.views.compare_page import render_page
+
+    return render_page(cmp, figs)
 
 
 def write_comparison(cmp: Comparison, out: str | os.PathLike, figures: bool = True) -> list[Path]:
@@ -453,63 +504,8 @@ def write_comparison(cmp: Comparison, out: str | os.PathLike, figures: bool = Tr
     figs: list[tuple[str, Path]] = []
     if figures:
         for s in figure_series(cmp.table):
-            figs.append((s, plot_series(cmp.table, s, out / "figures" / figure_name(s), cmp.x_label)))
+            figs.append((s, plot_series(cmp.table, s, out / "figures" / figure_name(s), cmp.x_label,
+                                        cmp.figure_estimators, list(cmp.too_small))))
         written += [p for _, p in figs]
     written.append(atomic_write_text(out / "compare.html", render_html(cmp, figs)))
     return written
-
-
-def _fmt(v: float) -> str:
-    return "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
-
-
-def render_html(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
-    """A self-contained page: runs, settings mismatches, the main statistics per run, figures."""
-    e = html.escape
-    t = cmp.table
-    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>gmts compare</title>",
-             "<style>body{font-family:sans-serif;margin:1.5em;max-width:1200px}"
-             "table{border-collapse:collapse;font-size:12px;margin:0.5em 0}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}"
-             "th:first-child,td:first-child{text-align:left}.warn{background:#fff3cd;padding:0.6em;"
-             "border:1px solid #e0c060}img{max-width:100%}</style></head><body>",
-             f"<h1>Comparison of {len(cmp.runs)} runs</h1>"]
-    if cmp.mismatches:
-        parts.append("<div class='warn'><b>Runs made with different settings</b> (flagged, not mixed; "
-                     "groups in the runs table):<ul>")
-        for m in cmp.mismatches:
-            vals = ", ".join(f"{e(str(n))}: {e(repr(v))}" for n, v in m["values"].items())
-            parts.append(f"<li><code>{e(str(m['key']))}</code>: {vals}</li>")
-        parts.append("</ul></div>")
-    parts.append(f"<h2>Runs</h2><table><tr><th>run</th><th>{e(cmp.x_label)}</th><th>from</th><th>settings</th>"
-                 "<th>model</th></tr>")
-    for r in cmp.runs:
-        parts.append(f"<tr><td>{e(str(r['run']))}</td><td>{r['x']}</td><td>{e(str(r['x_source']))}</td>"
-                     f"<td>{e(str(r['settings']))}</td><td>{e(str(r['model']))}</td></tr>")
-    parts.append("</table>")
-    main = [s for s in figure_series(t)]
-    if main:
-        runs = [r["run"] for r in cmp.runs]
-        parts.append("<h2>Main statistics (value [95% CI])</h2><table><tr><th>statistic</th>"
-                     + "".join(f"<th>{e(str(r))}</th>" for r in runs) + "</tr>")
-        sub = t[t["series"].isin(main)]
-        for stat, d in sub.groupby("statistic", sort=False):
-            cells = []
-            for r in runs:
-                row = d[d["run"] == r]
-                if row.empty:
-                    cells.append("<td></td>")
-                    continue
-                v, lo, hi = (float(row[c].iloc[0]) for c in ("value", "ci_low", "ci_high"))
-                ci = f" [{_fmt(lo)}, {_fmt(hi)}]" if not math.isnan(lo) else ""
-                cells.append(f"<td>{_fmt(v)}{ci}</td>")
-            parts.append(f"<tr><td>{e(str(stat))}</td>{''.join(cells)}</tr>")
-        parts.append("</table>")
-    if figs:
-        parts.append("<h2>Figures</h2>")
-        for s, p in figs:
-            data = base64.b64encode(Path(p).read_bytes()).decode("ascii")
-            parts.append(f"<h3>{e(s)}</h3><img alt='{e(s)}' src='data:image/png;base64,{data}'>")
-    parts.append("<p>All statistics: compare.parquet / compare.json (one row per run and statistic).</p>"
-                 "</body></html>")
-    return "\n".join(parts)

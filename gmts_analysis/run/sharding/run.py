@@ -19,6 +19,7 @@ Steps, on every rank unless said:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -36,7 +37,7 @@ from gmts_analysis.run.sharding.context import (
     rank_device,
 )
 from gmts_analysis.run.sharding.shard import shard_answers
-from gmts_analysis.run.sharding.worker import probe_share
+from gmts_analysis.run.sharding.worker import answers_per_chunk, probe_share
 from gmts_analysis.util import io
 
 log = logging.getLogger("gmts_analysis.run.sharding")
@@ -131,6 +132,10 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         device = rank_device(ctx, cfg.device)
         inputs = load_inputs(cfg, device, fp.rollouts_sha256)
         model, answers = inputs.model, inputs.answers
+        # --answers-per-chunk auto resolved once for the run (the same on every rank), and recorded so:
+        # not fingerprinted, so a run started with another value (an old run's 16) resumes as it is
+        cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(answers),
+                                                                           ctx.world_size))
         from gmts_analysis.probing.preflight import check_before_probe
 
         # every need knowable before the model runs (memory, disk): checked once, refused on every rank

@@ -133,13 +133,29 @@ class ShareSummary:
     seconds: float = 0.0
 
 
+#: ``--answers-per-chunk`` auto: a rank's share is cut into this many records (fewer when it is smaller) ...
+AUTO_RECORDS = 8
+#: ... of at most this many answers each
+MAX_AUTO_ANSWERS_PER_CHUNK = 16
+
+
+def answers_per_chunk(setting: int | None, n_answers: int, world_size: int = 1) -> int:
+    """The answers per record: ``setting`` when given, else (auto) a rank's share of ``n_answers`` over
+    :data:`AUTO_RECORDS`, rounded up, between 1 and :data:`MAX_AUTO_ANSWERS_PER_CHUNK`: a killed run of
+    16 answers redoes at most 2 of them, not all 16."""
+    if setting is not None:
+        return int(setting)
+    share = -(-max(int(n_answers), 0) // max(int(world_size), 1))
+    return max(1, min(MAX_AUTO_ANSWERS_PER_CHUNK, -(-share // AUTO_RECORDS)))
+
+
 def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer], coefs: Sequence[Any],
                 todo: Sequence[int], cfg: ProbeConfig, out: Path, run_hash: str, ctx: DistContext,
                 attempt: int, progress: bool) -> ShareSummary:
     """Probe the answers ``todo`` (indices into ``answers``) in chunks, recording each chunk."""
     from gmts_analysis.util.progress import tqdm
 
-    per_chunk = int(cfg.answers_per_chunk)
+    per_chunk = answers_per_chunk(cfg.answers_per_chunk, len(todo))  # run_sharded resolves auto for the run
     fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)
     slow = float(os.environ.get(SLOW_ENV) or 0)
     token_text = kernel.TokenText(tokenizer)
