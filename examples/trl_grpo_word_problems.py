@@ -14,7 +14,7 @@ threads). Run it again with the same ``--output_dir`` after a kill: it resumes f
         --temperature 0.7 --learning_rate 1e-5 --max_steps 60 --save_steps 20 \
         --rollouts_dir runs/grpo-gmts/rollouts --log_completions --threads 2 --report_to none --use_cpu
 
-Then audit the checkpoints (step 0 is the base model; docs/real_runs.md, "Across training"):
+Then audit the checkpoints (step 0 is the base model; docs/training_real.md):
 
     gmts series runs/grpo-gmts --out runs/grpo-gmts-audit
 """
