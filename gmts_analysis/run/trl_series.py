@@ -83,8 +83,10 @@ def _probe(s: SeriesSettings, model: str, rollouts: Path, out: Path, method: str
     from gmts_analysis.options.config import ProbeConfig
     from gmts_analysis.run.job import run_probe
 
+    # the runs of a series draw no figures of their own (a report of a real model's run is megabytes): the
+    # comparison, the token view and pass@1 are drawn; `gmts figures RUN` draws any one run's
     cfg = ProbeConfig(model=model, rollouts=str(rollouts), out=str(out), grad_norm=method, probes=s.probes,
-                      seed=s.seed, threads=s.threads, quiet=s.quiet, figures=s.figures, **loss)
+                      seed=s.seed, threads=s.threads, quiet=s.quiet, figures=False, **loss)
     return run_probe(cfg, extra={"step": step, "checkpoint": model, "job": "gmts series", **(extra or {})})
 
 
