@@ -161,6 +161,7 @@ def test_threads_default_and_checks(monkeypatch):
     assert default_threads() == 2  # an explicit OpenMP setting (torchrun's 1 per process) is kept
     monkeypatch.delenv("OMP_NUM_THREADS")
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.setattr("gmts_analysis.util.threads.busy_cores_now", lambda: None)  # no /proc/stat
     monkeypatch.setattr("os.getloadavg", lambda: (0.0, 0.0, 0.0))
     assert default_threads() == available_cores()
     monkeypatch.setattr("os.getloadavg", lambda: (1e6, 0.0, 0.0))  # every core busy: one thread, never zero

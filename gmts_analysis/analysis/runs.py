@@ -107,7 +107,9 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     """Read tokens/answers parquet, stats.json, manifest.json (and grad_groups.parquet) of a run directory.
 
     stats.json is computed (and not written) when absent or of an older version, and
-    ``compute_missing_stats`` (its update_fidelity blocks kept). Raises :class:`GmtsError` when the directory or its tokens.parquet is missing.
+    ``compute_missing_stats`` (its update_fidelity blocks kept). Raises :class:`GmtsError` when the directory or its
+    tokens.parquet is missing, or a column the statistics and figures read is of the wrong type, null or not
+    finite (:func:`gmts_analysis.probing.validate.validate_tokens_file`, ``validate_answers_file``).
     """
     from gmts_analysis.analysis.stats import compute_stats, is_current, kept_fidelity, prepare_tokens
     from gmts_analysis.util.io import read_json_object, read_parquet
@@ -117,6 +119,11 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
         raise GmtsError(f"{path}: no such run directory")
     if not (path / "tokens.parquet").exists():
         raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
+    from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file
+
+    validate_tokens_file(path / "tokens.parquet", required=("answer_id", "position"))  # each column it has: its type
+    if (path / "answers.parquet").exists():
+        validate_answers_file(path / "answers.parquet")
     answers = _lists(read_parquet(path / "answers.parquet")) if (path / "answers.parquet").exists() else None
     tokens = prepare_tokens(read_parquet(path / "tokens.parquet"), answers)
     groups = read_parquet(path / "grad_groups.parquet") if (path / "grad_groups.parquet").exists() else None

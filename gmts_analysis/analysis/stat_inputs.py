@@ -83,5 +83,7 @@ def prepare_tokens(tokens: pd.DataFrame, answers: pd.DataFrame | None = None) ->
     for c in (TARGET, TARGET_WITHIN):
         if c not in df.columns:
             df[c] = np.nan
+        elif df[c].dtype == object and df[c].isna().all():  # a column of nulls (parquet's null type): not computed
+            df[c] = df[c].astype("float64")
     add_estimator_columns(df)
     return df

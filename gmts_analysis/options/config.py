@@ -30,7 +30,7 @@ from gmts_analysis.options.fields import alias, aliases_of, opt, resolve_aliases
 from gmts_analysis.options.parser import ExamplesHelpFormatter, add_fields, from_args  # noqa: F401 - re-exported
 from gmts_analysis.readers.formats import FORMATS
 
-THREADS_HELP = ("torch CPU threads (default: the cores not already busy, from the load average, at least 1; "
+THREADS_HELP = ("torch CPU threads (default: the cores idle now, from a 0.15 s sample of /proc/stat, at least 1; "
                 "or $GMTS_THREADS): a shared machine's default of every core can run 10x slower")
 DEVICE_HELP = "auto | cpu | cuda | cuda:N; auto = cuda if available, else cpu"
 DTYPES = ("float32", "float64", "bfloat16", "float16")

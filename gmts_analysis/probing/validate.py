@@ -188,14 +188,58 @@ def validate_tokens_table(df: Any, path: Any, required: Sequence[str] | None = N
             raise GmtsError(f"{path}: column '{c}' must be numeric, got {df[c].dtype}")
 
 
+#: id columns of the tables: strings or whole numbers
+ID_COLUMNS = ("answer_id", "group_id")
+#: contract token columns of whole numbers
+INTEGER_TOKEN_COLUMNS = ("position", "token_id")
+
+
+def _arrow_kind(t: Any) -> str:
+    """``"null"`` (a column of nothing but nulls), ``"int"``, ``"float"``, ``"bool"``, ``"str"``, ``"int_list"``
+    or ``"other"``: what a parquet column's arrow type ``t`` holds, as the checks below name it."""
+    import pyarrow as pa
+
+    for test, kind in ((pa.types.is_null, "null"), (pa.types.is_integer, "int"), (pa.types.is_floating, "float"),
+                       (pa.types.is_boolean, "bool"), (pa.types.is_string, "str"), (pa.types.is_large_string, "str")):
+        if test(t):
+            return kind
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (pa.types.is_integer(t.value_type)
+                                                                 or pa.types.is_null(t.value_type)):
+        return "int_list"
+    return "other"
+
+
+def _check_kind(path: Any, c: str, t: Any, allowed: Sequence[str], what: str, null_ok: bool = False) -> str:
+    """The kind of column ``c`` (arrow type ``t``) when it is one of ``allowed``; else one line naming the file and
+    the column. A column of nothing but nulls (arrow's null type) is refused unless ``null_ok``: gmts writes
+    numbers there (NaN, not null, where a quantity was not computed)."""
+    kind = _arrow_kind(t)
+    if kind == "null" and not null_ok:
+        raise GmtsError(f"{path}: column '{c}' holds no values (every row null, type null); expected {what}")
+    if kind != "null" and kind not in allowed:
+        raise GmtsError(f"{path}: column '{c}' must be {what}, got {t}")
+    return kind
+
+
+def _first_row(mask: Any) -> int:
+    return int(np.argmax(np.asarray(mask))) + 1
+
+
 def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> None:
-    """:func:`validate_tokens_table` on a parquet file: the schema, then the float contract columns'
-    values (finite; the nullable ones may be NaN, never infinite)."""
+    """A tokens.parquet that ``gmts stats`` and ``gmts figures`` can read, every column they read checked
+    (one line naming the file and the column): the contract columns present (``required``, default all of
+    them; every contract column the file has is checked either way); ids strings or whole numbers
+    (``answer_id`` in every row); ``token`` text; ``position`` and ``token_id`` whole numbers in every row;
+    the other numeric contract columns numbers (never text, booleans or a column of nothing but nulls),
+    finite in every row (``grad_norm`` and ``grad_norm_logp`` may be NaN, or all null: not computed, never
+    infinite); and every estimator column of the registry the file carries besides (``surprisal``,
+    ``gmts_head`` ...: it is read as it is, not recomputed) numbers, never infinite. An estimator column with
+    no value in any row is left out of the statistics with a warning naming it, never silently."""
     from pathlib import Path
 
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from gmts_analysis.core.estimators import ESTIMATORS
     from gmts_analysis.probing.tables import TOKEN_COLUMNS
 
     path = Path(path)
@@ -213,36 +257,52 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                         "gmts probe has them all)")
     if meta.num_rows == 0:
         raise GmtsError(f"{path}: the tokens table has no rows")
-    for c in required:
-        if c in ("answer_id", "group_id", "token"):
+    names = set(schema.names)
+    for c in ID_COLUMNS:
+        if c in names:
+            _check_kind(path, c, schema.field(c).type, ("str", "int"), "ids (text or whole numbers)",
+                        null_ok=c == "group_id")
+    if "token" in names:
+        _check_kind(path, "token", schema.field("token").type, ("str",), "text (each token's string)", null_ok=True)
+    if "domain" in names:
+        _check_kind(path, "domain", schema.field("domain").type, ("str",), "text (domain names)", null_ok=True)
+    if "step" in names:
+        _check_kind(path, "step", schema.field("step").type, ("int", "float", "str"), "steps (whole numbers or text)",
+                    null_ok=True)
+    numeric = [c for c in TOKEN_COLUMNS if c in names and c not in (*ID_COLUMNS, "token")]  # present: checked
+    scores = [c for c in ESTIMATORS if c in names and c not in numeric]  # read as they are, not recomputed
+    read = ["answer_id"] if "answer_id" in names else []
+    for c in numeric + scores:
+        whole = c in INTEGER_TOKEN_COLUMNS
+        kind = _check_kind(path, c, schema.field(c).type, ("int",) if whole else ("int", "float"),
+                           "integer" if whole else "numeric", null_ok=c in NULLABLE_TOKEN_COLUMNS)
+        if kind != "null":
+            read.append(c)
+    try:
+        table = pq.read_table(path, columns=read)
+    except Exception as e:
+        raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+    for c in read:
+        col = table.column(c)
+        nan_ok = c in NULLABLE_TOKEN_COLUMNS or c in scores
+        if col.null_count and not nan_ok and _arrow_kind(col.type) != "float":  # a float's null reads as NaN: below
+            nulls = col.is_null().to_numpy(zero_copy_only=False)
+            raise GmtsError(f"{path}: column '{c}' has {col.null_count} null value(s) (first at row {_first_row(nulls)}); "
+                            "a tokens table written by gmts probe has a value in every row")
+        if _arrow_kind(col.type) != "float":
             continue
-        t = schema.field(c).type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t) or pa.types.is_null(t)):
-            raise GmtsError(f"{path}: column '{c}' must be numeric, got {t}")
-    # values: a probe writes every float contract column finite (grad_norm and grad_norm_logp are
-    # null when not computed); NaN or inf elsewhere is a damaged or hand-edited table
-    floats = [c for c in required if c not in ("answer_id", "group_id", "token", *NULLABLE_TOKEN_COLUMNS)
-              and pa.types.is_floating(schema.field(c).type)]
-    import numpy as np
+        v = col.to_numpy(zero_copy_only=False)
+        bad = np.isinf(v) if nan_ok else ~np.isfinite(v)
+        if bad.any():
+            i = _first_row(bad)
+            raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} {'infinite' if nan_ok else 'non-finite'} "
+                            f"value(s) (first {v[i - 1]} at row {i}); a tokens table written by gmts probe has none")
+        if c in scores and np.isnan(v).all():
+            import logging
 
-    if floats:
-        try:
-            table = pq.read_table(path, columns=floats)
-        except Exception as e:
-            raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-        for c in floats:
-            v = table.column(c).to_numpy(zero_copy_only=False)
-            bad = ~np.isfinite(v)
-            if bad.any():
-                i = int(np.argmax(bad))
-                raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} non-finite value(s) (first {v[i]} at row "
-                                f"{i + 1}); a tokens table written by gmts probe has none")
-    for c in NULLABLE_TOKEN_COLUMNS:
-        if c in required and pa.types.is_floating(schema.field(c).type):
-            v = pq.read_table(path, columns=[c]).column(c).to_numpy(zero_copy_only=False)
-            if np.isinf(v).any():
-                raise GmtsError(f"{path}: column '{c}' has infinite values; a tokens table written by gmts probe "
-                                "has none")
+            logging.getLogger("gmts_analysis.analysis.stats").warning(
+                "%s: column '%s' has no value in any row: the estimator %s is left out of the statistics and "
+                "figures", path, c, c)
 
 
 def validate_run_dir(run_dir: Any) -> None:
@@ -274,7 +334,7 @@ def validate_run_dir(run_dir: Any) -> None:
                         f"{int(r['position'])}); a tokens table written by gmts probe has each token once")
     ans = d / "answers.parquet"
     if ans.exists():
-        _validate_answers_file(ans)
+        validate_answers_file(ans)
     for name in ("manifest.json", "stats.json"):
         if (d / name).exists():
             obj = read_json_object(d / name)
@@ -282,18 +342,46 @@ def validate_run_dir(run_dir: Any) -> None:
                 raise GmtsError(f"{d / name}: field 'config' must be an object, got {type(obj['config']).__name__}")
 
 
-def _validate_answers_file(path: Any) -> None:
+#: answers.parquet columns gmts computes: numbers, finite in every row
+ANSWER_NUMBERS = ("reward", "advantage", "loss_weight")
+
+
+def validate_answers_file(path: Any) -> None:
+    """An answers.parquet that the statistics and figures can read, each failure one line naming the file and
+    the column: one row per answer (``answer_id`` in every row, text or whole numbers); ``reward``,
+    ``advantage`` and ``loss_weight`` numeric and finite; ``group_id`` ids; ``domain`` text and ``step``
+    whole numbers or text (both copied onto the tokens); ``prompt_ids`` / ``response_ids`` lists of token
+    ids; ``length`` a whole number. The rollouts' own extra fields (``truncated`` ...) are read leniently
+    where they are read."""
+    import pyarrow.parquet as pq
+
     from gmts_analysis.util.io import read_parquet
 
     a = read_parquet(path)
+    schema = pq.read_schema(path)
+    kinds = {
+        "answer_id": (("str", "int"), "ids (text or whole numbers)", False),
+        "group_id": (("str", "int"), "ids (text or whole numbers)", True),
+        "domain": (("str",), "text (domain names)", True),
+        "step": (("int", "float", "str"), "steps (whole numbers or text)", True),
+        "length": (("int",), "integer", False),
+        "prompt_ids": (("int_list",), "lists of token ids", False),
+        "response_ids": (("int_list",), "lists of token ids", False),
+        **{c: (("int", "float"), "numeric", False) for c in ANSWER_NUMBERS},
+    }
+    for c, (allowed, what, null_ok) in kinds.items():
+        if c in schema.names:
+            _check_kind(path, c, schema.field(c).type, allowed, what, null_ok=null_ok)
+    if "answer_id" in a.columns and a["answer_id"].isna().any():
+        raise GmtsError(f"{path}: column 'answer_id' has {int(a['answer_id'].isna().sum())} null value(s) (first at "
+                        f"row {_first_row(a['answer_id'].isna())}); an answers table written by gmts probe has an id "
+                        "in every row")
     if "answer_id" in a.columns and a["answer_id"].duplicated().any():
         raise GmtsError(f"{path}: answer_id {a['answer_id'][a['answer_id'].duplicated()].iloc[0]!r} appears twice "
                         "(one row per answer)")
-    for c in ("reward", "advantage", "loss_weight"):
+    for c in ANSWER_NUMBERS:
         if c not in a.columns:
             continue
-        if a[c].dtype.kind not in "iufb":
-            raise GmtsError(f"{path}: column '{c}' must be numeric, got {a[c].dtype}")
         v = a[c].to_numpy(dtype=float)
         bad = ~np.isfinite(v)
         if bad.any():

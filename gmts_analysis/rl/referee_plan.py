@@ -193,7 +193,9 @@ def _config_defaults() -> dict:
 
 def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: Path) -> None:
     """Refuse (one line naming ``path`` and the field) a run record that is not the plan's run of
-    ``arm`` and ``seed``: a config field other than ``want``, or a final pass@1 without every domain."""
+    ``arm`` and ``seed``: a config field other than ``want``, a final pass@1 without every domain, or a
+    field the report reads of the wrong type or not finite
+    (:func:`gmts_analysis.rl.referee_records.check_record_fields`)."""
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
         raise GmtsError(f"{path}: not a run record of gmts rl (no 'config')")
     cfg = rec["config"]
@@ -212,8 +214,9 @@ def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: 
         v = fp.get(d)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
             raise GmtsError(f"{path}: final_pass1.{d} is {v!r}, expected a pass rate in [0, 1]")
-    if not isinstance(rec.get("steps", []), list):
-        raise GmtsError(f"{path}: steps is not a list")
+    from gmts_analysis.rl.referee_records import check_record_fields
+
+    check_record_fields(rec, path)  # every other field the report reads: its type, finite
 
 
 # ----------------------------------------------------------------------------- provenance: fresh or repeated

@@ -3,42 +3,136 @@
 torch's own default is every core. On a machine whose cores are also busy with other work,
 that default oversubscribes them and a probe can run several times slower than on one
 thread (docs/benchmarks.md, README "Threads"). :func:`default_threads` takes the cores
-that are not already busy instead (one-minute load average), at least one; ``$GMTS_THREADS``
-or ``--threads`` / ``threads=`` choose explicitly.
+that are idle now instead, at least one: the CPUs of this process's affinity mask, less the
+share of them that other work kept busy during a short sample of ``/proc/stat``
+(:data:`SAMPLE_SECONDS`; the one-minute load average only where ``/proc/stat`` cannot be read,
+which lags a minute behind: right after another command it still counts that command's cores).
+``$GMTS_THREADS`` or ``--threads`` / ``threads=`` choose explicitly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from typing import Iterator
+import time
+from typing import Callable, Iterator, Mapping
 
 from gmts_analysis.errors import GmtsError
+
+#: where the kernel counts each CPU's time (Linux)
+PROC_STAT = "/proc/stat"
+#: how long :func:`busy_cores_now` watches the CPUs (seconds)
+SAMPLE_SECONDS = 0.15
 
 
 def available_cores() -> int:
     """CPU cores this process may run on (its affinity mask, else ``os.cpu_count()``)."""
+    return len(_affinity()) or max(1, os.cpu_count() or 1)
+
+
+def _affinity() -> "frozenset[int]":
+    """The CPU ids this process may run on, empty where the system does not say."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return frozenset(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        return frozenset()
+
+
+def parse_cpu_ticks(text: str) -> "dict[int, tuple[int, int]]":
+    """Each CPU's (busy, total) ticks from the text of ``/proc/stat`` (its ``cpuN`` lines).
+
+    total is user + nice + system + idle + iowait + irq + softirq + steal (guest time is already
+    inside user and nice); busy is total less idle and iowait. Niced work counts as busy: the
+    default leaves other people's jobs their cores whatever their priority."""
+    out: dict[int, tuple[int, int]] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(" ")
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        try:
+            fields = [int(v) for v in rest.split()[:8]]
+        except ValueError:
+            continue
+        if len(fields) < 4:
+            continue
+        total = sum(fields)
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+        out[int(name[3:])] = (total - idle, total)
+    return out
+
+
+def read_cpu_ticks(path: str = PROC_STAT) -> "dict[int, tuple[int, int]] | None":
+    """:func:`parse_cpu_ticks` of ``path``; None where it cannot be read or names no CPU."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            ticks = parse_cpu_ticks(f.read())
+    except OSError:
+        return None
+    return ticks or None
+
+
+def busy_cores(before: "Mapping[int, tuple[int, int]]", after: "Mapping[int, tuple[int, int]]",
+               cpus: "frozenset[int] | set[int]" = frozenset()) -> "float | None":
+    """How many of ``cpus`` (empty: every CPU of the readings) were busy between two readings of
+    :func:`read_cpu_ticks`: the sum of each CPU's busy fraction. None if no CPU of ``cpus`` ticked."""
+    ids = [c for c in (cpus or after) if c in before and c in after]
+    if not ids and cpus:  # the affinity mask names CPUs /proc/stat does not (a container's view): all
+        ids = [c for c in after if c in before]
+    busy, counted = 0.0, 0
+    for c in ids:
+        d_total = after[c][1] - before[c][1]
+        if d_total <= 0:
+            continue
+        busy += min(1.0, max(0.0, (after[c][0] - before[c][0]) / d_total))
+        counted += 1
+    return busy if counted else None
+
+
+def busy_cores_now(seconds: float = SAMPLE_SECONDS, path: str = PROC_STAT,
+                   sleep: Callable[[float], None] = time.sleep) -> "float | None":
+    """The cores of this process's affinity mask that other work keeps busy now: two readings of
+    ``/proc/stat`` ``seconds`` apart, less this process's own CPU time between them. None where
+    ``/proc/stat`` cannot be read (not Linux)."""
+    before = read_cpu_ticks(path)
+    if before is None:
+        return None
+    own0, wall0 = time.process_time(), time.monotonic()
+    sleep(seconds)
+    after = read_cpu_ticks(path)
+    own, wall = time.process_time() - own0, time.monotonic() - wall0
+    busy = None if after is None else busy_cores(before, after, _affinity())
+    if busy is None:
+        return None
+    return max(0.0, busy - (own / wall if wall > 0 else 0.0))
+
+
+def load_average_busy() -> "float | None":
+    """The one-minute load average (the fallback where /proc/stat is absent); None without one."""
+    try:
+        return float(os.getloadavg()[0])
+    except (AttributeError, OSError):
+        return None
 
 
 def default_threads() -> int:
     """``$GMTS_THREADS`` if set, else ``$OMP_NUM_THREADS`` (torchrun sets it to 1 per process), else
-    the available cores minus the one-minute load average (rounded), shared among the processes
-    of this node (``$LOCAL_WORLD_SIZE``), between 1 and the available cores."""
+    the available cores less those busy now (:func:`busy_cores_now`; where /proc/stat is absent, the
+    one-minute load average; without either, none busy), rounded, shared among the processes of this
+    node (``$LOCAL_WORLD_SIZE``), between 1 and the available cores."""
     for name in ("GMTS_THREADS", "OMP_NUM_THREADS"):
         env = os.environ.get(name, "").strip()
         if env:
             return check_threads(env, name)
-    cores = available_cores()
-    try:
-        free = cores - os.getloadavg()[0]
-    except (AttributeError, OSError):  # no load average (Windows): every core
-        free = cores
+    return threads_for(available_cores(), busy_cores_now())
+
+
+def threads_for(cores: int, busy: "float | None") -> int:
+    """Threads for ``cores`` of which ``busy`` are busy (None: ask the load average, else none busy),
+    shared among ``$LOCAL_WORLD_SIZE`` processes: the idle cores, rounded, at least 1, at most ``cores``."""
+    if busy is None:
+        busy = load_average_busy() or 0.0
     local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(cores, int(free / local + 0.5)))
+    return max(1, min(cores, int((cores - busy) / local + 0.5)))
 
 
 def check_threads(value: object, name: str = "--threads") -> int:
