@@ -25,6 +25,7 @@ BAD = {
     "vllm_is_max": "0", "max_len": "0", "chunk_size": "0", "num_generations": "0", "max_completion_length": "0",
     "steps": "x-y", "reward_columns": "a,,b", "reward_weights": "1,2", "loss_type": "cispo",
     "uncertain_below": "1.5", "plan": "{missing}", "update": "{missing}", "rewards": "{missing}",
+    "base": "{file}", "exact_subset": "-1", "token_answers": "-1",
 }
 BAD_BY_COMMAND = {("bench", "probes"): "8,0", ("rl", "seed"): "-1", ("sample", "temperature"): "-0.5",
                   ("stats", "n_boot"): "-1", ("sample", "difficulty"): "4",
@@ -44,6 +45,7 @@ def _base(command: str, tmp) -> list[str]:
         "stats": ["stats", run], "compare": ["compare", run, run], "figures": ["figures", run],
         "rl": ["rl", "--out", str(tmp / "rl.json")], "toy-train": ["toy-train", "--size", "tiny", "--out", str(tmp / "pol")],
         "bench": ["bench", "--out", str(tmp / "b")], "rl-report": ["rl-report", str(tmp / "data")],
+        "series": ["series", str(tmp / "trl"), "--out", str(tmp / "audit")],
     }[command]
 
 

@@ -44,8 +44,10 @@ def test_gmts_run_tiny_end_to_end(tmp_path, capsys):
     assert len(t) == sum(len(r["response_ids"]) for r in rollouts)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["job"] == "gmts run" and manifest["grad_norm_method"] == "exact"
-    # the job's own records: a run fingerprint, one chunk record per 16 answers (one here)
-    assert len(manifest["run_hash"]) == 64 and manifest["distributed"]["n_chunks"] == 1
+    # the job's own records: a run fingerprint, one chunk record per answers_per_chunk answers (auto: 9 answers
+    # over 8 records at most, so 2 a record and 5 records)
+    assert manifest["config"]["answers_per_chunk"] == 2
+    assert len(manifest["run_hash"]) == 64 and manifest["distributed"]["n_chunks"] == 5
     assert manifest["sampling"]["domains"] == ["arithmetic", "program", "logic"]
     # the run names the rollouts it holds, not the deleted work file; and the threads it ran on
     assert manifest["rollouts_file"] == "rollouts.jsonl"

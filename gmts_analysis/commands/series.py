@@ -31,7 +31,8 @@ class SeriesOptions:
     out: str = opt(None, "output directory (default: runs/series-YYYYmmdd-HHMMSS)", group="output", metavar="DIR",
                    check=checks.output_path)
     base: str = opt(None, "the base model, step 0 (default: the model the example script recorded; without "
-                    "one the series starts at the first checkpoint)", group="inputs", metavar="MODEL")
+                    "one the series starts at the first checkpoint)", group="inputs", metavar="MODEL",
+                    check=checks.model)
     prompts: str = opt(None, "held-out prompts, JSONL with 'prompt' and 'solution' (default: the output "
                        "directory's problems_heldout.jsonl, written by examples/trl_grpo_word_problems.py)",
                        group="inputs", metavar="FILE", check=checks.input_file)
@@ -55,7 +56,8 @@ class SeriesOptions:
                             "rollouts_dir)", group="inputs")
     token_answers: int = opt(8, "answers of the first checkpoint probed by every checkpoint, for the token view "
                              "(0: none)", group="inputs", metavar="ANSWERS", check=checks.int_at_least(0))
-    steps: str = opt(None, "only these steps: '0,20,40' or ranges '0-40'", group="inputs", metavar="STEPS")
+    steps: str = opt(None, "only these steps: '0,20,40' or ranges '0-40'", group="inputs", metavar="STEPS",
+                     check=checks.step_spec)
     seed: int = opt(0, "sampling seed (the same at every checkpoint) and the sketch's", group="run control",
                     metavar="INT", check=checks.seed)
     no_figures: bool = opt(False, "skip figures", group="output")

@@ -130,6 +130,16 @@ def int_list(flag: str, v: Any) -> None:
         raise GmtsError(f"{flag}: every value must be an integer >= 1, got '{v}'")
 
 
+def step_spec(flag: str, v: Any) -> None:
+    """Training steps: ``'10,20'`` or ranges ``'10-30'`` (:func:`gmts_analysis.readers.sources.parse_steps`)."""
+    from gmts_analysis.readers.sources import parse_steps
+
+    try:
+        parse_steps(v)
+    except GmtsError as e:
+        raise GmtsError(f"{flag}: {str(e).split(': ', 1)[-1]}") from None
+
+
 def output_path(flag: str, v: Any) -> None:
     """Something can be created at ``v``: no existing ancestor is a file, no part is a dangling link."""
     from pathlib import Path
