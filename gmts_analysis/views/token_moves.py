@@ -98,16 +98,14 @@ def by_string(table: pd.DataFrame) -> pd.DataFrame:
 
 def plot_moves(strings: pd.DataFrame, steps: Sequence[int], k: int = 10):
     """Bar chart of the ``k`` token texts that gained and the ``k`` that lost most share (mean over occurrences)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     top = strings.head(k)
     bottom = strings.tail(k)
     both = pd.concat([top, bottom]).drop_duplicates("token")
     both = both.sort_values("mean_delta")
-    fig, ax = plt.subplots(figsize=(6.5, 0.28 * len(both) + 1.4))
+    fig = Figure(figsize=(6.5, 0.28 * len(both) + 1.4))
+    ax = fig.subplots()
     colors = ["#b2182b" if v > 0 else "#2166ac" for v in both["mean_delta"]]
     labels = [f"{t!r} (n={n})" for t, n in zip(both["token"], both["n"])]
     ax.barh(range(len(both)), both["mean_delta"], color=colors)
@@ -120,13 +118,10 @@ def plot_moves(strings: pd.DataFrame, steps: Sequence[int], k: int = 10):
 
 
 def _png(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
     from gmts_analysis.util.io import atomic_write_bytes
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
     return atomic_write_bytes(path, buf.getvalue())
 
 
@@ -146,18 +141,16 @@ def write_token_moves(dirs: Sequence[str | os.PathLike], out: str | os.PathLike,
     return summary
 
 
-def plot_pass1(checkpoints: Sequence[dict], path: str | os.PathLike) -> Path:
+def fig_pass1(checkpoints: Sequence[dict]):
     """pass@1 on the held-out prompts against step, with its 95% CI (the series' ``checkpoints`` entries)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     xs = [c["step"] for c in checkpoints]
     ys = [c["pass1"] for c in checkpoints]
     lo = [c["pass1"] - c["ci_low"] for c in checkpoints]
     hi = [c["ci_high"] - c["pass1"] for c in checkpoints]
-    fig, ax = plt.subplots(figsize=(5, 3.2))
+    fig = Figure(figsize=(5, 3.2))
+    ax = fig.subplots()
     ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color="#333333")
     n = checkpoints[0].get("n_answers")
     ax.set_xlabel("step")
@@ -165,4 +158,9 @@ def plot_pass1(checkpoints: Sequence[dict], path: str | os.PathLike) -> Path:
     ax.set_title(f"held-out pass@1 ({n} answers per checkpoint)", fontsize=10)
     ax.set_xticks(xs)
     fig.tight_layout()
-    return _png(fig, Path(path))
+    return fig
+
+
+def plot_pass1(checkpoints: Sequence[dict], path: str | os.PathLike) -> Path:
+    """:func:`fig_pass1` written as a PNG at ``path`` (atomically)."""
+    return _png(fig_pass1(checkpoints), Path(path))
