@@ -491,7 +491,7 @@ def render_html(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
     """The self-contained compare.html (:func:`gmts_analysis.views.compare_page.render_page`)."""
     from gmts_analysis.views.compare_page import render_page
 
-    return render_page(cmp, figs)
+    return render_page(cmp, figure_series(cmp.table), figs)
 
 
 def write_comparison(cmp: Comparison, out: str | os.PathLike, figures: bool = True) -> list[Path]:

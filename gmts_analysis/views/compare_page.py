@@ -15,10 +15,7 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from gmts_analysis.views.compare import Comparison
+from typing import Any
 
 #: the mark of a too-small run's value in the table (a point estimate, no interval)
 SMALL_MARK = "\u2020"
@@ -41,12 +38,11 @@ def _intervals(run: dict) -> str:
     return f"95% CI over {run.get('units')} groups" if run.get("units") is not None else ""
 
 
-def render_page(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
-    """A self-contained page: runs, the settings and size cautions, the main statistics per run, figures."""
-    from gmts_analysis.views.compare import figure_series
-
+def render_page(cmp: Any, main: Sequence[str], figs: Sequence[tuple[str, Path]] = ()) -> str:
+    """A self-contained page of ``cmp`` (a :class:`gmts_analysis.views.compare.Comparison`; this module does not
+    import that one, which imports it): runs, the settings and size cautions, the statistics ``main`` per run
+    (the series :func:`gmts_analysis.views.compare.figure_series` draws), figures."""
     e = html.escape
-    t = cmp.table
     small = cmp.too_small
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>gmts compare</title>",
              f"<style>{STYLE}</style></head><body>", f"<h1>Comparison of {len(cmp.runs)} runs</h1>"]
@@ -72,7 +68,6 @@ def render_page(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
                      f"<td>{e(str(r['settings']))}</td><td>{e(str(r['model']))}</td>"
                      f"<td>{e(_intervals(r))}</td></tr>")
     parts.append("</table>")
-    main = figure_series(t)
     if main:
         parts += _main_table(cmp, main)
     if figs:
@@ -87,7 +82,7 @@ def render_page(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
     return "\n".join(parts)
 
 
-def _main_table(cmp: Comparison, main: Sequence[str]) -> list[str]:
+def _main_table(cmp: Any, main: Sequence[str]) -> list[str]:
     """The main statistics, one row per statistic and one column per run: ``value [lo, hi]`` where the run's
     stats.json has the 95% CI, the value alone otherwise, marked :data:`SMALL_MARK` for a too-small run."""
     e = html.escape
