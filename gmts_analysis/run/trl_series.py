@@ -90,10 +90,6 @@ def _probe(s: SeriesSettings, model: str, rollouts: Path, out: Path, method: str
     return run_probe(cfg, extra={"step": step, "checkpoint": model, "job": "gmts series", **(extra or {})})
 
 
-def _finished(d: Path) -> bool:
-    return (d / "stats.json").is_file() and (d / "manifest.json").is_file()
-
-
 def _agreement(sketch_dir: Path, exact_dir: Path) -> dict:
     """Spearman between the sketch's and exact norms on the answers both probed, and the median relative error."""
     from scipy.stats import spearmanr
@@ -111,93 +107,138 @@ def _agreement(sketch_dir: Path, exact_dir: Path) -> dict:
             "median_rel_error": float(np.median(rel))}
 
 
-def audit_series(s: SeriesSettings) -> Path:
-    """Run the audit (module docstring) into ``s.out``; returns ``s.out``."""
-    from gmts_analysis.engine.choice import choose_method
-    from gmts_analysis.readers.trl_output import own_batch, probe_loss_options, read_trl_output, training_args
+@dataclasses.dataclass
+class _Series:
+    """What every checkpoint of one audit shares: the TRL output, the held-out rows, the trained loss (with the
+    sampling temperature), the completion budget and the output directory."""
+
+    trl: Any
+    ckpts: list[tuple[int, str]]
+    rows: list[dict]
+    prompts: str
+    loss: dict
+    max_new: int
+    out: Path
+
+
+def _series_inputs(s: SeriesSettings) -> _Series:
+    """Read the TRL output directory, the trained loss (newest checkpoint's ``training_args.bin``) and the
+    held-out prompts; make the output folders."""
+    from gmts_analysis.readers.trl_output import probe_loss_options, read_trl_output, training_args
     from gmts_analysis.sampling.generate import read_prompts
-    from gmts_analysis.util.io import atomic_write_json
 
     trl = read_trl_output(s.output_dir, s.base)
     steps = _steps_wanted(s.steps, trl.steps)
-    ckpts = [(st, p) for st, p in trl.checkpoints if st in steps]
     newest = next(p for st, p in reversed(trl.checkpoints) if st > 0)
-    targs = training_args(newest)
-    loss = probe_loss_options(targs)
-    temperature = s.temperature if s.temperature is not None else loss["temperature"]
-    loss["temperature"] = temperature  # the probe's log-probs at the sampling temperature
-    max_new = s.max_completion_length or loss.get("max_completion_length") or 256
+    loss = probe_loss_options(training_args(newest))
+    if s.temperature is not None:
+        loss["temperature"] = s.temperature  # the probe's log-probs at the sampling temperature
     prompts = s.prompts or (str(trl.heldout_prompts()) if trl.heldout_prompts() else None)
     if prompts is None:
         raise GmtsError(f"{s.output_dir}: no held-out prompts: pass --prompts FILE (the example script writes "
                         "problems_heldout.jsonl)")
-    rows = read_prompts(prompts, limit=s.num_prompts)
     out = Path(s.out)
     for sub in ("samples", "tokens", "exact_subset", "batches"):
         (out / sub).mkdir(parents=True, exist_ok=True)
-    log.info("series of %d checkpoints (steps %s; base from %s), %d held-out prompts x %d answers, loss %s, "
-             "temperature %g, %d tokens", len(ckpts), [c[0] for c in ckpts], trl.base_source or "none", len(rows),
-             s.num_generations, loss.get("loss_type"), temperature, max_new)
-    record: dict[str, Any] = {"output_dir": str(trl.root), "base_source": trl.base_source, "prompts": str(prompts),
-                              "num_prompts": len(rows), "num_generations": s.num_generations,
-                              "temperature": temperature, "max_completion_length": max_new, "seed": s.seed,
-                              "verifier": s.verifier, "loss": loss, "checkpoints": []}
-    token_file = out / "tokens" / "answers.jsonl"
-    for step, path in ckpts:
-        t0 = time.perf_counter()
-        tag = f"step-{step:05d}"
-        answers = sample_answers(path, rows, s.num_generations, temperature=temperature, max_new_tokens=max_new,
-                                 seed=s.seed, verifier=s.verifier, batch_size=s.batch_size, progress=not s.quiet,
-                                 path=out / "samples" / f"{tag}.jsonl")
-        t_sample = time.perf_counter() - t0
-        lengths = [len(a["response_ids"]) for a in answers]
-        if s.grad_norm == "auto":
-            method, why = choose_method(lengths, s.probes)
-        else:
-            method, why = s.grad_norm, "as asked (--grad-norm)"
-        log.info("%s (%s): %s", tag, path, why)
-        run_dir = out / tag
-        _probe(s, path, out / "samples" / f"{tag}.jsonl", run_dir, method, loss, step)
-        entry: dict[str, Any] = {"step": step, "checkpoint": path, "run": tag, "method": method, "why": why,
-                                 "mean_answer_tokens": float(np.mean(lengths)), **pass_at_1(answers, seed=s.seed),
-                                 "seconds": {"sample": round(t_sample, 1)}}
-        if method == "sketch" and s.exact_subset > 0:
-            sub = out / "exact_subset" / f"{tag}.jsonl"
-            if not sub.is_file():
-                write_jsonl(sub, answers[: s.exact_subset])
-            _probe(s, path, sub, out / "exact_subset" / tag, "exact", loss, step)
-            entry["sketch_vs_exact"] = _agreement(run_dir, out / "exact_subset" / tag)
-        if s.own_batches:
-            files = own_batch(trl, step)
-            if files is None:
-                entry["own_batch"] = None
-                log.warning("%s: no training batch generated by this checkpoint was logged (rollouts_dir)", tag)
-            else:
-                bfile = out / "batches" / f"{tag}.jsonl"
-                if not bfile.is_file():
-                    write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
-                _probe(s, path, bfile, out / "batches" / tag, method, loss, step, extra={"own_batch": str(files[0])})
-                entry["own_batch"] = f"batches/{tag}"
-        if s.token_answers > 0:
-            if not token_file.is_file():
-                write_jsonl(token_file, answers[: s.token_answers])
-            _probe(s, path, token_file, out / "tokens" / tag, "exact", loss, step)
-        entry["seconds"]["total"] = round(time.perf_counter() - t0, 1)
-        record["checkpoints"].append(entry)
-        atomic_write_json(out / SERIES_FILE, record)
+    return _Series(trl=trl, ckpts=[(st, p) for st, p in trl.checkpoints if st in steps],
+                   rows=read_prompts(prompts, limit=s.num_prompts), prompts=str(prompts), loss=loss,
+                   max_new=s.max_completion_length or loss.get("max_completion_length") or 256, out=out)
+
+
+def _audit_checkpoint(s: SeriesSettings, ser: _Series, step: int, path: str) -> dict:
+    """One checkpoint: sample, choose the method, probe; the exact subset, its own batch and the token view as
+    asked. Returns its ``series.json`` entry."""
+    from gmts_analysis.engine.choice import choose_method
+
+    out, loss = ser.out, ser.loss
+    t0 = time.perf_counter()
+    tag = f"step-{step:05d}"
+    sample = out / "samples" / f"{tag}.jsonl"
+    answers = sample_answers(path, ser.rows, s.num_generations, temperature=loss["temperature"],
+                             max_new_tokens=ser.max_new, seed=s.seed, verifier=s.verifier, batch_size=s.batch_size,
+                             progress=not s.quiet, path=sample)
+    t_sample = time.perf_counter() - t0
+    lengths = [len(a["response_ids"]) for a in answers]
+    method, why = choose_method(lengths, s.probes) if s.grad_norm == "auto" else (s.grad_norm,
+                                                                                   "as asked (--grad-norm)")
+    log.info("%s (%s): %s", tag, path, why)
+    _probe(s, path, sample, out / tag, method, loss, step)
+    entry: dict[str, Any] = {"step": step, "checkpoint": path, "run": tag, "method": method, "why": why,
+                             "mean_answer_tokens": float(np.mean(lengths)), **pass_at_1(answers, seed=s.seed),
+                             "seconds": {"sample": round(t_sample, 1)}}
+    if method == "sketch" and s.exact_subset > 0:
+        entry["sketch_vs_exact"] = _agreement(out / tag, _probe_subset(
+            s, path, answers[: s.exact_subset], out / "exact_subset" / tag, "exact", loss, step))
+    if s.own_batches:
+        entry["own_batch"] = _probe_own_batch(s, ser, step, path, method)
+    if s.token_answers > 0:  # the first checkpoint's answers, the same file for every checkpoint
+        _probe_subset(s, path, answers[: s.token_answers], out / "tokens" / tag, "exact", loss, step,
+                      rows_file=out / "tokens" / "answers.jsonl")
+    entry["seconds"]["total"] = round(time.perf_counter() - t0, 1)
+    return entry
+
+
+def _probe_subset(s: SeriesSettings, path: str, answers: list[dict], run_dir: Path, method: str, loss: dict,
+                  step: int, rows_file: Path | None = None) -> Path:
+    """Probe ``answers`` (written once to ``rows_file``, default ``run_dir`` + ``.jsonl``: a file that exists is
+    kept) into ``run_dir``; returns ``run_dir``."""
+    rows_file = rows_file or run_dir.with_suffix(".jsonl")
+    if not rows_file.is_file():
+        write_jsonl(rows_file, answers)
+    _probe(s, path, rows_file, run_dir, method, loss, step)
+    return run_dir
+
+
+def _probe_own_batch(s: SeriesSettings, ser: _Series, step: int, path: str, method: str) -> str | None:
+    """Probe the checkpoint on the training batch it generated (``batches/step-NNNNN``), or None (logged) when
+    the run logged none."""
+    from gmts_analysis.readers.trl_output import own_batch
+
+    tag = f"step-{step:05d}"
+    files = own_batch(ser.trl, step)
+    if files is None:
+        log.warning("%s: no training batch generated by this checkpoint was logged (rollouts_dir)", tag)
+        return None
+    bfile = ser.out / "batches" / f"{tag}.jsonl"
+    if not bfile.is_file():
+        write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
+    _probe(s, path, bfile, ser.out / "batches" / tag, method, ser.loss, step, extra={"own_batch": str(files[0])})
+    return f"batches/{tag}"
+
+
+def _write_views(s: SeriesSettings, ser: _Series, record: dict) -> None:
+    """The comparison of the series' runs, the token view and the pass@1 figure (two checkpoints at least)."""
+    if len(ser.ckpts) < 2:
+        return
     from gmts_analysis.views.compare import compare_runs, write_comparison
+    from gmts_analysis.views.token_moves import plot_pass1, write_token_moves
 
-    runs = [out / f"step-{st:05d}" for st, _ in ckpts]
-    if len(runs) >= 2:
-        write_comparison(compare_runs(runs), out / "compare", figures=s.figures)
-    if s.token_answers > 0 and len(ckpts) >= 2:
-        from gmts_analysis.views.token_moves import write_token_moves
+    tags = [f"step-{st:05d}" for st, _ in ser.ckpts]
+    write_comparison(compare_runs([ser.out / t for t in tags]), ser.out / "compare", figures=s.figures)
+    if s.token_answers > 0:
+        record["token_moves"] = write_token_moves([ser.out / "tokens" / t for t in tags], ser.out / "tokens",
+                                                  figures=s.figures)
+    if s.figures:
+        plot_pass1(record["checkpoints"], ser.out / "pass1.png")
 
-        record["token_moves"] = write_token_moves([out / "tokens" / f"step-{st:05d}" for st, _ in ckpts],
-                                                  out / "tokens", figures=s.figures)
-    if s.figures and len(ckpts) >= 2:
-        from gmts_analysis.views.token_moves import plot_pass1
 
-        plot_pass1(record["checkpoints"], out / "pass1.png")
-    atomic_write_json(out / SERIES_FILE, record)
-    return out
+def audit_series(s: SeriesSettings) -> Path:
+    """Run the audit (module docstring) into ``s.out``; returns ``s.out``."""
+    from gmts_analysis.util.io import atomic_write_json
+
+    ser = _series_inputs(s)
+    loss = ser.loss
+    log.info("series of %d checkpoints (steps %s; base from %s), %d held-out prompts x %d answers, loss %s, "
+             "temperature %g, %d tokens", len(ser.ckpts), [c[0] for c in ser.ckpts], ser.trl.base_source or "none",
+             len(ser.rows), s.num_generations, loss.get("loss_type"), loss["temperature"], ser.max_new)
+    record: dict[str, Any] = {"output_dir": str(ser.trl.root), "base_source": ser.trl.base_source,
+                              "prompts": ser.prompts, "num_prompts": len(ser.rows),
+                              "num_generations": s.num_generations, "temperature": loss["temperature"],
+                              "max_completion_length": ser.max_new, "seed": s.seed, "verifier": s.verifier,
+                              "loss": loss, "checkpoints": []}
+    for step, path in ser.ckpts:
+        record["checkpoints"].append(_audit_checkpoint(s, ser, step, path))
+        atomic_write_json(ser.out / SERIES_FILE, record)  # a killed audit keeps the finished checkpoints
+    _write_views(s, ser, record)
+    atomic_write_json(ser.out / SERIES_FILE, record)
+    return ser.out
