@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.views.compare import compare_runs, last_step, run_step, write_comparison
+from gmts_analysis.views.compare import base_at_step_0, compare_runs, last_step, run_step, write_comparison
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +66,7 @@ def probe_series(cfg: Any, models: Sequence[str], figures: bool = True) -> Path:
 
     out = Path(cfg.out)
     bases = [Path(m.rstrip("/")).name for m in models]
-    steps = [run_step({"model_path": m, "config": {}})[0] for m in models]
-    if steps.count(None) == 1 and all(s >= 1 for s in steps if s is not None):
-        steps[steps.index(None)] = 0  # the base model among checkpoints: step 0 wherever it is listed
+    steps = base_at_step_0([run_step({"model_path": m, "config": {}})[0] for m in models])
     dirs = []
     for i, m in enumerate(models):
         sub = out / _checkpoint_name(m, i, bases)

@@ -198,6 +198,15 @@ def run_step(manifest: Mapping) -> tuple[int | None, str]:
     return None, "order"
 
 
+def base_at_step_0(steps: Sequence[int | None]) -> list[int | None]:
+    """``steps`` with the one model without a step among checkpoints that all have one (>= 1) at step 0: the
+    base model of the series, wherever it was listed; unchanged otherwise."""
+    out = list(steps)
+    if out.count(None) == 1 and len(out) > 1 and all(x >= 1 for x in out if x is not None):
+        out[out.index(None)] = 0
+    return out
+
+
 def last_step(text: str) -> int | None:
     """The number of the last ``checkpoint-N`` / ``ckpt_N`` / ``stepN`` / ``global_stepN`` in ``text``."""
     found = list(STEP_PATTERN.finditer(text))
@@ -305,12 +314,10 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
         stats, manifest = _statistics(d), _read(d, "manifest.json")
         step, src = run_step(manifest)
         recs.append({"dir": d, "stats": stats, "manifest": manifest, "step": step, "source": src, "order": i})
-    no_step = [r for r in recs if r["step"] is None]
-    if len(no_step) == 1 and len(recs) > 1 and all(r["step"] >= 1 for r in recs if r["step"] is not None):
-        # one model without a step among checkpoints that all have one: the base model, step 0, wherever it
-        # was given in the list
-        no_step[0]["step"], no_step[0]["source"] = 0, "base model (the one run without a step)"
-        log.info("compare: %s has no step; the base model of the series, step 0", no_step[0]["dir"])
+    for r, step in zip(recs, base_at_step_0([r["step"] for r in recs])):
+        if step != r["step"]:
+            r["step"], r["source"] = step, "base model (the one run without a step)"
+            log.info("compare: %s has no step; the base model of the series, step 0", r["dir"])
     by_step = all(r["step"] is not None for r in recs)
     if not by_step and any(r["step"] is not None for r in recs):
         log.warning("compare: some runs have no step (manifest or checkpoint path); using the given order for all")
