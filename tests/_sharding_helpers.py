@@ -38,7 +38,7 @@ def write_rollouts(path: Path, sizes=GROUP_SIZES, seed: int = 0, long_answer: st
 
 def probe_args(model, rollouts, out, *extra: str) -> list[str]:
     return ["probe", "--model", str(model), "--rollouts", str(rollouts), "--out", str(out), "--device", "cpu",
-            "--quiet", "--no-figures", "--fidelity", "off", *extra]
+            "--quiet", "--no-figures", "--fidelity", "off", "--threads", "1", *extra]
 
 
 def subprocess_env(**extra: str) -> dict:
