@@ -89,6 +89,19 @@ def test_worked_examples_never_share_the_answer_asked_for():
         wp.examples_for(probs[0], len(wp.EXAMPLES))
 
 
+def test_matched_examples_have_the_problems_number_of_steps_and_never_its_answer():
+    probs = wp.generate(240, seed=11)
+    assert {p.answer for p in probs if p.difficulty == 1} & {a for _, _, a in wp.ONE_STEP_EXAMPLES}
+    for p in probs:
+        shown = wp.examples_for(p, matched=True)
+        assert len(shown) == wp.N_EXAMPLES
+        assert all(f"\\boxed{{{p.answer}}}" not in a for _, a in shown)
+        # a worked answer's steps are its "=" signs: one before a one-step problem, two before a two-step one
+        assert all(a.count("=") == p.difficulty for _, a in shown), (p, shown)
+        assert wp.prompt_messages(p, matched=True)[-1] == wp.prompt_messages(p)[-1]  # the problem is unchanged
+    assert all(a.count("=") == 2 for p in probs for _, a in wp.examples_for(p))  # the default stays two-step
+
+
 def test_stats_json_has_the_reward_audit_of_its_answers():
     from _synthetic import make_tables
 

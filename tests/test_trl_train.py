@@ -66,6 +66,18 @@ def test_problem_splits_are_disjoint_reproducible_and_exclude(tmp_path):
         trl_train.distinct_word_problems(5000, 0)
 
 
+def test_level_one_problems_draw_all_700_and_match_examples_without_changing_which():
+    one = trl_train.distinct_word_problems(700, 4, difficulty=1)  # a draw of 150 at level 1 stalls
+    assert len({trl_train._problem_text(r) for r in one}) == 700 and {r["difficulty"] for r in one} == {1}
+    with pytest.raises(GmtsError, match="only 700 distinct"):
+        trl_train.distinct_word_problems(701, 4, difficulty=1)
+    train, held = trl_train.word_problem_splits(100, 50, seed=1, eval_seed=2, difficulty=1)
+    mt, mh = trl_train.word_problem_splits(100, 50, seed=1, eval_seed=2, difficulty=1, matched_examples=True)
+    assert [trl_train._problem_text(r) for r in train + held] == [trl_train._problem_text(r) for r in mt + mh]
+    assert all(m["prompt"][1]["content"].count("=") == 1 and r["prompt"][1]["content"].count("=") == 2
+               for r, m in zip(train + held, mt + mh))
+
+
 @pytest.fixture(scope="module")
 def trained(tiny_dir, tmp_path_factory):
     """The example script run as a user runs it: 2 steps, a checkpoint each, rollouts and completions logged."""
@@ -94,6 +106,9 @@ def test_example_script_trains_and_keeps_one_optimizer(tiny_dir, trained):
     # the same output_dir with other problems is refused in one line
     r = subprocess.run(cmd[:2] + _args(out, tiny_dir, problem_seed=9), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "other script arguments (problem_seed)" in r.stderr
+    assert rec["examples"] == "fixed"
+    r = subprocess.run(cmd[:2] + _args(out, tiny_dir, examples="matched"), capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "other script arguments (examples)" in r.stderr
 
 
 def test_trl_output_read_as_trl_leaves_it(trained, tiny_dir):

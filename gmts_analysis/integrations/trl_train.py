@@ -58,7 +58,10 @@ class WordProblemArguments:
     eval_problems: int = field(default=200, metadata={
         "help": "held-out problems (never trained on: the training problems exclude their texts)"})
     eval_seed: int = field(default=12345, metadata={"help": "seed of the held-out problems"})
-    difficulty: int | None = field(default=None, metadata={"help": "1 or 2 only (default: both)"})
+    difficulty: int | None = field(default=None, metadata={"help": "1 (one step) or 2 (two steps) only (default: both)"})
+    examples: str = field(default="fixed", metadata={
+        "help": "worked examples in the prompt: 'fixed' (two-step, for every problem) or 'matched' (one-step before "
+                "one-step problems: SmolLM2-135M's level-1 pass@1 0.10 -> 0.29)", "choices": ["fixed", "matched"]})
     exclude_problems: str | None = field(default=None, metadata={
         "help": "JSONL files of prompt rows (comma-separated) whose problems are neither trained on nor held out "
                 "(e.g. another study's held-out set, or a pilot's problems)"})
@@ -82,21 +85,25 @@ def _problem_text(row: dict) -> str:
 
 
 #: problems per draw of :func:`distinct_word_problems` (one ``word_problems`` call takes templates in turn and
-#: stalls near 250 distinct problems, as its smallest templates run out)
+#: stalls near 250 distinct problems, as its smallest templates run out; at level 1 alone, whose three smallest
+#: templates hold 6-8 problems each, a draw of 30 takes 5 of each)
 _DRAW = 150
+_DRAW_LEVEL_1 = 30
 
 
 def distinct_word_problems(n: int, seed: int, difficulty: int | None = None,
-                           exclude: set[str] | frozenset = frozenset()) -> list[dict]:
+                           exclude: set[str] | frozenset = frozenset(), matched_examples: bool = False) -> list[dict]:
     """``n`` distinct word problems (prompt rows) whose texts are not in ``exclude``: successive draws of
     :func:`gmts_analysis.sampling.wordproblems.word_problems` from the seeds ``"{seed}/0"``, ``"{seed}/1"``, ...,
-    deduplicated in order (reproducible from ``seed``; about 1,900 distinct problems exist over both levels)."""
+    deduplicated in order (reproducible from ``seed``; about 1,900 distinct problems exist over both levels, 700
+    at level 1). ``matched_examples`` changes the worked examples shown, never which problems are drawn."""
     from gmts_analysis.sampling.wordproblems import word_problems
 
     out: list[dict] = []
     seen = set(exclude)
-    for j in range(max(40, 4 * n // _DRAW + 40)):
-        for r in word_problems(_DRAW, f"{seed}/{j}", difficulty):
+    draw = _DRAW_LEVEL_1 if difficulty == 1 else _DRAW
+    for j in range(max(40, 4 * n // draw + 40) if draw == _DRAW else max(200, 40 * n // draw)):
+        for r in word_problems(draw, f"{seed}/{j}", difficulty, matched_examples):
             t = _problem_text(r)
             if t not in seen:
                 seen.add(t)
@@ -109,14 +116,15 @@ def distinct_word_problems(n: int, seed: int, difficulty: int | None = None,
 
 def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int = 12345,
                         difficulty: int | None = None, exclude: set[str] | frozenset = frozenset(),
-                        ) -> tuple[list[dict], list[dict]]:
+                        matched_examples: bool = False) -> tuple[list[dict], list[dict]]:
     """``(train, held_out)`` prompt rows: ``n_eval`` held-out problems from ``eval_seed``, then ``n_train``
     training problems from ``seed`` with every held-out text left out (no held-out problem is trained on);
     both from :func:`distinct_word_problems`, neither holding a text of ``exclude``."""
     if n_train < 1 or n_eval < 0:
         raise GmtsError(f"word problems: need train_problems >= 1 and eval_problems >= 0, got {n_train}, {n_eval}")
-    held = distinct_word_problems(n_eval, eval_seed, difficulty, exclude=exclude) if n_eval else []
-    train = distinct_word_problems(n_train, seed, difficulty, exclude=set(exclude) | {_problem_text(r) for r in held})
+    held = distinct_word_problems(n_eval, eval_seed, difficulty, exclude, matched_examples) if n_eval else []
+    train = distinct_word_problems(n_train, seed, difficulty, set(exclude) | {_problem_text(r) for r in held},
+                                   matched_examples)
     return train, held
 
 
@@ -135,7 +143,7 @@ def problem_texts(paths: str | None) -> set[str]:
 def script_splits(a: WordProblemArguments) -> tuple[list[dict], list[dict]]:
     """The training and held-out problems of the script's arguments (:func:`word_problem_splits`)."""
     return word_problem_splits(a.train_problems, a.eval_problems, a.problem_seed, a.eval_seed, a.difficulty,
-                               exclude=problem_texts(a.exclude_problems))
+                               exclude=problem_texts(a.exclude_problems), matched_examples=a.examples == "matched")
 
 
 def trl_dataset(rows: list[dict]) -> Any:
@@ -255,8 +263,9 @@ def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: A
     prev = out / SCRIPT_ARGS_FILE
     if prev.is_file():
         old = json.loads(prev.read_text(encoding="utf-8"))
+        old.setdefault("examples", "fixed")  # written before the option existed
         moved = [k for k in ("model_name_or_path", "train_problems", "problem_seed", "eval_problems", "eval_seed",
-                             "difficulty", "exclude_problems") if old.get(k) != rec.get(k)]
+                             "difficulty", "exclude_problems", "examples") if old.get(k) != rec.get(k)]
         if moved:
             raise GmtsError(f"{prev}: this output_dir was trained with other script arguments ({', '.join(moved)}); "
                             "use another output_dir")

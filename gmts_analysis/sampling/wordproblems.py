@@ -12,7 +12,10 @@ scored by the ``math_boxed`` verifier (:func:`gmts_analysis.readers.verifiers.ma
 ``solution`` column, the answer as an integer. To train on them through TRL:
 :mod:`gmts_analysis.integrations.trl_train` (docs/real_runs.md).
 
-``difficulty`` 1 has one or two steps, 2 one more; every number is below 10 except sums of them. :func:`word_problems` returns prompt rows in the shape of
+``difficulty`` 1 is one arithmetic step, 2 two steps; every number is below 10 except sums of them. The
+worked examples are two-step by default; ``matched_examples`` shows one-step examples before one-step
+problems (:data:`ONE_STEP_EXAMPLES`), which lifts SmolLM2-135M-Instruct's pass@1 on level 1 from 0.10 to 0.29
+(80 problems, one answer each at T 0.7): with two-step examples it adds a second, made-up step. :func:`word_problems` returns prompt rows in the shape of
 a ``gmts sample --prompts`` file (``prompt`` as messages, ``solution``, ``difficulty``, ``template``).
 """
 
@@ -141,29 +144,40 @@ EXAMPLES = (
     ("A shelf has 4 rows of 3 cups. Then 3 cups break. How many cups are left?",
      "4 * 3 = 12. 12 - 3 = 9. \\boxed{9}", 9),
 )
+#: one-step worked examples, shown before a level-1 (one-step) problem when examples are matched to the
+#: problem's steps (same rule: never the problem's answer)
+ONE_STEP_EXAMPLES = (
+    ("Kim has 4 books and buys 3 more books. How many books does Kim have now?", "4 + 3 = 7. \\boxed{7}", 7),
+    ("A box holds 3 rows of 2 eggs. How many eggs are there?", "3 * 2 = 6. \\boxed{6}", 6),
+    ("A shelf has 9 cups. Then 4 cups break. How many cups are left?", "9 - 4 = 5. \\boxed{5}", 5),
+)
 #: worked examples per prompt
 N_EXAMPLES = 2
 
 
-def examples_for(problem: WordProblem, n: int = N_EXAMPLES) -> list[tuple[str, str]]:
+def examples_for(problem: WordProblem, n: int = N_EXAMPLES, matched: bool = False) -> list[tuple[str, str]]:
     """The ``n`` worked examples (question, answer text) shown before ``problem``: the first of
-    :data:`EXAMPLES` whose answer is not the problem's."""
-    if not 0 <= n < len(EXAMPLES):
-        raise GmtsError(f"word problems: n_examples must be in 0..{len(EXAMPLES) - 1}, got {n}")
-    return [(q, a) for q, a, ans in EXAMPLES if ans != problem.answer][:n]
+    :data:`EXAMPLES` (with ``matched``, of :data:`ONE_STEP_EXAMPLES` for a level-1 problem) whose answer is not
+    the problem's."""
+    pool = ONE_STEP_EXAMPLES if matched and problem.difficulty == 1 else EXAMPLES
+    if not 0 <= n < len(pool):
+        raise GmtsError(f"word problems: n_examples must be in 0..{len(pool) - 1}, got {n}")
+    return [(q, a) for q, a, ans in pool if ans != problem.answer][:n]
 
 
-def prompt_messages(problem: WordProblem, n_examples: int = N_EXAMPLES) -> list[dict]:
-    """The chat prompt: the worked examples (:func:`examples_for`) as earlier turns, then the problem with
-    the ``\\boxed{}`` instruction as the last user message."""
+def prompt_messages(problem: WordProblem, n_examples: int = N_EXAMPLES, matched: bool = False) -> list[dict]:
+    """The chat prompt: the worked examples (:func:`examples_for`, ``matched`` to the problem's steps or the
+    two-step ones) as earlier turns, then the problem with the ``\\boxed{}`` instruction as the last user message."""
     msgs: list[dict] = []
-    for q, a in examples_for(problem, n_examples):
+    for q, a in examples_for(problem, n_examples, matched):
         msgs += [{"role": "user", "content": f"{q}\n{INSTRUCTION}"}, {"role": "assistant", "content": a}]
     return msgs + [{"role": "user", "content": f"{problem.text}\n{INSTRUCTION}"}]
 
 
-def word_problems(n: int, seed: int = 0, difficulty: int | None = None) -> list[dict]:
+def word_problems(n: int, seed: int = 0, difficulty: int | None = None,
+                  matched_examples: bool = False) -> list[dict]:
     """Prompt rows (``prompt`` messages, ``solution``, ``difficulty``, ``template``) for
-    :func:`gmts_analysis.sampling.generate.sample_prompts`, scored by the ``math_boxed`` verifier (or ``math``)."""
-    return [{"prompt": prompt_messages(p), "solution": str(p.answer), "difficulty": p.difficulty,
+    :func:`gmts_analysis.sampling.generate.sample_prompts`, scored by the ``math_boxed`` verifier (or ``math``);
+    ``matched_examples``: worked examples with the problem's number of steps (:func:`prompt_messages`)."""
+    return [{"prompt": prompt_messages(p, matched=matched_examples), "solution": str(p.answer), "difficulty": p.difficulty,
              "template": p.template} for p in generate(n, seed, difficulty)]
