@@ -172,6 +172,30 @@ def test_a_copied_example_is_kept_whoever_scores_the_answers(run, rows, tmp_path
     assert by_file.stats["reward_audit"]["copies_prompt_example_share"] == pytest.approx(want)
 
 
+def test_rescoring_records_final_answers_and_a_rewards_file_drops_them(run, rows, tmp_path):
+    """A verifier's re-scoring records each answer's ``final_answer`` (never handed to the verifier as a column)
+    and the audit's modal answer shares; a rewards file has no verifier, so the old extraction goes."""
+    n = len(run.answers)
+    texts = ["So \\boxed{8}" if i % 10 < 7 else f"So \\boxed{{{i}}}" for i in range(n)]
+    sols = [str(i) for i in range(n)]
+    marked = gmts.Run(tokens=run.tokens, answers=run.answers.assign(response=texts, prompt="How many?", solution=sols),
+                      stats=run.stats, manifest=run.manifest)
+    by_verifier = marked.rescore(verifier="math_boxed", n_boot=0)
+    assert by_verifier.answers["final_answer"].tolist() == [t[len("So \\boxed{"):-1] for t in texts]
+    audit = by_verifier.stats["reward_audit"]
+    share = sum(t == "So \\boxed{8}" for t in texts) / n
+    assert audit["modal_answer"] == "8" and audit["modal_answer_share"] == pytest.approx(share)
+    assert audit["modal_solution_share"] == pytest.approx(1 / n)
+    v = tmp_path / "strict.py"  # final_answer is the run's own column, never a verifier's input
+    v.write_text("def f(prompts, completions, **kw):\n    assert 'final_answer' not in kw and 'solution' in kw\n"
+                 "    return [0.0] * len(prompts)\n")
+    assert by_verifier.rescore(verifier=f"{v}:f", n_boot=0).stats["reward_audit"]["positive_share"] == 0.0
+    f = tmp_path / "r.csv"
+    pd.DataFrame({"answer_id": [str(r["answer_id"]) for r in rows], "reward": [r["reward"] for r in rows]}).to_csv(f, index=False)
+    by_file = by_verifier.rescore(rewards=f, n_boot=0)
+    assert "final_answer" not in by_file.answers.columns and by_file.stats["reward_audit"]["modal_answer"] is None
+
+
 def test_the_rollouts_file_a_probe_named_is_read_when_unchanged(run, rows, tmp_path):
     """A run made by `gmts probe --rollouts FILE` has no rollouts.jsonl of its own: re-scoring reads the file its
     manifest names (as given, or relative to the run) when its sha256 is the recorded one, never a changed file."""

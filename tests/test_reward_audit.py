@@ -50,8 +50,115 @@ def test_audit_fields_flag_boxed_fallback_and_copied_examples():
     assert all(g["fallback"] is False for g in audit_fields("math_boxed", [PROMPT] * 3, comps))
     # a verifier whose rule is unknown: the fallback is not guessed; a text prompt has no worked example
     assert audit_fields("arithmetic", ["text"], ["x"])[0] == {"verifier": "arithmetic", "boxed": False,
-                                                               "fallback": None, "copies_example": None}
+                                                               "fallback": None, "copies_example": None,
+                                                               "final_answer": None}
     assert copies_example("text prompt", "4 + 3 = 7") is None
+
+
+def test_final_answer_is_the_answer_the_verifier_scored():
+    """``final_answer``: the last box's content (math_boxed), math-verify's extraction with its fallback (math),
+    None where there is none (no box under math_boxed, no expression, no text, a verifier of unknown rule)."""
+    from gmts_analysis.readers.audit import final_answer
+
+    comps = ["2 + 3 = 5. \\boxed{ 5 }", "2 + 3 = 5.", "\\boxed{6} no, \\boxed{8}", "no number here",
+             [{"role": "assistant", "content": "So \\boxed{12}"}]]
+    boxed = audit_fields("math_boxed", [PROMPT] * len(comps), comps)
+    assert [g["final_answer"] for g in boxed] == ["5", None, "8", None, "12"]
+    fallback = audit_fields("math", [PROMPT] * len(comps), comps)
+    assert [g["final_answer"] for g in fallback][:2] == ["5", "5"]  # the fallback's answer, not only a box's
+    assert [g["fallback"] for g in fallback] == [False, True, False, False, False]
+    assert fallback[3]["final_answer"] is None and fallback[4]["final_answer"] == "12"
+    assert final_answer("math_boxed", None) is None and final_answer("arithmetic", "\\boxed{5}") is None
+    assert final_answer("math", "The answer is 72") == "72" and final_answer(None, "\\boxed{5}") is None
+
+
+def _collapsed(n=20, share=0.7):
+    """``n`` answers to ``n`` problems (solutions 1..n: each 1/n of them); ``share`` of the answers say "8"."""
+    k = round(n * share)
+    finals = ["8"] * k + [str(100 + i) for i in range(n - k - 1)] + [None]
+    return pd.DataFrame({"answer_id": [f"a{i}" for i in range(n)], "group_id": [f"g{i}" for i in range(n)],
+                         "reward": [1.0 if f == str(i + 1) else 0.0 for i, f in enumerate(finals)],
+                         "verifier": ["math_boxed"] * n, "boxed": [f is not None for f in finals],
+                         "fallback": [False] * n, "final_answer": finals, "solution": [str(i + 1) for i in range(n)]})
+
+
+def test_constant_answer_collapse_is_measured_and_warned():
+    from gmts_analysis.analysis import reward_audit as ra
+
+    a = reward_audit(_collapsed())
+    assert a["modal_answer"] == "8" and a["modal_answer_share"] == 0.7 and a["modal_solution_share"] == 0.05
+    assert a["boxed_share"] == 0.95  # every older share looks healthy
+    s = audit_sentence(a)
+    assert "Warning: 70% of answers give the same final answer '8' (the most common solution is 5% of problems)" in s
+    assert "constant-answer collapse" in s
+    assert ra.COLLAPSE_SHARE == 0.5 and ra.COLLAPSE_RATIO == 2.0
+    # at the thresholds: half the answers, twice the most common solution's share, still warns
+    edge = dict(a, modal_answer_share=0.5, modal_solution_share=0.25)
+    assert "collapse" in audit_sentence(edge)
+    assert "collapse" not in audit_sentence(dict(a, modal_answer_share=0.5, modal_solution_share=0.26))
+    # GSM8K-style references (no solution column: 'answer', read after '####')
+    gsm = _collapsed().drop(columns="solution").assign(answer=["work #### 3"] * 10 + ["x #### 4"] * 10)
+    assert modal(gsm) == ("8", 0.7, 0.5)
+    assert "collapse" not in audit_sentence(reward_audit(gsm))  # 70% is not twice 50%: one answer could earn half
+
+
+def modal(df):
+    from gmts_analysis.analysis.reward_audit import modal_answers
+
+    m = modal_answers(df)
+    return m["modal_answer"], m["modal_answer_share"], m["modal_solution_share"]
+
+
+def test_healthy_answers_give_no_collapse_warning():
+    healthy = _collapsed(share=0.2)
+    a = reward_audit(healthy)
+    assert (a["modal_answer"], a["modal_answer_share"], a["modal_solution_share"]) == ("8", 0.2, 0.05)
+    assert "collapse" not in audit_sentence(a) and "Warning" not in audit_sentence(a)
+    # the answers most often agree where the solutions do: no warning either
+    agree = _collapsed().assign(solution=["8"] * 14 + [str(i) for i in range(6)])
+    assert modal(agree) == ("8", 0.7, 0.7) and "collapse" not in audit_sentence(reward_audit(agree))
+    # absent columns: null, never guessed; ties go to the smallest answer
+    assert modal(healthy.drop(columns=["final_answer", "solution"])) == (None, None, None)
+    assert modal(healthy.assign(final_answer=None)) == (None, None, 0.05)
+    assert modal(pd.DataFrame({"final_answer": ["9", "10", None, "9", "10"]})) == ("10", 0.4, None)
+    bare = reward_audit(healthy[["answer_id", "reward", "solution"]])
+    assert bare["modal_solution_share"] == 0.05 and audit_sentence(bare) is None  # the problems alone say nothing
+
+
+def test_an_old_audit_without_the_modal_keys_still_reads():
+    from gmts_analysis.analysis.stats_types import RewardAudit
+
+    old = {"n_answers": 10, "verifier": "math_boxed", "truncated_share": 0.01, "boxed_share": 0.98,
+           "fallback_share": 0.0, "copies_prompt_example_share": 0.0, "positive_share": 0.1,
+           "fallback_positive_share": 0.0, "truncated_positive_share": 0.0}
+    s = audit_sentence(old)
+    assert s.startswith("Reward audit (verifier math_boxed), 10 answers: 1% truncated") and "Warning" not in s
+    rec = RewardAudit.from_dict(old)
+    assert rec.modal_answer_share is None and not rec.has("modal_answer_share") and rec.to_dict() == old
+    assert audit_sentence(rec.to_dict()) == s
+    # an audit with the modal share but no reference answers: no base rate, no warning
+    assert "Warning" not in audit_sentence(dict(old, modal_answer="8", modal_answer_share=0.9))
+
+
+def test_heldout_pass1_carries_the_modal_answer_shares():
+    """pass@1 of held-out answers (gmts series' series.json, the TRL study's evaluations) carries the modal
+    answer shares computed by reward_audit.modal_answers; answers sampled before ``final_answer`` was recorded
+    get the answer their verifier scores in the response."""
+    from gmts_analysis.rl.trl_records import eval_entry
+    from gmts_analysis.run.heldout import pass_at_1
+
+    df = _collapsed()
+    rows = [{k: v for k, v in r.items() if not (k == "final_answer" and v is None)}
+            for r in df.assign(truncated=False).to_dict("records")]
+    rows[-1]["final_answer"] = None
+    got = pass_at_1(rows, n_boot=20)
+    assert (got["modal_answer"], got["modal_answer_share"], got["modal_solution_share"]) == ("8", 0.7, 0.05)
+    legacy = [{**{k: v for k, v in r.items() if k != "final_answer"},
+               "response": [{"role": "assistant", "content": f"It is \\boxed{{{r['final_answer']}}}"}]
+               if r["final_answer"] is not None else "no box"} for r in rows]
+    assert pass_at_1(legacy, n_boot=20)["modal_answer_share"] == 0.7
+    e = eval_entry(30, {**got, "mean_answer_tokens": 20.0})
+    assert e["modal_answer_share"] == 0.7 and e["modal_answer"] == "8" and e["modal_solution_share"] == 0.05
 
 
 def test_reward_audit_shares_and_nulls():

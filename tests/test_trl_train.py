@@ -151,6 +151,9 @@ def test_series_audit_of_the_trained_run(trained, tmp_path):
     for c in rec["checkpoints"]:
         assert c["method"] == "exact" and "exact" in c["why"]  # 2-6 token answers: exact is cheaper
         assert 0.0 <= c["ci_low"] <= c["pass1"] <= c["ci_high"] <= 1.0 and c["n_answers"] == 4
+        # the answers' modal final answer beside pass@1 (a constant-answer collapse); 2 problems, 2 answers each
+        assert "modal_answer" in c and c["modal_solution_share"] in (0.5, 1.0)
+        assert c["modal_answer_share"] is None or 0.25 <= c["modal_answer_share"] <= 1.0
         assert (audit / c["run"] / "stats.json").is_file()
     assert rec["checkpoints"][0]["own_batch"] == "batches/step-00000"
     assert rec["checkpoints"][2]["own_batch"] is None
@@ -245,7 +248,8 @@ def test_trl_run_records_are_read_by_rl_report(trained, tmp_path):
     data = tmp_path / "study"
     (data / "rho0.5_batch.runs").mkdir(parents=True)
     (data / "plan.json").write_text(json.dumps(plan))
-    ev = {"n_answers": 8, "ci_low": 0.0, "ci_high": 0.25, "se": 0.1, "boxed_share": 0.0, "truncated_share": 1.0}
+    ev = {"n_answers": 8, "ci_low": 0.0, "ci_high": 0.25, "se": 0.1, "boxed_share": 0.0, "truncated_share": 1.0,
+          "modal_answer": "8", "modal_answer_share": 0.75, "modal_solution_share": 0.25}
     for arm in ("all", "gmts"):
         for seed, p in ((3, 0.125), (4, 0.25 if arm == "gmts" else 0.125)):
             cfg = {**common, **{k: setting[k] for k in ("rho", "scope", "group_size", "dynamic_sampling")},
@@ -258,6 +262,7 @@ def test_trl_run_records_are_read_by_rl_report(trained, tmp_path):
     assert 0.0 <= st["frac_groups_zero_std"] <= 1.0 and 0.0 <= st["frac_tokens_zero_adv"] <= 1.0
     assert 0.0 <= st["frac_selected_zero_adv"] <= 1.0 and abs(st["frac_selected"] - 0.5) < 0.1
     assert rec["final_pass1"] == {"word": 0.25} and rec["evals"][0]["step"] == 0
+    assert rec["evals"][-1]["modal_answer_share"] == 0.75 and rec["evals"][-1]["modal_answer"] == "8"
     assert main(["rl-report", str(data), "-q"]) == 0
     rep = json.loads((data / "rl_report.json").read_text())
     s = rep["settings"][0]

@@ -160,7 +160,7 @@ class RewardAudit(Record):
 
     KEYS: ClassVar = ("n_answers", "verifier", "truncated_share", "boxed_share", "fallback_share",
                       "copies_prompt_example_share", "positive_share", "fallback_positive_share",
-                      "truncated_positive_share")
+                      "truncated_positive_share", "modal_answer", "modal_answer_share", "modal_solution_share")
     n_answers: int | None = None
     verifier: str | None = None
     truncated_share: float | None = None
@@ -170,6 +170,9 @@ class RewardAudit(Record):
     positive_share: float | None = None
     fallback_positive_share: float | None = None
     truncated_positive_share: float | None = None
+    modal_answer: str | None = None  #: the most common final answer
+    modal_answer_share: float | None = None  #: its share of all answers
+    modal_solution_share: float | None = None  #: the most common reference answer's share of the same answers
 
 
 @dataclass

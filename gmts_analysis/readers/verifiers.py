@@ -42,8 +42,8 @@ def _text(x: Any) -> str:
     return "" if x is None else str(x)
 
 
-def _gold_text(sol: Any) -> str:
-    """The reference answer: GSM8K's ``... #### 72`` keeps what follows ``####``."""
+def reference_text(sol: Any) -> str:
+    """The reference answer: GSM8K's ``... #### 72`` keeps what follows ``####`` ("" for None or NaN)."""
     s = "" if sol is None or (isinstance(sol, float) and math.isnan(sol)) else str(sol)
     return s.rsplit("####", 1)[1].strip() if "####" in s else s
 
@@ -96,7 +96,7 @@ def _score_math(name: str, prompts: Sequence[Any], completions: Sequence[Any], s
     cfg = _prediction_config()
     out: list[float | None] = []
     for comp, ref in zip(completions, refs):
-        gold = parse(_gold_text(ref), parsing_timeout=ptime)
+        gold = parse(reference_text(ref), parsing_timeout=ptime)
         if not gold:
             out.append(None)
             continue
@@ -127,17 +127,28 @@ def math_reward(prompts: Sequence[Any], completions: Sequence[Any], solution: Se
     ``math_verify``'s: the completion's answer is taken from a ``\\boxed{}`` first, then (the fallback)
     from the last LaTeX or plain expression of the text (``The answer is 72``; ``... 7 - 2 = 5`` gives 5).
     """
-    def first_match(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
-        return parse(text, extraction_config=cfg, extraction_mode="first_match", parsing_timeout=ptime)
+    return _score_math("math", prompts, completions, solution, answer, _first_match)
 
-    return _score_math("math", prompts, completions, solution, answer, first_match)
+
+def _first_match(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
+    """The ``math`` verifier's reading of a completion: math-verify's first match (a ``\\boxed{}`` first, then
+    the fallback), ``[expression, extracted text]`` or ``[]``."""
+    return parse(text, extraction_config=cfg, extraction_mode="first_match", parsing_timeout=ptime)
+
+
+def math_answer(text: str) -> str | None:
+    """The final answer the ``math`` verifier scores in ``text`` (the text math-verify extracted: a
+    ``\\boxed{}``'s, else the fallback's expression), None where it finds none (the answer scores 0)."""
+    _, _, _, parse, _ = _math_verify()
+    pred = _first_match(text, parse, _prediction_config(), _timeouts()[0])
+    if not pred:
+        return None
+    return pred[-1] if isinstance(pred[-1], str) else str(pred[0])
 
 
 def fallback_extracts(text: str) -> bool:
     """Whether the ``math`` verifier's fallback takes an answer from ``text`` (no ``\\boxed{}`` needed)."""
-    _, _, _, parse, _ = _math_verify()
-    return bool(parse(text, extraction_config=_prediction_config(), extraction_mode="first_match",
-                      parsing_timeout=_timeouts()[0]))
+    return math_answer(text) is not None
 
 
 def _load_function(spec: str) -> RewardFunction:

@@ -11,7 +11,9 @@ its checkpoints, into the same record, so that one tool reports the toy and the 
   (the drop-in's ``gmts/...`` metrics: the mechanism's zero-advantage shares and the selection's waste),
   ``loss``, ``grad_norm``, ``entropy_mean``, ``response_len_mean``, ``clipped_ratio``, ``frac_selected``,
   ``overlap_entropy``, ``step_s``;
-- ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high}]`` on the held-out problems;
+- ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high, se}]`` on the held-out problems, with
+  the answers' ``boxed_share``, ``truncated_share``, ``modal_answer``, ``modal_answer_share`` (one final answer
+  given to many problems: a constant-answer collapse), ``modal_solution_share`` and ``mean_answer_tokens``;
 - ``final_pass1``: ``{word: p}`` of the last evaluation, ``final_eval_prompts``;
 - ``timing_s``: ``train`` (TRL's ``train_runtime``, summed over resumed segments when given), ``eval``, ``total``.
 """
@@ -63,7 +65,8 @@ def eval_entry(step: int, ev: dict) -> dict:
     return {"step": int(step), "pass1": {DOMAIN: ev["pass1"]}, "pass1_mean": ev["pass1"], "n": ev["n_answers"],
             "ci_low": ev["ci_low"], "ci_high": ev["ci_high"], "se": ev["se"],
             "boxed_share": ev.get("boxed_share"), "truncated_share": ev.get("truncated_share"),
-            "mean_answer_tokens": ev.get("mean_answer_tokens")}
+            "modal_answer": ev.get("modal_answer"), "modal_answer_share": ev.get("modal_answer_share"),
+            "modal_solution_share": ev.get("modal_solution_share"), "mean_answer_tokens": ev.get("mean_answer_tokens")}
 
 
 def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict], timing: dict | None = None) -> dict:

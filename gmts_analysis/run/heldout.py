@@ -3,7 +3,10 @@
 The series audit (:mod:`gmts_analysis.run.trl_series`) and the real-model training study use one code path:
 :func:`sample_answers` writes a checkpoint's answers to a JSONL file (with its sampling key beside it, so the
 same command reuses it), :func:`pass_at_1` gives pass@1 with a 95% CI over prompts, and :func:`evaluate_pass1`
-does both for a held-out set with one answer per prompt (the study's final evaluation).
+does both for a held-out set with one answer per prompt (the study's final evaluation). Beside pass@1 they
+carry the reward audit's answer shares (``boxed_share``, ``truncated_share``, and from
+:func:`gmts_analysis.analysis.reward_audit.modal_answers` ``modal_answer``, ``modal_answer_share``,
+``modal_solution_share``: a constant-answer collapse).
 """
 
 from __future__ import annotations
@@ -54,10 +57,29 @@ def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: fl
     return out
 
 
+def modal_answer_shares(rows: list[dict]) -> dict:
+    """``modal_answer``, ``modal_answer_share``, ``modal_solution_share`` of the answer ``rows``
+    (:func:`gmts_analysis.analysis.reward_audit.modal_answers`). A row sampled before answers recorded their
+    ``final_answer`` gets the one its verifier scores in its response (the same extraction)."""
+    import pandas as pd
+
+    from gmts_analysis.analysis.reward_audit import REFERENCE_COLUMNS, modal_answers
+    from gmts_analysis.readers.audit import final_answer
+
+    table = {"final_answer": [r["final_answer"] if "final_answer" in r
+                              else final_answer(r.get("verifier"), r.get("response")) for r in rows]}
+    for c in REFERENCE_COLUMNS:
+        if rows and any(c in r for r in rows):
+            table[c] = [r.get(c) for r in rows]
+            break
+    return modal_answers(pd.DataFrame(table))
+
+
 def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
-    prompts (the answers of one prompt resampled together), the binomial SE, and the share of prompts whose
-    answers all got the same reward (``zero_variance_groups``; 1.0 when each prompt has one answer)."""
+    prompts (the answers of one prompt resampled together), the binomial SE, the share of prompts whose
+    answers all got the same reward (``zero_variance_groups``; 1.0 when each prompt has one answer), and the
+    answers' ``boxed_share``, ``truncated_share`` and :func:`modal_answer_shares`."""
     from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
 
     groups = sorted({r["group_id"] for r in rows})
@@ -71,7 +93,8 @@ def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     return {"pass1": p, "ci_low": float(lo), "ci_high": float(hi), "se": float(np.sqrt(p * (1 - p) / len(v))),
             "n_answers": len(rows), "n_prompts": len(groups), "zero_variance_groups": same / len(groups),
             "boxed_share": float(np.mean([bool(r.get("boxed")) for r in rows])) if rows and "boxed" in rows[0]
-            else None, "truncated_share": float(np.mean([bool(r.get("truncated")) for r in rows]))}
+            else None, "truncated_share": float(np.mean([bool(r.get("truncated")) for r in rows])),
+            **modal_answer_shares(rows)}
 
 
 def evaluate_pass1(model_path: str, rows: list[dict], *, temperature: float, max_new_tokens: int, seed: int,

@@ -72,7 +72,8 @@ def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:
 
 #: answer columns that are the run's own, never a verifier's input
 _OWN = {"answer_id", "group_id", "reward", "advantage", "length", "loss_weight", "prompt_ids", "response_ids",
-        "prompt", "response", "grad_norm_method", "verifier", "boxed", "fallback", "copies_example"}
+        "prompt", "response", "grad_norm_method", "verifier", "boxed", "fallback", "copies_example",
+        "final_answer"}
 
 
 def _keep_recorded_copies(ans: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
@@ -229,8 +230,9 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
         from gmts_analysis.util.io import file_sha256
 
         r = file_rewards(run, rewards)
-        for k in ("verifier", "boxed", "fallback"):  # the old verifier's facts no longer apply (a copied example
-            # is a fact of the answer and its prompt, whoever scores it: copies_example stays)
+        # the old verifier's facts no longer apply (a copied example is a fact of the answer and its prompt,
+        # whoever scores it: copies_example stays)
+        for k in ("verifier", "boxed", "fallback", "final_answer"):
             if k in ans.columns:
                 ans = ans.drop(columns=k)
         how = f"file {rewards} (sha256 {file_sha256(rewards)})"

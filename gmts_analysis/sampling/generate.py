@@ -20,7 +20,8 @@ same arguments give the same file. Temperature 0 decodes greedily.
 Rows (docs/definitions.md section 7): ``prompt``, ``prompt_ids``, ``response`` (text; for a message
 prompt the assistant message, as TRL logs it), ``response_ids``, ``reward``, ``group_id``,
 ``answer_id``, ``truncated``, the prompt file's other columns, and with a verifier the reward audit's
-fields (:mod:`gmts_analysis.readers.audit`: ``verifier``, ``boxed``, ``fallback``, ``copies_example``). An answer the verifier skipped
+fields (:mod:`gmts_analysis.readers.audit`: ``verifier``, ``boxed``, ``fallback``, ``copies_example``,
+``final_answer``). An answer the verifier skipped
 (``None``) gets ``reward`` 0.0 and ``unscorable: true`` (TRL leaves it out of its group's baseline).
 """
 
