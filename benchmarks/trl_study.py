@@ -10,7 +10,15 @@ plan's held-out problems at the plan's evaluation steps, one answer each at the 
 evaluation cached in ``RUN_DIR/evals/step-NNNNN.json``; step 0 is the base model, evaluated once for all runs)
 and **record** (the run record that ``gmts rl-report`` reads, :func:`gmts_analysis.rl.trl_records.trl_run_record`,
 written into the plan's ``<setting>.runs/`` beside plan.json). Run it again after a kill: finished stages are
-skipped. Logs go to stderr and RUN_DIR/train.log.
+skipped; a stop (``kill PID``, Ctrl-C) stops the training script too. Logs go to stderr and RUN_DIR/train.log.
+
+The plan is ``gmts rl-report``'s (:func:`gmts_analysis.rl.referee_plan.load_plan`) with a ``trl`` block:
+``script_args`` (``WordProblemArguments``' fields), ``training_args`` (``SelectiveGRPOConfig``'s) and ``eval``
+(``prompts``, a JSONL file beside plan.json; ``steps``; ``temperature``; ``max_new_tokens``; ``seed``). A run
+trains what its record says: the config fields of :data:`PLAN_FLAGS` (the setting's ``rho``, ``scope``,
+``group_size``; ``common``'s ``steps``, ``lr``, ...) are passed as their TRL flags, and a plan is refused before any
+training when its ``training_args`` say otherwise, when the held-out problems are among the training problems
+(name them in ``script_args.exclude_problems``), or when its evaluation is not the config's (:func:`check_plan`).
 """
 
 from __future__ import annotations
@@ -76,26 +84,107 @@ def _flags(d: dict) -> list[str]:
     return [x for k, v in d.items() if v is not None for x in (f"--{k}", str(v))]
 
 
-def train(run_dir: Path, trl: dict, arm: str, seed: int, threads: int) -> float:
-    """Train (or resume) one run; returns this segment's wall seconds (0 when already finished)."""
+def train(run_dir: Path, trl: dict, arm: str, seed: int, threads: int, training_args: dict | None = None) -> float:
+    """Train (or resume) one run with ``training_args`` (default: the plan's ``trl.training_args``); returns this
+    segment's wall seconds (0 when already finished), also added to ``RUN_DIR/timing.json`` when the segment ends,
+    killed or not. Finished means the final checkpoint has its ``trainer_state.json``, which TRL writes last."""
     from gmts_analysis.integrations.trl_train import checkpoint_dirs
+    from gmts_analysis.util.io import atomic_write_json
 
-    steps = int(trl["training_args"]["max_steps"])
+    training_args = trl["training_args"] if training_args is None else training_args
+    steps = int(training_args["max_steps"])
     done = [s for s, _ in checkpoint_dirs(run_dir)]
-    if steps in done:
+    if steps in done and (run_dir / f"checkpoint-{steps}" / "trainer_state.json").is_file():
         return 0.0
     run_dir.mkdir(parents=True, exist_ok=True)
-    args = {**trl["script_args"], **trl["training_args"], "output_dir": str(run_dir), "seed": seed,
+    args = {**trl["script_args"], **training_args, "output_dir": str(run_dir), "seed": seed,
             "token_selection": arm, "threads": threads, "rollouts_dir": str(run_dir / "rollouts")}
     cmd = [sys.executable, str(ROOT / "examples" / "trl_grpo_word_problems.py"), *_flags(args)]
     log.info("train %s (resume from %s)", run_dir.name, max(done) if done else "scratch")
     t0 = time.time()
-    with open(run_dir / "train.log", "a") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": str(threads),
-                                                                         "PYTHONUNBUFFERED": "1"})
+    try:
+        with open(run_dir / "train.log", "a") as f:  # subprocess.run kills the script when this process is stopped
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT,
+                               env={**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"})
+    finally:
+        seg = time.time() - t0
+        tfile = run_dir / "timing.json"
+        timing = json.loads(tfile.read_text()) if tfile.is_file() else {"train_wall_segments": []}
+        timing["train_wall_segments"].append(round(seg, 1))
+        atomic_write_json(tfile, timing)
     if r.returncode != 0:
         raise SystemExit(f"{run_dir}: training failed (exit {r.returncode}); see {run_dir / 'train.log'}")
-    return time.time() - t0
+    return seg
+
+
+#: the plan's run config fields (``common`` and the setting's) -> the TRL flags that train them
+PLAN_FLAGS = {"rho": "selection_rho", "scope": "selection_scope", "group_size": "num_generations",
+              "normalizer": "selection_normalizer", "steps": "max_steps", "lr": "learning_rate",
+              "temperature": "temperature", "max_new_tokens": "max_completion_length",
+              "max_grad_norm": "max_grad_norm", "weight_decay": "weight_decay"}
+
+
+def setting_training_args(plan: dict, setting: dict, plan_path: Path) -> dict:
+    """The TRL training arguments of ``setting``'s runs: the plan's ``trl.training_args`` with the fields of the
+    runs' config (:data:`PLAN_FLAGS`) filled in, so that a run trains what its record says; a plan whose
+    ``training_args`` say otherwise, or whose setting needs what the TRL script lacks, is refused."""
+    from gmts_analysis.rl.referee_plan import _same, expected_config
+
+    cfg = expected_config(plan, setting)
+    out = dict(plan["trl"]["training_args"])
+    for k, flag in PLAN_FLAGS.items():
+        if k in cfg:
+            if flag in out and not _same(out[flag], cfg[k]):
+                raise SystemExit(f"{plan_path}: setting {setting['name']}: trl.training_args.{flag} is {out[flag]!r}, "
+                                 f"the runs' config.{k} is {cfg[k]!r}")
+            out[flag] = cfg[k]
+    if cfg.get("dynamic_sampling"):
+        raise SystemExit(f"{plan_path}: setting {setting['name']}: dynamic_sampling is true; the TRL script has none")
+    if "max_steps" not in out:
+        raise SystemExit(f"{plan_path}: give common.steps (or trl.training_args.max_steps)")
+    out.setdefault("logging_steps", 1)  # the record's steps: one per optimizer step, from TRL's log_history
+    if out["logging_steps"] != 1:
+        raise SystemExit(f"{plan_path}: trl.training_args.logging_steps is {out['logging_steps']!r}; the run record "
+                         "takes every step's metrics from TRL's log (1)")
+    return out
+
+
+def check_plan(plan: dict, plan_path: Path, rows: list[dict]) -> dict[str, dict]:
+    """Refuse, before any training, a plan whose runs would not be what their records say: held-out problems
+    trained on, evaluation steps without a checkpoint or ending before the last step, an evaluation other than
+    the config's (prompts, seed). Returns ``{setting name: training arguments}`` (:func:`setting_training_args`)."""
+    from gmts_analysis.integrations.trl_train import WordProblemArguments, _problem_text, script_splits
+    from gmts_analysis.rl.referee_plan import expected_config
+
+    ev = plan["trl"]["eval"]
+    train_rows, _ = script_splits(WordProblemArguments(**plan["trl"]["script_args"]))
+    held = {_problem_text(r) for r in rows}
+    trained = sum(_problem_text(r) in held for r in train_rows)
+    if trained:
+        raise SystemExit(f"{plan_path}: {trained} of the held-out problems ({ev['prompts']}) are among the training "
+                         "problems; name that file in trl.script_args.exclude_problems")
+    out = {}
+    for setting in plan["settings"]:
+        targs = setting_training_args(plan, setting, plan_path)
+        cfg = expected_config(plan, setting)
+        steps = int(targs["max_steps"])
+        save = int(targs.get("save_steps") or steps)
+        evs = list(ev["steps"])
+        if evs != sorted(set(evs)) or not evs or evs[-1] != steps \
+                or any(s and s % save and s != steps for s in evs):
+            raise SystemExit(f"{plan_path}: trl.eval.steps {evs}: expected increasing checkpoint steps (multiples of "
+                             f"save_steps {save}) ending at the last step {steps}")
+        for k in ("final_eval_prompts", "eval_prompts"):
+            if cfg.get(k) and cfg[k] != len(rows):
+                raise SystemExit(f"{plan_path}: common.{k} is {cfg[k]}, the held-out problems ({ev['prompts']}) "
+                                 f"are {len(rows)}")
+        if not (cfg.get("final_eval_prompts") or cfg.get("eval_prompts")):
+            raise SystemExit(f"{plan_path}: give common.eval_prompts: {len(rows)} (the held-out problems; gmts "
+                             "rl-report's evaluation SE)")
+        if cfg.get("eval_seed") is not None and cfg["eval_seed"] != ev["seed"]:
+            raise SystemExit(f"{plan_path}: common.eval_seed is {cfg['eval_seed']}, trl.eval.seed {ev['seed']}")
+        out[setting["name"]] = targs
+    return out
 
 
 def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: int) -> None:
@@ -106,9 +195,13 @@ def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: i
     from gmts_analysis.util.io import atomic_write_json
 
     plan = load_plan(plan_path)
+    if not isinstance(plan.get("trl"), dict) or not all(isinstance(plan["trl"].get(k), dict)
+                                                          for k in ("script_args", "training_args", "eval")):
+        raise SystemExit(f"{plan_path}: expected a trl block of objects script_args, training_args and eval")
     trl = plan["trl"]
     ev = trl["eval"]
     rows = read_prompts(plan_path.parent / ev["prompts"])
+    targs = check_plan(plan, plan_path, rows)
     base = trl["script_args"]["model_name_or_path"]
     base_cache = runs_root / "base_eval.json"
     runs_root.mkdir(parents=True, exist_ok=True)
@@ -122,18 +215,16 @@ def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: i
                 if rec_path.is_file():
                     continue
                 run_dir = runs_root / setting["name"] / name
-                seg = train(run_dir, trl, arm, seed, threads)
-                tfile = run_dir / "timing.json"
-                timing = json.loads(tfile.read_text()) if tfile.is_file() else {"train_wall_segments": []}
-                if seg:
-                    timing["train_wall_segments"].append(round(seg, 1))
-                    atomic_write_json(tfile, timing)
-                t0 = time.time()
+                train(run_dir, trl, arm, seed, threads, targs[setting["name"]])
+                timing = json.loads((run_dir / "timing.json").read_text()) if (run_dir / "timing.json").is_file() \
+                    else {"train_wall_segments": []}
                 evals = eval_run(run_dir, rows, list(ev["steps"]), ev, base=None if 0 not in ev["steps"] else
                                  _base_path(base), base_cache=base_cache)
                 cfg = {**expected_config(plan, setting), "selection": arm, "seed": seed}
+                # the evaluations' own seconds (a cached one keeps its time); step 0, shared, is not this run's
                 rec = trl_run_record(run_dir, cfg, evals, timing={
-                    "train": float(sum(timing["train_wall_segments"])), "eval": round(time.time() - t0, 1),
+                    "train": float(sum(timing["train_wall_segments"])),
+                    "eval": round(sum(float(v.get("seconds", 0.0)) for s, v in evals.items() if s != 0), 1),
                     "threads": threads})
                 rec["timing_s"]["total"] = rec["timing_s"]["train"] + rec["timing_s"]["eval"]
                 rec_path.parent.mkdir(parents=True, exist_ok=True)
@@ -166,8 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    import signal
+
     import torch
 
+    # a stop (kill PID) ends this process as an exception does: the training script it runs is killed with it
+    # (subprocess.run), not left training into the run's folder beside the next driver's
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(a.threads)
     if a.cmd == "run":
         run_plan(a.plan, a.runs_root, set(a.only.split(",")) if a.only else None, a.threads)
