@@ -53,7 +53,8 @@ def evaluate(model: str, rows: list[dict], out: Path, ev: dict) -> dict:
         return json.loads(out.read_text())
     res = evaluate_pass1(model, rows, temperature=ev["temperature"], max_new_tokens=ev["max_new_tokens"],
                          seed=ev["seed"], verifier=ev.get("verifier", "math_boxed"),
-                         path=out.with_suffix(".answers.jsonl"), batch_size=ev.get("batch_size", 32))
+                         path=out.with_suffix(".answers.jsonl"), batch_size=ev.get("batch_size", 32),
+                         answers_per_problem=int(ev.get("answers_per_problem", 1)))
     res["model"] = model
     atomic_write_json(out, res)
     log.info("%s: pass@1 %.3f [%.3f, %.3f] on %d (%.0f s)", out, res["pass1"], res["ci_low"], res["ci_high"],
@@ -254,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--seed", type=int, default=12345)
     e.add_argument("--temperature", type=float, default=0.7)
     e.add_argument("--max-new-tokens", type=int, default=256)
+    e.add_argument("--answers-per-problem", type=int, default=1)
     e.add_argument("--threads", type=int, default=2)
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
@@ -270,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         from gmts_analysis.sampling.generate import read_prompts
 
-        ev = {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "seed": a.seed}
+        ev = {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "seed": a.seed,
+              "answers_per_problem": a.answers_per_problem}
         steps = [int(x) for x in a.steps.split(",")]
         res = eval_run(a.run_dir, read_prompts(a.prompts), steps, ev,
                        base=_base_path(a.base) if a.base else None)

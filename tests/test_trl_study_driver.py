@@ -57,7 +57,7 @@ def study_plan(model: Path, heldout: Path) -> dict:
                              "save_steps": 1, "logging_steps": 1, "selection_rho": 0.5, "selection_scope": "batch",
                              "report_to": "none", "use_cpu": True, "bf16": False, "disable_tqdm": True},
            "eval": {"prompts": "heldout.jsonl", "steps": [0, 1, 2], "temperature": 0.7, "max_new_tokens": 6,
-                    "seed": 3}}
+                    "seed": 3, "answers_per_problem": 2}}
     return {"title": "A tiny TRL study", "metric": "final pass@1 on the held-out word problems", "seeds": [0, 1],
             "alpha": 0.05, "correction": "holm", "common": common,
             "settings": [setting], "trl": trl,
@@ -165,7 +165,7 @@ def test_study_driver_trains_evaluates_records_and_reports(tiny_dir, tmp_path):
     names = [f"{arm}-s{seed}" for seed in (0, 1) for arm in ("all", "gmts")]
     assert sorted(p.name for p in recs.iterdir()) == sorted(f"{n}.json" for n in names)
     base = json.loads((runs / "base_eval.json").read_text())  # step 0: the base model, evaluated once
-    assert base["model"] == str(tiny_dir) and base["n_answers"] == 8
+    assert base["model"] == str(tiny_dir) and base["n_answers"] == 16 and base["n_prompts"] == 8  # 2 answers each
     for n in names:
         rec = json.loads((recs / f"{n}.json").read_text())
         arm, seed = n.split("-s")
@@ -174,6 +174,7 @@ def test_study_driver_trains_evaluates_records_and_reports(tiny_dir, tmp_path):
         assert [e["step"] for e in rec["evals"]] == [0, 1, 2]
         assert rec["evals"][0]["pass1"] == {"word": base["pass1"]}  # the shared base evaluation
         assert rec["final_pass1"] == rec["evals"][-1]["pass1"] and rec["final_eval_prompts"] == 8
+        assert rec["final_eval_answers"] == 16 and all(e["n"] == 16 and e["n_prompts"] == 8 for e in rec["evals"])
         assert all(0.0 <= e["ci_low"] <= e["pass1_mean"] <= e["ci_high"] <= 1.0 for e in rec["evals"])
         assert [s["step"] for s in rec["steps"]] == [1, 2]
         assert rec["timing_s"]["train"] > 0 and rec["timing_s"]["threads"] == 1 and rec["timing_s"]["eval"] >= 0

@@ -14,7 +14,8 @@ its checkpoints, into the same record, so that one tool reports the toy and the 
 - ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high, se}]`` on the held-out problems, with
   the answers' ``boxed_share``, ``truncated_share``, ``modal_answer``, ``modal_answer_share`` (one final answer
   given to many problems: a constant-answer collapse), ``modal_solution_share`` and ``mean_answer_tokens``;
-- ``final_pass1``: ``{word: p}`` of the last evaluation, ``final_eval_prompts``;
+- ``final_pass1``: ``{word: p}`` of the last evaluation, ``final_eval_prompts`` (its problems) and
+  ``final_eval_answers`` (its answers: problems x answers per problem);
 - ``timing_s``: ``train`` (TRL's ``train_runtime``, summed over resumed segments when given), ``eval``, ``total``.
 """
 
@@ -63,6 +64,7 @@ def trl_steps(log_history: list[dict]) -> list[dict]:
 def eval_entry(step: int, ev: dict) -> dict:
     """An ``evals`` entry from :func:`gmts_analysis.run.heldout.evaluate_pass1`'s result."""
     return {"step": int(step), "pass1": {DOMAIN: ev["pass1"]}, "pass1_mean": ev["pass1"], "n": ev["n_answers"],
+            "n_prompts": ev.get("n_prompts", ev["n_answers"]),
             "ci_low": ev["ci_low"], "ci_high": ev["ci_high"], "se": ev["se"],
             "boxed_share": ev.get("boxed_share"), "truncated_share": ev.get("truncated_share"),
             "modal_answer": ev.get("modal_answer"), "modal_answer_share": ev.get("modal_answer_share"),
@@ -89,7 +91,7 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
         "steps": steps,
         "evals": ev,
         "final_pass1": dict(final["pass1"]),
-        "final_eval_prompts": final["n"],
+        "final_eval_prompts": final["n_prompts"], "final_eval_answers": final["n"],
         "timing_s": dict(timing or {}),
         "versions": _versions(),
     }

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from gmts_analysis.errors import GmtsError
+
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     """``rows`` as JSON lines at ``path``, atomically."""
@@ -98,13 +100,18 @@ def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
 
 
 def evaluate_pass1(model_path: str, rows: list[dict], *, temperature: float, max_new_tokens: int, seed: int,
-                   verifier: str = "math_boxed", path: Path, batch_size: int = 32, progress: bool = False) -> dict:
-    """pass@1 of ``model_path`` on the held-out prompt ``rows``, one answer each (:func:`sample_answers` cached at
-    ``path``; :func:`pass_at_1`), with the mean answer length."""
+                   verifier: str = "math_boxed", path: Path, batch_size: int = 32, progress: bool = False,
+                   answers_per_problem: int = 1) -> dict:
+    """pass@1 of ``model_path`` on the held-out prompt ``rows``, ``answers_per_problem`` answers each
+    (:func:`sample_answers` cached at ``path``; :func:`pass_at_1`: the mean over every answer, its CI resampling
+    problems with their answers), with the mean answer length. More answers per problem shrink the sampling noise
+    of the estimate, never the problems' own spread."""
     import time
 
+    if answers_per_problem < 1:
+        raise GmtsError(f"answers_per_problem: need >= 1, got {answers_per_problem}")
     t0 = time.perf_counter()
-    answers = sample_answers(model_path, rows, 1, temperature=temperature, max_new_tokens=max_new_tokens,
+    answers = sample_answers(model_path, rows, answers_per_problem, temperature=temperature, max_new_tokens=max_new_tokens,
                              seed=seed, verifier=verifier, batch_size=batch_size, progress=progress, path=path)
     out: dict[str, Any] = pass_at_1(answers, seed=seed)
     out["mean_answer_tokens"] = float(np.mean([len(a["response_ids"]) for a in answers]))
