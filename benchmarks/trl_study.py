@@ -14,7 +14,10 @@ skipped; a stop (``kill PID``, Ctrl-C) stops the training script too. Logs go to
 
 The plan is ``gmts rl-report``'s (:func:`gmts_analysis.rl.referee_plan.load_plan`) with a ``trl`` block:
 ``script_args`` (``WordProblemArguments``' fields), ``training_args`` (``SelectiveGRPOConfig``'s) and ``eval``
-(``prompts``, a JSONL file beside plan.json; ``steps``; ``temperature``; ``max_new_tokens``; ``seed``). A run
+(``prompts``, a JSONL file beside plan.json; ``steps``; ``temperature``; ``max_new_tokens``; ``seed``;
+``answers_per_problem``), and optionally ``keep_checkpoints``: once a run is recorded, its checkpoints of other
+steps are deleted (the newest always stays) and every checkpoint's optimizer and RNG states with them
+(:func:`gmts_analysis.integrations.trl_train.prune_finished_run`; 0.54 GB per SmolLM2 checkpoint kept). A run
 trains what its record says: the config fields of :data:`PLAN_FLAGS` (the setting's ``rho``, ``scope``,
 ``group_size``; ``common``'s ``steps``, ``lr``, ...) are passed as their TRL flags, and a plan is refused before any
 training when its ``training_args`` say otherwise, when the held-out problems are among the training problems
@@ -175,6 +178,12 @@ def check_plan(plan: dict, plan_path: Path, rows: list[dict]) -> dict[str, dict]
                 or any(s and s % save and s != steps for s in evs):
             raise SystemExit(f"{plan_path}: trl.eval.steps {evs}: expected increasing checkpoint steps (multiples of "
                              f"save_steps {save}) ending at the last step {steps}")
+        keep = plan["trl"].get("keep_checkpoints")
+        if keep is not None and (not isinstance(keep, list) or any(
+                not isinstance(k, int) or k < 1 or (k % save and k != steps) for k in keep)
+                or not set(s for s in evs if s) <= set(keep)):
+            raise SystemExit(f"{plan_path}: trl.keep_checkpoints {keep!r}: expected checkpoint steps (multiples of "
+                             f"save_steps {save}) that hold every evaluated step {[s for s in evs if s]}")
         for k in ("final_eval_prompts", "eval_prompts"):
             if cfg.get(k) and cfg[k] != len(rows):
                 raise SystemExit(f"{plan_path}: common.{k} is {cfg[k]}, the held-out problems ({ev['prompts']}) "
@@ -189,6 +198,7 @@ def check_plan(plan: dict, plan_path: Path, rows: list[dict]) -> dict[str, dict]
 
 
 def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: int) -> None:
+    from gmts_analysis.integrations.trl_train import checkpoint_dirs, prune_finished_run
     from gmts_analysis.rl.config import run_path
     from gmts_analysis.rl.referee_plan import expected_config, load_plan
     from gmts_analysis.rl.trl_records import trl_run_record
@@ -231,6 +241,9 @@ def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: i
                 rec_path.parent.mkdir(parents=True, exist_ok=True)
                 atomic_write_json(rec_path, rec)
                 log.info("recorded %s: final pass@1 %.3f", rec_path, rec["final_pass1"]["word"])
+                freed = prune_finished_run(run_dir, trl.get("keep_checkpoints"))
+                log.info("%s: %.1f GB of checkpoints freed (kept: steps %s)", run_dir.name, freed / 1e9,
+                         [s for s, _ in checkpoint_dirs(run_dir)])
 
 
 def _base_path(name: str) -> str:

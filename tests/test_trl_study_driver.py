@@ -57,7 +57,8 @@ def study_plan(model: Path, heldout: Path) -> dict:
                              "save_steps": 1, "logging_steps": 1, "selection_rho": 0.5, "selection_scope": "batch",
                              "report_to": "none", "use_cpu": True, "bf16": False, "disable_tqdm": True},
            "eval": {"prompts": "heldout.jsonl", "steps": [0, 1, 2], "temperature": 0.7, "max_new_tokens": 6,
-                    "seed": 3, "answers_per_problem": 2}}
+                    "seed": 3, "answers_per_problem": 2},
+           "keep_checkpoints": [1, 2]}
     return {"title": "A tiny TRL study", "metric": "final pass@1 on the held-out word problems", "seeds": [0, 1],
             "alpha": 0.05, "correction": "holm", "common": common,
             "settings": [setting], "trl": trl,
@@ -113,10 +114,12 @@ def test_plans_whose_runs_would_not_match_their_records_are_refused(tiny_dir, tm
     plan = study_plan(tiny_dir, held)
     cases = [({"exclude_problems": None}, {}, "held-out problems"),
              ({}, {"selection_rho": 0.2}, "selection_rho is 0.2, the runs' config.rho is 0.5"),
-             ({}, {"save_steps": 2}, "trl.eval.steps [0, 1, 2]"), ({}, {"logging_steps": 2}, "logging_steps is 2")]
+             ({}, {"save_steps": 2}, "trl.eval.steps [0, 1, 2]"), ({}, {"logging_steps": 2}, "logging_steps is 2"),
+             ({}, {"keep_checkpoints": [2]}, "trl.keep_checkpoints [2]")]
     for script, training, needle in cases:
+        keep = {"keep_checkpoints": training.pop("keep_checkpoints")} if "keep_checkpoints" in training else {}
         p = {**plan, "trl": {**plan["trl"], "script_args": {**plan["trl"]["script_args"], **script},
-                             "training_args": {**plan["trl"]["training_args"], **training}}}
+                             "training_args": {**plan["trl"]["training_args"], **training}, **keep}}
         (tmp_path / "plan.json").write_text(json.dumps(p))
         with pytest.raises(SystemExit, match=re.escape(needle)):
             drv.run_plan(tmp_path / "plan.json", tmp_path / "runs", None, 1)
@@ -188,6 +191,8 @@ def test_study_driver_trains_evaluates_records_and_reports(tiny_dir, tmp_path):
         trained = {_problem_text(json.loads(x)) for x in (run_dir / "problems_train.jsonl").read_text().splitlines()}
         assert len(trained) == 16 and not trained & {_problem_text(x) for x in held}
         ta = _training_args(run_dir / "checkpoint-2")
+        # recorded, so nothing will resume it: the kept checkpoints are models only
+        assert not list(run_dir.glob("checkpoint-*/optimizer.pt")) and (run_dir / "checkpoint-1").is_dir()
         assert ta.token_selection == arm and ta.seed == int(seed) and ta.selection_rho == 0.5
         assert ta.num_generations == 2 and ta.max_steps == 2
     assert not list(runs.rglob("step-00000.json"))

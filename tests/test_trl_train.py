@@ -268,3 +268,17 @@ def test_trl_run_records_are_read_by_rl_report(trained, tmp_path):
     s = rep["settings"][0]
     assert s["status"] == "complete" and abs(s["results"]["gmts"]["mean"] - 0.1875) < 1e-12
     assert 0.0 <= s["mechanism"]["gmts"]["zero_adv_tokens"] <= 1.0
+
+
+def test_a_finished_run_keeps_the_checkpoints_asked_for_as_models_only(tmp_path):
+    for step in (5, 10, 15, 20):
+        c = tmp_path / f"checkpoint-{step}"
+        c.mkdir()
+        for f in ("config.json", "model.safetensors", "trainer_state.json", "optimizer.pt", "rng_state.pth"):
+            (c / f).write_bytes(b"x" * 10)
+    freed = trl_train.prune_finished_run(tmp_path, keep_steps=[5, 10])
+    assert [s for s, _ in trl_train.checkpoint_dirs(tmp_path)] == [5, 10, 20]  # the newest always stays
+    assert not list(tmp_path.glob("checkpoint-*/optimizer.pt")) and not list(tmp_path.glob("checkpoint-*/rng_*"))
+    assert (tmp_path / "checkpoint-20" / "trainer_state.json").is_file()
+    assert freed == 50 + 3 * 20
+    assert trl_train.prune_finished_run(tmp_path) == 0  # nothing left to free; keep_steps None keeps every model

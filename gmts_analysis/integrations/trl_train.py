@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,28 @@ def prune_resume_state(output_dir: str | os.PathLike) -> int:
         return 0
     for _, p in checkpoint_dirs(output_dir):
         if str(p) == keep:
+            continue
+        for f in p.iterdir():
+            if f.is_file() and _is_resume_only(f.name):
+                freed += f.stat().st_size
+                f.unlink()
+    return freed
+
+
+def prune_finished_run(output_dir: str | os.PathLike, keep_steps: Sequence[int] | None = None) -> int:
+    """For a run that is finished and recorded: remove the resume-only files of every checkpoint (the newest's
+    included: nothing will resume it), and with ``keep_steps`` every checkpoint whose step is not in it (the
+    newest always stays: its trainer state is the run's log); returns the bytes freed. The kept checkpoints are
+    whole models, still audited by ``gmts series``."""
+    import shutil
+
+    ckpts = checkpoint_dirs(output_dir)
+    freed = 0
+    for i, (step, p) in enumerate(ckpts):
+        newest = i == len(ckpts) - 1
+        if keep_steps is not None and step not in keep_steps and not newest:
+            freed += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+            shutil.rmtree(p)
             continue
         for f in p.iterdir():
             if f.is_file() and _is_resume_only(f.name):
