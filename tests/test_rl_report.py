@@ -561,3 +561,114 @@ def test_update_uses_the_plans_block_tag_and_leaves_the_referee_block(tmp_path):
     only_referee.write_text("<!-- gmts-rl-referee:begin -->\nx\n<!-- gmts-rl-referee:end -->\n")
     assert_one_line_error(*run_cli(["rl-report", str(here), "--out", str(tmp_path / "o2"), "--update",
                                     str(only_referee)]), "ref.md", "gmts-rl-replication:end")
+
+
+# ----------------------------------------------------------------------------- the learning phase (exploratory)
+
+TRAJ_SEEDS = [0, 1, 2]
+#: pass@1 (mean over domains) at step 5: entropy 0.50, 0.51, 0.52; gmts above it by 0.03, 0.05, 0.04 (mean 0.04)
+AT5 = {"entropy": [0.50, 0.51, 0.52], "gmts": [0.53, 0.56, 0.56]}
+#: each run's training reward at steps 1-4 is base + 0.01 * step (mean base + 0.025): gmts - entropy 0.10, 0.09, 0.08
+REWARD_BASE = {"entropy": [0.50, 0.52, 0.54], "gmts": [0.60, 0.61, 0.62]}
+
+
+def _trajectory_data(root: Path, drop=None) -> Path:
+    """2 arms x 3 seeds, 10 steps, evaluations at steps 0 (0.4 everywhere), 5 (:data:`AT5`, the two domains
+    0.02 either side of it) and 10; ``drop``: ``(arm, seed, step)`` whose evaluation is left out."""
+    plan = make_plan([_setting("main", ["entropy", "gmts"])], PRIMARY_CONTRASTS, seeds=TRAJ_SEEDS)
+    plan["common"] = {**COMMON, "steps": 10, "eval_every": 5}
+    patch = {("main", a, s): {"steps": 10, "eval_every": 5} for a in ("entropy", "gmts") for s in TRAJ_SEEDS}
+    data = fabricate(root, plan, lambda st, arm, seed: 0.6 + (0.01 if arm == "gmts" else 0.0), config_patch=patch)
+    for arm in ("entropy", "gmts"):
+        for i, seed in enumerate(TRAJ_SEEDS):
+            p = data / "main.runs" / f"{arm}-s{seed}.json"
+            rec = json.loads(p.read_text())
+            x5 = AT5[arm][i]
+            x10 = 0.55 + 0.01 * i + (0.01 if arm == "gmts" else 0.0)
+            rec["evals"] = [{"step": st, "pass1": {"arithmetic": x + 0.02, "program": x - 0.02}, "pass1_mean": x}
+                            for st, x in ((0, 0.4), (5, x5), (10, x10)) if (arm, seed, st) != drop]
+            for st in rec["steps"]:
+                st["reward_mean"] = REWARD_BASE[arm][i] + 0.01 * st["step"]
+            p.write_text(json.dumps(rec))
+    return data
+
+
+def test_learning_phase_pass1_at_every_shared_step_and_the_contrast_at_the_intermediate_ones(tmp_path):
+    from scipy import stats
+
+    rep = build_report(_trajectory_data(tmp_path / "d"))
+    tr = rep["settings"][0]["trajectory"]
+    assert (tr["family"], tr["steps"], tr["final_step"], tr["intermediate_steps"]) == ("exploratory", [0, 5, 10], 10, [0, 5])
+    g5 = tr["pass1"]["gmts"][1]
+    assert g5["step"] == 5 and g5["n"] == 3 and g5["values"] == pytest.approx(AT5["gmts"])
+    assert g5["mean"] == pytest.approx(np.mean(AT5["gmts"]), abs=1e-12)
+    lo, hi = stats.t.interval(0.95, 2, loc=np.mean(AT5["gmts"]), scale=stats.sem(AT5["gmts"]))
+    assert (g5["ci_low"], g5["ci_high"]) == pytest.approx((lo, hi), rel=1e-9)
+    assert [e["mean"] for e in tr["pass1"]["entropy"]] == pytest.approx([0.4, 0.51, 0.56])
+    (c,) = tr["contrasts"]
+    assert (c["a"], c["b"], c["planned_family"], c["family"], c["expanded"]) == ("gmts", "entropy", "primary",
+                                                                               "exploratory", False)
+    assert [s["step"] for s in c["steps"]] == [0, 5]  # the final step is the planned contrast's
+    s0, s5 = c["steps"]
+    assert s0["status"] == "identical" and s0["n"] == 3 and s0["mean"] == 0.0
+    assert s0["words"].startswith("identical by construction")
+    assert s5["status"] == "reported" and s5["n"] == 3 and s5["mean"] == pytest.approx(0.04, abs=1e-12)
+    assert s5["differences"] == pytest.approx([0.03, 0.05, 0.04], abs=1e-12)
+    assert (s5["wins_a"], s5["wins_b"], s5["ties"]) == (3, 0, 0)
+    ref = paired_contrast(AT5["gmts"], AT5["entropy"])
+    assert (s5["ci_low"], s5["ci_high"], s5["p"]) == pytest.approx((ref["ci_low"], ref["ci_high"], ref["p"]))
+    assert (s5["verdict"], s5["words"]) == verdict("gmts", "entropy", ref, "exploratory", 0.05)
+    assert s5["verdict"] == "above_unadjusted" and s5.get("p_holm") is None
+    r = c["reward"]
+    assert r["status"] == "reported" and r["n"] == 3 and r["mean"] == pytest.approx(0.09, abs=1e-12)
+    assert r["differences"] == pytest.approx([0.10, 0.09, 0.08], abs=1e-12) and r["verdict"] == "above_unadjusted"
+    assert tr["reward"]["entropy"]["mean"] == pytest.approx(np.mean(REWARD_BASE["entropy"]) + 0.025, abs=1e-12)
+    # the primary family is untouched: one contrast, of the final pass@1
+    assert [(x["family"], x["n"]) for x in rep["contrasts"]] == [("primary", 3)]
+    assert rep["contrasts"][0]["mean"] == pytest.approx(0.01, abs=1e-12)
+
+
+def test_a_run_missing_an_evaluation_step_takes_the_step_out_of_the_intersection(tmp_path):
+    rep = build_report(_trajectory_data(tmp_path / "d", drop=("gmts", 1, 5)))
+    tr = rep["settings"][0]["trajectory"]
+    assert tr["steps"] == [0, 10] and tr["intermediate_steps"] == [0]
+    assert [e["step"] for e in tr["pass1"]["entropy"]] == [0, 10]
+    assert [s["step"] for s in tr["contrasts"][0]["steps"]] == [0]
+    assert "| 5 |" not in report_markdown(rep)
+
+
+def test_learning_phase_table_is_added_after_the_existing_sections(tmp_path):
+    rep = build_report(_trajectory_data(tmp_path / "d"))
+    md = report_markdown(rep)
+    before = json.loads(json.dumps(rep))
+    for s in before["settings"]:
+        del s["trajectory"]
+    old = report_markdown(before)  # every section the report had before the learning phase
+    assert "**Learning phase**" not in old and md.startswith(old.rstrip("\n") + "\n\n**Learning phase**")
+    section = md.split("**Learning phase**", 1)[1]
+    assert "| step | entropy | gmts | gmts - entropy |" in section
+    assert ("| 0 | 0.400 [0.400, 0.400] | 0.400 [0.400, 0.400] | identical by construction |") in section
+    assert "| 5 | 0.510 [" in section and "| +0.040 [+0.015, +0.065] gmts above entropy (unadj.) |" in section
+    assert "| 10 (final) | 0.560 [" in section and "final: planned contrasts above |" in section
+    assert "| training reward (mean over steps) | 0.545 [" in section and "| +0.090 [" in section
+    assert " beats " not in section
+    assert "**Learning phase**" not in report_markdown(rep, short=True)
+
+
+@pytest.mark.parametrize("tamper,field", [
+    (lambda ev: ev[1]["pass1"].update(program="abc"), "evals[1].pass1.program: expected a finite number"),
+    (lambda ev: ev[1]["pass1"].update(program=1.5), "evals[1].pass1.program: expected a share in [0, 1]"),
+    (lambda ev: ev[1]["pass1"].pop("program"), "evals[1].pass1.program: missing"),
+    (lambda ev: ev[1].update(step=2.5), "evals[1].step: expected a whole number"),
+    (lambda ev: ev[2].update(step=5), "evals[2].step: step 5 is evaluated twice"),
+    (lambda ev: ev.__setitem__(1, "x"), "evals[1]: expected an object"),
+])
+def test_a_bad_evaluation_entry_is_one_line_naming_file_and_field(tmp_path, tamper, field):
+    data = _trajectory_data(tmp_path / "d")
+    p = data / "main.runs" / "gmts-s1.json"
+    rec = json.loads(p.read_text())
+    tamper(rec["evals"])
+    p.write_text(json.dumps(rec))
+    with pytest.raises(GmtsError) as e:
+        build_report(data)
+    assert "gmts-s1.json" in str(e.value) and field in str(e.value) and "\n" not in str(e.value)

@@ -67,7 +67,12 @@ def _fields(rec: dict) -> list[tuple[tuple, str, tuple]]:
             (("config", "final_eval_prompts"), "config.final_eval_prompts", NOT_NUMBERS + (-1, 2.5)),
             (("config", "eval_prompts"), "config.eval_prompts", NOT_NUMBERS + (-1,)),
             (("config",), "config", NOT_OBJECTS)]
-    return step + diag + rest
+    evals = [(("evals", 1, "step"), "evals[1].step", NOT_NUMBERS + (None, -1, 2.5)),
+             (("evals", 1, "pass1", dom), f"evals[1].pass1.{dom}", NOT_NUMBERS + (1.5, -0.5, None)),
+             (("evals", 1, "pass1"), "evals[1].pass1", NOT_OBJECTS + (None,)),
+             (("evals", 1), "evals[1]", NOT_OBJECTS + (None,)),
+             (("evals",), "evals", ("abc", {"a": 1}, 3))]
+    return step + diag + rest + evals
 
 
 def _set(rec: dict, path: tuple, value: Any) -> None:

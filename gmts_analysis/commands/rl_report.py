@@ -3,7 +3,9 @@
 Reads DATA_DIR/plan.json and every setting's run records (DATA_DIR/<setting>.runs/<arm>-s<seed>.json,
 written by gmts rl), and writes rl_report.json, rl_report.md and rl_forest.png into --out (default
 DATA_DIR): final pass@1 per arm, every planned paired contrast over seeds (t interval, t / sign / Wilcoxon
-p, Holm over the primary family) beside the evaluation SE, the mechanism per arm. A setting missing any
+p, Holm over the primary family) beside the evaluation SE, the mechanism per arm, and the learning phase
+(exploratory, unadjusted: pass@1 per arm at every evaluation step all runs share, the contrasts at the
+intermediate steps and on the mean training reward). A setting missing any
 run is reported as cut, never on fewer seeds. Every field of a run record that the report reads is
 type-checked first; a value of the wrong type or not finite is refused in one line naming the file and the
 field (null, which gmts rl writes for a quantity not logged, is read as not logged). With --update, the text between

@@ -11,8 +11,9 @@ No training, no torch: this reads JSON and computes.
   *cut*, listed with the missing files, and never reported on fewer seeds), the per-arm results, every
   planned paired contrast (``"*"`` expanded to every other pair of a complete setting, exploratory and
   unadjusted) with its t interval, t / sign / Wilcoxon p, Holm over the family ``primary``, and the
-  verdict of the word rule (:func:`verdict`), and the mechanism per setting and arm
-  (:func:`mechanism`).
+  verdict of the word rule (:func:`verdict`), the mechanism per setting and arm
+  (:func:`mechanism`), and per complete setting the learning phase (``trajectory``:
+  :func:`learning_phase`; exploratory and unadjusted).
 - :func:`report_markdown`: the generated text (tables and sentences).
 
 The pieces live by what they own: the plan and run records (:mod:`~gmts_analysis.rl.referee_plan`), the
@@ -45,9 +46,13 @@ from gmts_analysis.rl.referee_stats import (  # noqa: F401 - re-exported
     build_report,
     check_data_dir,
     held_on_replication,
+    learning_phase,
     mechanism,
     pooled_view,
     run_mechanism,
+    run_pass1_at,
+    run_reward_mean,
+    shared_eval_steps,
     verdict,
 )
 from gmts_analysis.rl.referee_text import (  # noqa: F401 - re-exported

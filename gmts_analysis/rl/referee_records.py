@@ -3,7 +3,8 @@
 A run record (``<setting>.runs/<arm>-s<seed>.json``, written by ``gmts rl``) is read by
 :mod:`gmts_analysis.rl.referee_plan` (config, final pass@1, the training trajectory) and
 :mod:`gmts_analysis.rl.referee_stats` (the mechanism: each step's shares, group counts, skipped flag, the
-last diagnostic step's fidelity and mass capture). :func:`check_record_fields` refuses, in one line naming
+last diagnostic step's fidelity and mass capture; the learning phase: each step's training reward and the
+``evals``' step and per-domain pass@1). :func:`check_record_fields` refuses, in one line naming
 the file and the field (``.../gmts-s0.json: steps[3].frac_groups_zero_std: expected a finite number, got
 'abc'``), every value of those fields that is of the wrong type or not finite. ``null`` is accepted where
 ``gmts rl`` writes it (a quantity not logged at that step; NaN is written as ``null``), a field may be
@@ -75,6 +76,35 @@ def check_step(st: Any, where: str) -> None:
         check_number(v, f"{where}.mass_capture.{arm}")
 
 
+def check_evals(evals: Any, domains: list[str], path: Path) -> None:
+    """A record's ``evals`` (absent: none): a list of objects, each with a ``step`` (a whole number >= 0,
+    no step twice) and a ``pass1`` object holding a pass rate in [0, 1] for every domain of ``domains``."""
+    if evals is None:
+        return
+    if not isinstance(evals, list):
+        raise GmtsError(f"{path}: evals: expected a list, got {type(evals).__name__}")
+    seen: set = set()
+    for i, e in enumerate(evals):
+        where = f"{path}: evals[{i}]"
+        if not isinstance(e, dict):
+            raise GmtsError(f"{where}: expected an object, got {e!r}"[:300])
+        step = e.get("step")
+        if step is None:
+            raise GmtsError(f"{where}.step: missing")
+        check_number(step, f"{where}.step", count=True)
+        if step in seen:
+            raise GmtsError(f"{where}.step: step {step!r} is evaluated twice")
+        seen.add(step)
+        pass1 = _check_object(e.get("pass1"), f"{where}.pass1")
+        if pass1 is None:
+            raise GmtsError(f"{where}.pass1: missing")
+        for d in domains:
+            v = pass1.get(d)
+            if v is None:
+                raise GmtsError(f"{where}.pass1.{d}: missing")
+            check_number(v, f"{where}.pass1.{d}", share=True)
+
+
 def _check_config(cfg: dict, path: Path) -> None:
     """The config fields the report reads beyond those compared with the plan: the domains (a list of
     names), the evaluation's prompt counts (whole numbers; the final evaluation's at least 1) and seed."""
@@ -95,10 +125,12 @@ def _check_config(cfg: dict, path: Path) -> None:
 def check_record_fields(rec: dict, path: Path) -> None:
     """Every field of run record ``rec`` (read from ``path``; its config already a dict) that the report
     reads, beyond what :func:`gmts_analysis.rl.referee_plan.check_run` compares with the plan: the config's
-    domains and evaluation counts, and each of ``steps`` (:func:`check_step`)."""
+    domains and evaluation counts, each of ``steps`` (:func:`check_step`) and the ``evals``
+    (:func:`check_evals`)."""
     _check_config(rec["config"], path)
     steps = rec.get("steps", [])
     if not isinstance(steps, list):
         raise GmtsError(f"{path}: steps: expected a list, got {type(steps).__name__}")
     for i, st in enumerate(steps):
         check_step(st, f"{path}: steps[{i}]")
+    check_evals(rec.get("evals"), rec["config"]["domains"], path)

@@ -5,6 +5,9 @@
   planned paired contrast (``"*"`` expanded to every other pair of a complete setting, exploratory and
   unadjusted) with its t interval, t / sign / Wilcoxon p, Holm over the family ``primary``, and the
   verdict of the word rule (:func:`verdict`), and the mechanism per setting and arm (:func:`mechanism`).
+- :func:`learning_phase`: per complete setting, the learning phase (exploratory, unadjusted): each arm's mean
+  pass@1 at every evaluation step all its runs share, the setting's contrasts at the intermediate steps and
+  on the mean training reward.
 - :func:`pooled_view`: the exploratory pooled view of an earlier experiment and this one.
 
 The paired statistics themselves are :mod:`gmts_analysis.analysis.paired`'s.
@@ -186,6 +189,18 @@ def _arm_result(source: str, runs: list[dict], seeds: list[int], repeat_of: list
     }
 
 
+def _source(s: dict, plan: dict, arm: str) -> dict:
+    """The setting whose runs of ``arm`` setting ``s`` reports: the one its ``all_from`` names for a
+    borrowed ``all``, else ``s`` itself."""
+    by_name = {x["name"]: x for x in plan["settings"]}
+    return by_name[s["all_from"]] if arm == "all" and s.get("all_from") else s
+
+
+def _arm_runs(s: dict, plan: dict, records: dict) -> dict[str, list[dict]]:
+    """``{arm: [run record of each plan seed, in plan order]}`` of a complete setting ``s``."""
+    return {a: [records[(_source(s, plan, a)["name"], a, seed)] for seed in plan["seeds"]] for a in setting_arms(s)}
+
+
 def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path, repeats: dict) -> dict[str, Any]:
     """A setting of the report: ``cut`` with its missing run files, or ``complete`` with every arm's
     results and mechanism (a borrowed ``all`` from the setting its ``all_from`` names), the evaluation
@@ -193,11 +208,10 @@ def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path, repeats: 
     repeats an earlier one (``repeats``: :func:`repeats_of`)."""
     from gmts_analysis.rl.config import run_path
 
-    by_name = {x["name"]: x for x in plan["settings"]}
     seeds = list(plan["seeds"])
 
     def source(arm: str) -> dict:
-        return by_name[s["all_from"]] if arm == "all" and s.get("all_from") else s
+        return _source(s, plan, arm)
 
     arms = setting_arms(s)
     missing = [_rel(run_path(data_dir / source(a)["file"], a, seed), data_dir) for a in arms for seed in seeds
@@ -278,6 +292,100 @@ def _judge(contrasts: list[dict], alpha: float) -> int:
     return len(primary)
 
 
+# ----------------------------------------------------------------------------- the learning phase (exploratory)
+
+#: the words of an intermediate step at which every paired difference is exactly 0
+IDENTICAL_AT_START = "identical by construction (every arm starts from the same model and is evaluated on the same prompts)"
+IDENTICAL = "identical on every seed"
+
+
+def run_pass1_at(rec: dict, step: int) -> float:
+    """A run's pass@1 at evaluation ``step`` (its ``evals`` entry), mean over its config's domains, as
+    :func:`run_final_pass1` takes the final one."""
+    e = next(e for e in rec["evals"] if e["step"] == step)
+    return float(np.mean([e["pass1"][d] for d in rec["config"]["domains"]]))
+
+
+def run_reward_mean(rec: dict) -> float | None:
+    """A run's mean training reward over its logged steps (``steps[*].reward_mean``, null ones left out);
+    None when it logged none."""
+    v = [float(s["reward_mean"]) for s in rec.get("steps", []) if s.get("reward_mean") is not None]
+    return float(np.mean(v)) if v else None
+
+
+def shared_eval_steps(runs: Sequence[dict]) -> list[int]:
+    """The evaluation steps every run of ``runs`` has (the intersection, as the learning curves take it)."""
+    return sorted(set.intersection(*[{int(e["step"]) for e in r.get("evals", [])} for r in runs])) if runs else []
+
+
+def _final_step(runs: Sequence[dict]) -> int:
+    """The last training step of the runs (their config's ``steps``): the evaluation there is the final one,
+    which the planned contrasts already report."""
+    return max(int(r["config"].get("steps", _config_defaults()["steps"])) for r in runs)
+
+
+def _mean_ci(values: Sequence[float]) -> dict[str, Any]:
+    """``{n, mean, sd, ci_low, ci_high, values}``: the mean over seeds and its 95% t interval."""
+    from gmts_analysis.analysis.paired import paired_t
+
+    t = paired_t(values)
+    return {**{k: t[k] for k in ("n", "mean", "sd", "ci_low", "ci_high")}, "values": [float(x) for x in values]}
+
+
+def _exploratory(a: str, b: str, xa: Sequence[float], xb: Sequence[float], alpha: float) -> dict[str, Any]:
+    """The paired contrast ``a - b`` of per-seed values, exploratory: statistics, differences, verdict."""
+    from gmts_analysis.analysis.paired import paired_contrast
+
+    row: dict[str, Any] = {"status": "reported", **paired_contrast(xa, xb),
+                           "differences": [float(x - y) for x, y in zip(xa, xb)]}
+    row["verdict"], row["words"] = verdict(a, b, row, "exploratory", alpha)
+    return row
+
+
+def learning_phase(runs: dict[str, list[dict]], contrasts: Sequence[dict], alpha: float) -> dict[str, Any]:
+    """The learning phase of one complete setting (exploratory and unadjusted throughout).
+
+    ``runs``: ``{arm: [run record per seed, plan order]}``; ``contrasts``: the setting's reported contrast
+    rows (named and ``"*"``-expanded). Returns ``family`` ("exploratory"), ``steps`` (the evaluation steps
+    every run of every arm has), ``final_step`` (the runs' last training step), ``intermediate_steps`` (the
+    shared steps before it), ``pass1`` (``{arm: [{step, n, mean, sd, ci_low, ci_high, values}]}``: the mean
+    over seeds of the pass@1 mean over domains and its 95% t interval, at every shared step, the final one
+    included), ``reward`` (``{arm: {n, mean, sd, ci_low, ci_high, values}}`` of each run's mean training
+    reward, or None where some run logged none) and ``contrasts``: per contrast ``{a, b, planned_family,
+    expanded, family, steps, reward}``; ``steps`` one entry per intermediate step, either ``status``
+    "identical" (every paired difference exactly 0: ``n``, ``mean`` 0, ``words``; step 0 is identical by
+    construction) or "reported" with :func:`~gmts_analysis.analysis.paired.paired_contrast`'s fields,
+    ``differences``, ``verdict`` and ``words`` (:func:`verdict`, family exploratory); ``reward`` the same
+    contrast of the runs' mean training reward, or None where either arm has a run without one."""
+    every = [r for rs in runs.values() for r in rs]
+    steps = shared_eval_steps(every)
+    final = _final_step(every) if every else 0
+    inter = [s for s in steps if s < final]
+    at = {a: {s: [run_pass1_at(r, s) for r in rs] for s in steps} for a, rs in runs.items()}
+    rew = {a: [run_reward_mean(r) for r in rs] for a, rs in runs.items()}
+    logged = {a: all(x is not None for x in v) for a, v in rew.items()}
+    rows = []
+    for c in contrasts:
+        a, b = c["a"], c["b"]
+        per_step = []
+        for s in inter:
+            xa, xb = at[a][s], at[b][s]
+            if all(x == y for x, y in zip(xa, xb)):
+                per_step.append({"step": s, "status": "identical", "n": len(xa), "mean": 0.0,
+                                 "words": IDENTICAL_AT_START if s == 0 else IDENTICAL})
+            else:
+                per_step.append({"step": s, **_exploratory(a, b, xa, xb, alpha)})
+        rows.append({"a": a, "b": b, "planned_family": c["family"], "expanded": c["expanded"], "family": "exploratory",
+                     "steps": per_step,
+                     "reward": _exploratory(a, b, rew[a], rew[b], alpha) if logged[a] and logged[b] else None})
+    return {
+        "family": "exploratory", "steps": steps, "final_step": final, "intermediate_steps": inter,
+        "pass1": {a: [{"step": s, **_mean_ci(at[a][s])} for s in steps] for a in runs},
+        "reward": {a: _mean_ci(v) for a, v in rew.items()} if all(logged.values()) else None,
+        "contrasts": rows,
+    }
+
+
 def check_data_dir(data_dir: str | Path) -> Path:
     """``data_dir`` as a Path, refused (one line) when it is not a directory."""
     data_dir = Path(data_dir)
@@ -290,8 +398,8 @@ def build_report(data_dir: str | Path, plan_path: str | Path | None = None, with
     """Everything ``gmts rl-report`` writes, as one JSON-ready dict (see the module docstring):
     ``generator``, ``plan`` (its path, title, metric, seeds, alpha, correction), ``settings``
     (status ``complete`` | ``cut``, missing run files, arms with per-seed final pass@1 and evaluation
-    SE, mechanism), ``contrasts`` (every planned contrast; those of cut settings with status ``cut``), and
-    with the plan's ``pool_with`` (and ``with_pool``) ``pooled`` (:func:`pooled_view`)."""
+    SE, mechanism, and ``trajectory``: the learning phase, exploratory, :func:`learning_phase`), ``contrasts``
+    (every planned contrast; those of cut settings with status ``cut``), and with the plan's ``pool_with`` (and ``with_pool``) ``pooled`` (:func:`pooled_view`)."""
     data_dir = check_data_dir(data_dir)
     plan_path = Path(plan_path) if plan_path is not None else data_dir / "plan.json"
     plan = load_plan(plan_path)
@@ -302,6 +410,11 @@ def build_report(data_dir: str | Path, plan_path: str | Path | None = None, with
     complete = {name: b["status"] == "complete" for name, b in settings.items()}
     contrasts = [_contrast_row(c, settings, checked) for c in _expand(plan, complete)]
     n_primary = _judge(contrasts, plan["alpha"])
+    by_name = {x["name"]: x for x in plan["settings"]}
+    for name, block in settings.items():
+        if block["status"] == "complete":
+            mine = [c for c in contrasts if c["setting"] == name and c["status"] == "reported"]
+            block["trajectory"] = learning_phase(_arm_runs(by_name[name], plan, records), mine, plan["alpha"])
     report = {
         "generator": GENERATOR,
         "plan": {"path": plan_path.as_posix(), "title": plan.get("title"), "metric": plan.get("metric"),

@@ -283,9 +283,98 @@ def _pooled_lines(report: dict, short: bool) -> list[str]:
     return lines
 
 
+#: the title of the learning-phase section (after the mechanism table)
+LEARNING_TITLE = "**Learning phase**"
+
+
+def _mean_cell(x: dict | None) -> str:
+    """An arm's mean over seeds with its 95% t interval: ``0.533 [0.525, 0.541]``."""
+    if x is None:
+        return "n/a"
+    return f"{_f(x['mean'])} [{_f(x['ci_low'])}, {_f(x['ci_high'])}]"
+
+
+def _diff_cell(r: dict | None, c: dict) -> str:
+    """A learning-phase contrast ``c``'s entry ``r`` (a step or the reward) in a table cell:
+    ``+0.005 [-0.003, +0.012] not distinguishable``."""
+    if r is None:
+        return "not logged"
+    if r["status"] == "identical":
+        return "identical by construction" if r["step"] == 0 else "identical on every seed"
+    return f"{_f(r['mean'], True)} {_ci(r)} {_short({**r, 'a': c['a'], 'b': c['b']})}"
+
+
+def _trajectory_table(s: dict, shown: list[dict]) -> list[str]:
+    """One setting's learning phase: a row per shared evaluation step (the final one pointing to the planned
+    contrasts) and one of the mean training reward; a column per arm, then per contrast of ``shown``."""
+    tr = s["trajectory"]
+    arms = list(tr["pass1"])
+    head = ["step", *arms, *(f"{c['a']} - {c['b']}" for c in shown)]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for i, step in enumerate(tr["steps"]):
+        cells = [_mean_cell(tr["pass1"][a][i]) for a in arms]
+        if step in tr["intermediate_steps"]:
+            cells += [_diff_cell(next(x for x in c["steps"] if x["step"] == step), c) for c in shown]
+            label = str(step)
+        else:
+            final = step == tr["final_step"]
+            cells += ["final: planned contrasts above" if final else "-" for _ in shown]
+            label = f"{step} (final)" if final else str(step)
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
+    rew = tr["reward"] or {}
+    out.append("| training reward (mean over steps) | " + " | ".join(
+        [_mean_cell(rew.get(a)) for a in arms] + [_diff_cell(c["reward"], c) for c in shown]) + " |")
+    return out
+
+
+def _learning_lines(report: dict) -> list[str]:
+    """The learning phase (exploratory, unadjusted): per complete setting a table of the arms' mean pass@1 at
+    every evaluation step all its runs share and the planned contrasts at the intermediate steps and on the
+    training reward; every other pair of arms in a collapsed table."""
+    done = [s for s in report["settings"] if s["status"] == "complete" and s.get("trajectory")]
+    if not done:
+        return []
+    lines = ["", f"{LEARNING_TITLE} (exploratory and unadjusted: pass@1 at the intermediate evaluations and the "
+             "per-step training reward). Per arm: pass@1 (mean over domains) at every evaluation step that every "
+             "run of the setting has, mean over seeds with its 95% t interval; the last row: each run's training "
+             "reward averaged over its logged steps, mean over seeds. Per planned contrast of the setting: the "
+             "paired difference over seeds at each intermediate step (mean [95% t interval] and the exploratory "
+             "verdict, never \"beats\"); at the final step the planned contrasts above hold, on the final pass@1 "
+             "(a toy run's final pass@1 is a larger evaluation, on final_eval_prompts). Steps where every paired "
+             "difference is exactly 0 are marked identical (step 0: by construction)."]
+    others = []
+    for s in done:
+        tr = s["trajectory"]
+        named = [c for c in tr["contrasts"] if not c["expanded"]]
+        others += [(s["name"], c) for c in tr["contrasts"] if c["expanded"]]
+        lines += ["", f"*{s['name']}* (steps {', '.join(map(str, tr['steps'])) or 'none'} evaluated in every run; "
+                  f"{len(s['arms'])} arms x {len(s['results'][s['arms'][0]]['seeds'])} seeds)", ""]
+        if not tr["steps"]:
+            lines.append("No evaluation step is shared by every run of this setting.")
+            continue
+        lines += _trajectory_table(s, named)
+    if others:
+        rows = []
+        for name, c in others:
+            for r in [*c["steps"], {**(c["reward"] or {}), "step": "reward"} if c["reward"] else None]:
+                if r is None or r.get("status") == "identical":
+                    continue
+                rows.append(f"| {name}: {c['a']} - {c['b']} | {r['step']} | {r['n']} | {_f(r['mean'], True)} | "
+                            f"{_ci(r)} | {r['wins_a']}/{r['wins_b']}/{r['ties']} | "
+                            f"{_short({**r, 'a': c['a'], 'b': c['b']})} |")
+        if rows:
+            lines += ["", f"<details><summary>Every other pair of arms in the learning phase ({len(others)} "
+                      "exploratory contrasts, unadjusted; identical steps left out)</summary>", "",
+                      "| contrast | step | n | mean diff | 95% CI | wins a/b/equal | verdict |",
+                      "|---|---|---|---|---|---|---|", *rows, "", "</details>"]
+    return lines
+
+
 def report_markdown(report: dict, short: bool = False) -> str:
     """The generated text of a report: settings and their status, the planned contrasts (sentences and a
-    table), the per-arm final pass@1, the exploratory pairs (collapsed) and the mechanism table.
+    table), the per-arm final pass@1, the exploratory pairs (collapsed), the mechanism table and the
+    learning phase (:func:`_learning_lines`: pass@1 at every shared evaluation step, the contrasts at the
+    intermediate steps and on the training reward; exploratory).
     short: only the settings and the planned contrasts (a README block: ``<!-- TAG:begin short -->``)."""
     lines = _settings_lines(report) + _planned_lines(report) + _pooled_lines(report, short)
     if short:
@@ -293,5 +382,5 @@ def report_markdown(report: dict, short: bool = False) -> str:
     if not any(s["status"] == "complete" for s in report["settings"]):
         lines += ["", "No setting is complete: no final pass@1, contrast or mechanism is reported yet."]
         return "\n".join(lines) + "\n"
-    lines += _results_lines(report) + _mechanism_lines(report)
+    lines += _results_lines(report) + _mechanism_lines(report) + _learning_lines(report)
     return "\n".join(lines) + "\n"
