@@ -308,43 +308,11 @@ def inputs_of(manifest: Mapping) -> dict[str, Any]:
 
 def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
     """Read the runs (see :func:`find_runs`) and build the comparison (module docstring)."""
-    dirs = find_runs(paths)
-    recs = []
-    for i, d in enumerate(dirs):
-        stats, manifest = _statistics(d), _read(d, "manifest.json")
-        step, src = run_step(manifest)
-        recs.append({"dir": d, "stats": stats, "manifest": manifest, "step": step, "source": src, "order": i})
-    for r, step in zip(recs, base_at_step_0([r["step"] for r in recs])):
-        if step != r["step"]:
-            r["step"], r["source"] = step, "base model (the one run without a step)"
-            log.info("compare: %s has no step; the base model of the series, step 0", r["dir"])
-    by_step = all(r["step"] is not None for r in recs)
-    if not by_step and any(r["step"] is not None for r in recs):
-        log.warning("compare: some runs have no step (manifest or checkpoint path); using the given order for all")
-    for r in recs:
-        r["x"] = r["step"] if by_step else r["order"]
-        r["x_source"] = r["source"] if by_step else "order"
-    recs.sort(key=lambda r: (r["x"], r["order"]))
-    xs = [r["x"] for r in recs]
-    if len(set(xs)) < len(xs):
-        log.warning("compare: several runs share a step (%s); they are kept apart by run name",
-                    sorted({x for x in xs if xs.count(x) > 1}))
+    recs = _read_runs(find_runs(paths))
+    by_step = _place_runs_on_x(recs)
     names = _run_names([r["dir"] for r in recs])
-    # settings groups and mismatches
     sets = [settings_of(r["manifest"]) for r in recs]
-    keys = sorted(set().union(*sets)) if sets else []
-    mismatches = []
-    for k in keys:
-        vals = {n: s.get(k) for n, s in zip(names, sets)}
-        if len({_canon(v) for v in vals.values()}) > 1:
-            mismatches.append({"key": k, "values": vals})
-    groups: dict[str, str] = {}
-    labels = []
-    for s in sets:
-        c = _canon(s)
-        if c not in groups:
-            groups[c] = _group_label(len(groups))
-        labels.append(groups[c])
+    mismatches, labels = _settings_mismatches(names, sets), _settings_groups(sets)
     if mismatches:
         log.warning("compare: runs made with different settings (not mixed; groups %s): %s",
                     ", ".join(f"{n}={g}" for n, g in zip(names, labels)),
@@ -359,25 +327,90 @@ def compare_runs(paths: Sequence[str | os.PathLike]) -> Comparison:
         estimators += [e for e in estimators_of(r["stats"]) if e not in estimators]
     rows = []
     runs = []
-    for r, name, g in zip(recs, names, labels):
-        cfg = r["manifest"].get("config") if isinstance(r["manifest"].get("config"), Mapping) else {}
-        za, meta = r["stats"].zero_advantage, r["stats"].meta
-        caution = too_small_caution(r["stats"])
-        runs.append({"run": name, "dir": str(r["dir"]), "x": r["x"], "x_source": r["x_source"], "settings": g,
-                     "model": r["manifest"].get("model_path") or cfg.get("model"),
-                     "inputs": inputs_of(r["manifest"]), "too_small": caution,
-                     "informative_units": za.informative_units if za is not None else None,
-                     "units": meta.units, "min_groups": meta.min_groups})
-        if caution:
-            log.warning("compare: %s: %s; its values are point estimates, with no interval", name, caution)
+    for r, name, g, inp in zip(recs, names, labels, inputs):
+        runs.append(_run_entry(r, name, g, inp))
         for row in stat_rows(r["stats"], estimators):
             rows.append({"run": name, "x": r["x"], **row, "settings": g})
+    return Comparison(table=_comparison_table(rows), runs=runs, mismatches=mismatches,
+                      x_label="step" if by_step else "run", estimators=estimators)
+
+
+def _read_runs(dirs: Sequence[Path]) -> list[dict]:
+    """Each run's stats, manifest and step (the one run without a step among checkpoints: the base, step 0)."""
+    recs = []
+    for i, d in enumerate(dirs):
+        stats, manifest = _statistics(d), _read(d, "manifest.json")
+        step, src = run_step(manifest)
+        recs.append({"dir": d, "stats": stats, "manifest": manifest, "step": step, "source": src, "order": i})
+    for r, step in zip(recs, base_at_step_0([r["step"] for r in recs])):
+        if step != r["step"]:
+            r["step"], r["source"] = step, "base model (the one run without a step)"
+            log.info("compare: %s has no step; the base model of the series, step 0", r["dir"])
+    return recs
+
+
+def _place_runs_on_x(recs: list[dict]) -> bool:
+    """Give each run its ``x`` (its step when every run has one, else its given order) and sort ``recs`` by it,
+    in place; whether the axis is the step."""
+    by_step = all(r["step"] is not None for r in recs)
+    if not by_step and any(r["step"] is not None for r in recs):
+        log.warning("compare: some runs have no step (manifest or checkpoint path); using the given order for all")
+    for r in recs:
+        r["x"] = r["step"] if by_step else r["order"]
+        r["x_source"] = r["source"] if by_step else "order"
+    recs.sort(key=lambda r: (r["x"], r["order"]))
+    xs = [r["x"] for r in recs]
+    if len(set(xs)) < len(xs):
+        log.warning("compare: several runs share a step (%s); they are kept apart by run name",
+                    sorted({x for x in xs if xs.count(x) > 1}))
+    return by_step
+
+
+def _settings_mismatches(names: Sequence[str], sets: Sequence[Mapping]) -> list[dict]:
+    """``{key, values: {run: value}}`` of every setting whose value differs between the runs."""
+    keys = sorted(set().union(*sets)) if sets else []
+    mismatches = []
+    for k in keys:
+        vals = {n: s.get(k) for n, s in zip(names, sets)}
+        if len({_canon(v) for v in vals.values()}) > 1:
+            mismatches.append({"key": k, "values": vals})
+    return mismatches
+
+
+def _settings_groups(sets: Sequence[Mapping]) -> list[str]:
+    """Each run's settings group label (``A``, ``B``, ...): runs with the same settings share one."""
+    groups: dict[str, str] = {}
+    labels = []
+    for s in sets:
+        c = _canon(s)
+        if c not in groups:
+            groups[c] = _group_label(len(groups))
+        labels.append(groups[c])
+    return labels
+
+
+def _run_entry(r: dict, name: str, group: str, inputs: dict[str, Any]) -> dict:
+    """The run's entry of :attr:`Comparison.runs`; a run too small to compare is warned about."""
+    cfg = r["manifest"].get("config") if isinstance(r["manifest"].get("config"), Mapping) else {}
+    za, meta = r["stats"].zero_advantage, r["stats"].meta
+    caution = too_small_caution(r["stats"])
+    entry = {"run": name, "dir": str(r["dir"]), "x": r["x"], "x_source": r["x_source"], "settings": group,
+             "model": r["manifest"].get("model_path") or cfg.get("model"),
+             "inputs": inputs, "too_small": caution,
+             "informative_units": za.informative_units if za is not None else None,
+             "units": meta.units, "min_groups": meta.min_groups}
+    if caution:
+        log.warning("compare: %s: %s; its values are point estimates, with no interval", name, caution)
+    return entry
+
+
+def _comparison_table(rows: list[dict]) -> pd.DataFrame:
+    """:attr:`Comparison.table` of the rows: the :data:`COLUMNS`, ``x`` int64 and the values float64."""
     table = pd.DataFrame(rows, columns=COLUMNS)
     table["x"] = table["x"].astype("int64")
     for c in ("value", "ci_low", "ci_high"):
         table[c] = table[c].astype("float64")
-    return Comparison(table=table, runs=runs, mismatches=mismatches, x_label="step" if by_step else "run",
-                      estimators=estimators)
+    return table
 
 
 def _canon(v: Any) -> str:
