@@ -239,17 +239,36 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
 
     import pyarrow.parquet as pq
 
-    from gmts_analysis.core.estimators import ESTIMATORS
+    path = Path(path)
+    schema = _tokens_schema(path, required)
+    read, scores = _check_token_column_types(path, schema)
+    try:
+        table = pq.read_table(path, columns=read)
+    except Exception as e:
+        raise _cannot_read_parquet(path, e) from None
+    for c in read:
+        _check_token_column_values(path, c, table.column(c), c in scores)
+
+
+def _cannot_read_parquet(path: Any, e: Exception) -> GmtsError:
+    """The one-line error for a file that pyarrow cannot read as parquet (``e``: what pyarrow raised)."""
+    return GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+
+
+def _tokens_schema(path: Any, required: Sequence[str] | None) -> Any:
+    """The arrow schema of the tokens file ``path``, once it is a readable parquet file with rows and the
+    ``required`` contract columns (default all of them)."""
+    import pyarrow.parquet as pq
+
     from gmts_analysis.probing.tables import TOKEN_COLUMNS
 
-    path = Path(path)
     if not path.is_file():
         raise GmtsError(f"{path}: no such file (a run directory holds tokens.parquet)")
     try:
         meta = pq.read_metadata(path)
         schema = meta.schema.to_arrow_schema()
     except Exception as e:  # pyarrow raises many types for files that are not parquet
-        raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
+        raise _cannot_read_parquet(path, e) from None
     required = TOKEN_COLUMNS if required is None else required
     missing = [c for c in required if c not in schema.names]
     if missing:
@@ -257,6 +276,16 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                         "gmts probe has them all)")
     if meta.num_rows == 0:
         raise GmtsError(f"{path}: the tokens table has no rows")
+    return schema
+
+
+def _check_token_column_types(path: Any, schema: Any) -> tuple[list[str], list[str]]:
+    """The type of every contract and estimator column the tokens file has, checked; ``(read, scores)``: the
+    columns whose values are checked next (``answer_id`` and every number not all null) and the estimator
+    columns besides the contract ones (read as they are, not recomputed)."""
+    from gmts_analysis.core.estimators import ESTIMATORS
+    from gmts_analysis.probing.tables import TOKEN_COLUMNS
+
     names = set(schema.names)
     for c in ID_COLUMNS:
         if c in names:
@@ -278,31 +307,31 @@ def validate_tokens_file(path: Any, required: Sequence[str] | None = None) -> No
                            "integer" if whole else "numeric", null_ok=c in NULLABLE_TOKEN_COLUMNS)
         if kind != "null":
             read.append(c)
-    try:
-        table = pq.read_table(path, columns=read)
-    except Exception as e:
-        raise GmtsError(f"{path}: cannot read parquet ({type(e).__name__}: {str(e).splitlines()[0][:200]})") from None
-    for c in read:
-        col = table.column(c)
-        nan_ok = c in NULLABLE_TOKEN_COLUMNS or c in scores
-        if col.null_count and not nan_ok and _arrow_kind(col.type) != "float":  # a float's null reads as NaN: below
-            nulls = col.is_null().to_numpy(zero_copy_only=False)
-            raise GmtsError(f"{path}: column '{c}' has {col.null_count} null value(s) (first at row {_first_row(nulls)}); "
-                            "a tokens table written by gmts probe has a value in every row")
-        if _arrow_kind(col.type) != "float":
-            continue
-        v = col.to_numpy(zero_copy_only=False)
-        bad = np.isinf(v) if nan_ok else ~np.isfinite(v)
-        if bad.any():
-            i = _first_row(bad)
-            raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} {'infinite' if nan_ok else 'non-finite'} "
-                            f"value(s) (first {v[i - 1]} at row {i}); a tokens table written by gmts probe has none")
-        if c in scores and np.isnan(v).all():
-            import logging
+    return read, scores
 
-            logging.getLogger("gmts_analysis.analysis.stats").warning(
-                "%s: column '%s' has no value in any row: the estimator %s is left out of the statistics and "
-                "figures", path, c, c)
+
+def _check_token_column_values(path: Any, c: str, col: Any, score: bool) -> None:
+    """The values of the tokens file's column ``c`` (``col``, an arrow column): no null unless it may be NaN,
+    never infinite, NaN only where allowed; an estimator column (``score``) with no value is warned about."""
+    nan_ok = c in NULLABLE_TOKEN_COLUMNS or score
+    if col.null_count and not nan_ok and _arrow_kind(col.type) != "float":  # a float's null reads as NaN: below
+        nulls = col.is_null().to_numpy(zero_copy_only=False)
+        raise GmtsError(f"{path}: column '{c}' has {col.null_count} null value(s) (first at row {_first_row(nulls)}); "
+                        "a tokens table written by gmts probe has a value in every row")
+    if _arrow_kind(col.type) != "float":
+        return
+    v = col.to_numpy(zero_copy_only=False)
+    bad = np.isinf(v) if nan_ok else ~np.isfinite(v)
+    if bad.any():
+        i = _first_row(bad)
+        raise GmtsError(f"{path}: column '{c}' has {int(bad.sum())} {'infinite' if nan_ok else 'non-finite'} "
+                        f"value(s) (first {v[i - 1]} at row {i}); a tokens table written by gmts probe has none")
+    if score and np.isnan(v).all():
+        import logging
+
+        logging.getLogger("gmts_analysis.analysis.stats").warning(
+            "%s: column '%s' has no value in any row: the estimator %s is left out of the statistics and "
+            "figures", path, c, c)
 
 
 def validate_run_dir(run_dir: Any) -> None:
