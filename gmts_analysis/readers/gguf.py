@@ -288,21 +288,10 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
     """The cached plain checkpoint (config, safetensors, tokenizer) of the GGUF file ``path``; converted
     and checked on first use (see the module docstring). Raises :class:`GmtsError` when the converted
     model's logits differ from the GGUF-loaded model's."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from gmts_analysis.util.progress import quiet_transformers
-
     src = check_gguf_file(Path(path).resolve())
     out = cache_dir_for(src)
-    if (out / SOURCE_RECORD).is_file() or os.path.lexists(out):
-        problem = cache_entry_problem(out)
-        if problem is None:
-            return out
-        why = ("cannot be verified" if "no checksums" in problem else "is stale" if "older conversion" in problem
-               else "was changed after it was made")
-        log.warning("--model %s: the cached conversion %s %s (%s): converting again", src, out, why, problem)
-        _set_aside(out)
+    if _cached_entry_usable(src, out):
+        return out
     writable_cache()
     t0 = time.perf_counter()
     if progress:
@@ -310,7 +299,49 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
                     src, out)
     gg_model, tok = load_gguf(src)
     t_load = time.perf_counter() - t0
-    # transformers will not save a GGUF-loaded model: copy its weights into a plain model of the same config
+    plain = _plain_model(src, gg_model)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        logits_check = _check_saved_logits(src, tmp, gg_model, tok)
+        record = {"gguf": str(src), "key": gguf_key(src), "size": src.stat().st_size, "files": _entry_files(tmp),
+                  "logits_check": logits_check,
+                  "seconds": {"gguf_load": round(t_load, 2), "total": round(time.perf_counter() - t0, 2)}}
+        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        _move_into_place(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        log.warning("--model %s: converted in %.0f s (GGUF load %.0f s); later runs load %s",
+                    src, time.perf_counter() - t0, t_load, out)
+    return out
+
+
+def _cached_entry_usable(src: Path, out: Path) -> bool:
+    """Whether the cache entry ``out`` of the GGUF file ``src`` is there and checks out; one that does not is
+    set aside, with a warning saying why (it is converted again)."""
+    if not ((out / SOURCE_RECORD).is_file() or os.path.lexists(out)):
+        return False
+    problem = cache_entry_problem(out)
+    if problem is None:
+        return True
+    why = ("cannot be verified" if "no checksums" in problem else "is stale" if "older conversion" in problem
+           else "was changed after it was made")
+    log.warning("--model %s: the cached conversion %s %s (%s): converting again", src, out, why, problem)
+    _set_aside(out)
+    return False
+
+
+def _plain_model(src: Path, gg_model: Any) -> Any:
+    """A plain float32 model of the GGUF-loaded model's config holding its weights (transformers will not
+    save a GGUF-loaded model); one line when the weights do not fill it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gmts_analysis.util.progress import quiet_transformers
+
     with quiet_transformers():
         plain = AutoModelForCausalLM.from_config(plain_config(copy.deepcopy(gg_model.config)), dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(gg_model.state_dict(), strict=False)
@@ -320,33 +351,35 @@ def converted_checkpoint(path: str | os.PathLike, progress: bool = True) -> Path
                         f"(missing {missing[:2]}, unexpected {unexpected[:2]})")
     plain.tie_weights()
     plain.generation_config = gg_model.generation_config
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    return plain
+
+
+def _check_saved_logits(src: Path, tmp: Path, gg_model: Any, tok: Any) -> dict[str, Any]:
+    """The checkpoint saved in ``tmp`` reloaded, its logits on a short input equal to the GGUF-loaded model's
+    (else one line: not cached); the record's ``logits_check``."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gmts_analysis.util.progress import quiet_transformers
+
+    with quiet_transformers():
+        back = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True).eval()
+    ids = _check_ids(tok, gg_model.get_input_embeddings().weight.shape[0])
+    want, got = _logits(gg_model, ids), _logits(back, ids)
+    diff = float((want - got).abs().max())
+    if not torch.equal(want, got):
+        raise GmtsError(f"--model {src}: the converted checkpoint's logits differ from the GGUF-loaded "
+                        f"model's by up to {diff:.3g} on a {len(ids)}-token input; not cached")
+    return {"tokens": len(ids), "max_abs_diff": diff, "equal": True}
+
+
+def _move_into_place(tmp: Path, out: Path) -> None:
+    """Rename the finished conversion ``tmp`` to the cache entry ``out``; when another process made ``out``
+    meanwhile, theirs is kept if it checks out (else one line)."""
+    os.chmod(tmp, 0o755)
     try:
-        plain.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        with quiet_transformers():
-            back = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True).eval()
-        ids = _check_ids(tok, gg_model.get_input_embeddings().weight.shape[0])
-        want, got = _logits(gg_model, ids), _logits(back, ids)
-        diff = float((want - got).abs().max())
-        if not torch.equal(want, got):
-            raise GmtsError(f"--model {src}: the converted checkpoint's logits differ from the GGUF-loaded "
-                            f"model's by up to {diff:.3g} on a {len(ids)}-token input; not cached")
-        record = {"gguf": str(src), "key": gguf_key(src), "size": src.stat().st_size, "files": _entry_files(tmp),
-                  "logits_check": {"tokens": len(ids), "max_abs_diff": diff, "equal": True},
-                  "seconds": {"gguf_load": round(t_load, 2), "total": round(time.perf_counter() - t0, 2)}}
-        (tmp / SOURCE_RECORD).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-        os.chmod(tmp, 0o755)
-        try:
-            os.rename(tmp, out)
-        except OSError:  # another process converted it meanwhile: keep theirs when it checks out
-            if cache_entry_problem(out) is not None:
-                raise GmtsError(f"GMTS_CACHE: {out} appeared during the conversion and does not match its "
-                                "record; remove it and run again") from None
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    if progress:
-        log.warning("--model %s: converted in %.0f s (GGUF load %.0f s); later runs load %s",
-                    src, time.perf_counter() - t0, t_load, out)
-    return out
+        os.rename(tmp, out)
+    except OSError:  # another process converted it meanwhile: keep theirs when it checks out
+        if cache_entry_problem(out) is not None:
+            raise GmtsError(f"GMTS_CACHE: {out} appeared during the conversion and does not match its "
+                            "record; remove it and run again") from None
