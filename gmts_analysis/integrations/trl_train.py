@@ -182,6 +182,16 @@ def _is_resume_only(name: str) -> bool:
     return name in RESUME_ONLY_FILES or name.startswith(RESUME_ONLY_PREFIXES)
 
 
+def _drop_resume_state(checkpoint: Path) -> int:
+    """Delete ``checkpoint``'s resume-only files (optimizer, scheduler, RNG states); returns the bytes freed."""
+    freed = 0
+    for f in checkpoint.iterdir():
+        if f.is_file() and _is_resume_only(f.name):
+            freed += f.stat().st_size
+            f.unlink()
+    return freed
+
+
 def prune_resume_state(output_dir: str | os.PathLike) -> int:
     """Remove the resume-only files (optimizer, scheduler, RNG states) of every checkpoint but the newest
     resumable one; returns the bytes freed. The models and trainer states stay."""
@@ -190,12 +200,8 @@ def prune_resume_state(output_dir: str | os.PathLike) -> int:
     if keep is None:
         return 0
     for _, p in checkpoint_dirs(output_dir):
-        if str(p) == keep:
-            continue
-        for f in p.iterdir():
-            if f.is_file() and _is_resume_only(f.name):
-                freed += f.stat().st_size
-                f.unlink()
+        if str(p) != keep:
+            freed += _drop_resume_state(p)
     return freed
 
 
@@ -213,11 +219,8 @@ def prune_finished_run(output_dir: str | os.PathLike, keep_steps: Sequence[int] 
         if keep_steps is not None and step not in keep_steps and not newest:
             freed += sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
             shutil.rmtree(p)
-            continue
-        for f in p.iterdir():
-            if f.is_file() and _is_resume_only(f.name):
-                freed += f.stat().st_size
-                f.unlink()
+        else:
+            freed += _drop_resume_state(p)
     return freed
 
 
