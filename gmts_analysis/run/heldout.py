@@ -3,7 +3,7 @@
 The series audit (:mod:`gmts_analysis.run.trl_series`) and the real-model training study use one code path:
 :func:`sample_answers` writes a checkpoint's answers to a JSONL file (with its sampling key beside it, so the
 same command reuses it), :func:`pass_at_1` gives pass@1 with a 95% CI over prompts, and :func:`evaluate_pass1`
-does both for a held-out set with one answer per prompt (the study's final evaluation). Beside pass@1 they
+does both for a held-out set with one answer or more per prompt (the study's evaluations). Beside pass@1 they
 carry the reward audit's answer shares (``boxed_share``, ``truncated_share``, and from
 :func:`gmts_analysis.analysis.reward_audit.modal_answers` ``modal_answer``, ``modal_answer_share``,
 ``modal_solution_share``: a constant-answer collapse).
