@@ -221,3 +221,24 @@ def test_stats_json_has_the_reward_audit_of_its_answers():
     assert st["reward_audit"]["truncated_share"] == pytest.approx(np.mean(answers["truncated"]))
     assert st["meta"]["version"] == 4 and st["meta"]["min_groups"] == 10 and st["meta"]["rescored_from"] is None
     assert math.isnan(st["cross_answer"]["entropy"]["ci_low"])
+
+
+def test_heldout_answer_shares_come_from_reward_audit():
+    """pass@1's boxed and truncated shares are reward_audit's (one place computes them): the same numbers on the
+    same answers, null where no answer records its field, and 0/1 shares exact."""
+    from gmts_analysis.run.heldout import ANSWER_AUDIT_KEYS, answer_audit, pass_at_1
+
+    df = _collapsed().assign(truncated=[i % 4 == 0 for i in range(len(_collapsed()))],
+                             boxed=[i % 3 != 0 for i in range(len(_collapsed()))])
+    rows = df.to_dict("records")
+    got = pass_at_1(rows, n_boot=20)
+    want = reward_audit(df)
+    for k in ANSWER_AUDIT_KEYS:
+        assert got[k] == want[k], k
+    assert got["truncated_share"] == sum(r["truncated"] for r in rows) / len(rows)
+    assert got["boxed_share"] == sum(r["boxed"] for r in rows) / len(rows)
+    bare = [{k: v for k, v in r.items() if k not in ("boxed", "truncated")} for r in rows]
+    shares = answer_audit(bare)
+    assert shares["boxed_share"] is None and shares["truncated_share"] is None
+    assert shares["modal_answer_share"] == got["modal_answer_share"]
+    assert answer_audit([])["boxed_share"] is None

@@ -4,9 +4,9 @@ The series audit (:mod:`gmts_analysis.run.trl_series`) and the real-model traini
 :func:`sample_answers` writes a checkpoint's answers to a JSONL file (with its sampling key beside it, so the
 same command reuses it), :func:`pass_at_1` gives pass@1 with a 95% CI over prompts, and :func:`evaluate_pass1`
 does both for a held-out set with one answer or more per prompt (the study's evaluations). Beside pass@1 they
-carry the reward audit's answer shares (``boxed_share``, ``truncated_share``, and from
-:func:`gmts_analysis.analysis.reward_audit.modal_answers` ``modal_answer``, ``modal_answer_share``,
-``modal_solution_share``: a constant-answer collapse).
+carry the reward audit's answer shares (:func:`answer_audit`: ``boxed_share``, ``truncated_share``,
+``modal_answer``, ``modal_answer_share``, ``modal_solution_share``: a constant-answer collapse), computed by
+:func:`gmts_analysis.analysis.reward_audit.reward_audit`.
 """
 
 from __future__ import annotations
@@ -59,29 +59,37 @@ def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: fl
     return out
 
 
-def modal_answer_shares(rows: list[dict]) -> dict:
-    """``modal_answer``, ``modal_answer_share``, ``modal_solution_share`` of the answer ``rows``
-    (:func:`gmts_analysis.analysis.reward_audit.modal_answers`). A row sampled before answers recorded their
-    ``final_answer`` gets the one its verifier scores in its response (the same extraction)."""
+#: the reward audit's keys that :func:`pass_at_1` carries (the answers' shares; the rest is run-level)
+ANSWER_AUDIT_KEYS = ("boxed_share", "truncated_share", "modal_answer", "modal_answer_share", "modal_solution_share")
+
+
+def answer_audit(rows: list[dict]) -> dict:
+    """:data:`ANSWER_AUDIT_KEYS` of the answer ``rows``, from
+    :func:`gmts_analysis.analysis.reward_audit.reward_audit` (the one place that computes them; a share is
+    ``None`` where no answer records its field). A row sampled before answers recorded their ``final_answer``
+    gets the one its verifier scores in its response (the same extraction)."""
     import pandas as pd
 
-    from gmts_analysis.analysis.reward_audit import REFERENCE_COLUMNS, modal_answers
+    from gmts_analysis.analysis.reward_audit import REFERENCE_COLUMNS, reward_audit
     from gmts_analysis.readers.audit import final_answer
 
-    table = {"final_answer": [r["final_answer"] if "final_answer" in r
-                              else final_answer(r.get("verifier"), r.get("response")) for r in rows]}
+    table: dict[str, list] = {"final_answer": [r["final_answer"] if "final_answer" in r
+                                               else final_answer(r.get("verifier"), r.get("response")) for r in rows]}
+    for c in ("boxed", "truncated"):
+        table[c] = [r.get(c) for r in rows]
     for c in REFERENCE_COLUMNS:
         if rows and any(c in r for r in rows):
             table[c] = [r.get(c) for r in rows]
             break
-    return modal_answers(pd.DataFrame(table))
+    audit = reward_audit(pd.DataFrame(table)) if rows else reward_audit(None, 0)
+    return {k: audit[k] for k in ANSWER_AUDIT_KEYS}
 
 
 def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
     prompts (the answers of one prompt resampled together), the binomial SE, the share of prompts whose
     answers all got the same reward (``zero_variance_groups``; 1.0 when each prompt has one answer), and the
-    answers' ``boxed_share``, ``truncated_share`` and :func:`modal_answer_shares`."""
+    answers' :func:`answer_audit` (``boxed_share``, ``truncated_share``, the modal answer's shares)."""
     from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
 
     groups = sorted({r["group_id"] for r in rows})
@@ -94,9 +102,7 @@ def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     p = float(v.mean())
     return {"pass1": p, "ci_low": float(lo), "ci_high": float(hi), "se": float(np.sqrt(p * (1 - p) / len(v))),
             "n_answers": len(rows), "n_prompts": len(groups), "zero_variance_groups": same / len(groups),
-            "boxed_share": float(np.mean([bool(r.get("boxed")) for r in rows])) if rows and "boxed" in rows[0]
-            else None, "truncated_share": float(np.mean([bool(r.get("truncated")) for r in rows])),
-            **modal_answer_shares(rows)}
+            **answer_audit(rows)}
 
 
 def evaluate_pass1(model_path: str, rows: list[dict], *, temperature: float, max_new_tokens: int, seed: int,
