@@ -6,8 +6,9 @@
 ``run`` goes through the plan's runs seed by seed (every arm of a seed, then the next seed), each in three
 resumable stages: **train** (``examples/trl_grpo_word_problems.py`` in a subprocess with the plan's ``trl``
 arguments and the run's arm and seed; killed, it resumes from its newest checkpoint), **evaluate** (pass@1 on the
-plan's held-out problems at the plan's evaluation steps, one answer each at the fixed evaluation seed; each
-evaluation cached in ``RUN_DIR/evals/step-NNNNN.json``; step 0 is the base model, evaluated once for all runs)
+plan's held-out problems at the plan's evaluation steps, ``answers_per_problem`` answers each at the fixed
+evaluation seed; each evaluation cached in ``RUN_DIR/evals/step-NNNNN.json`` and reused only for the same
+settings; step 0 is the base model, evaluated once for all runs, under a lock when two drivers share it)
 and **record** (the run record that ``gmts rl-report`` reads, :func:`gmts_analysis.rl.trl_records.trl_run_record`,
 written into the plan's ``<setting>.runs/`` beside plan.json). Run it again after a kill: finished stages are
 skipped; a stop (``kill PID``, Ctrl-C) stops the training script too. Logs go to stderr and RUN_DIR/train.log.
@@ -48,18 +49,33 @@ def _eval_dir(run_dir: Path) -> Path:
 
 
 def evaluate(model: str, rows: list[dict], out: Path, ev: dict) -> dict:
-    """pass@1 of ``model`` on ``rows`` cached at ``out`` (json) and ``out.answers.jsonl``."""
-    from gmts_analysis.run.heldout import evaluate_pass1
+    """pass@1 of ``model`` on ``rows`` cached at ``out`` (json) and ``out.answers.jsonl``.
+
+    The cache is reused only when its answers' sampling key (:func:`gmts_analysis.run.heldout.sampling_key`:
+    the model, the prompts, the answers per problem, temperature, token budget, seed and verifier) is this
+    evaluation's; otherwise it is evaluated again and replaced. Two drivers that need the same evaluation (the
+    base model's, shared by every run) take turns on a lock file: the second reads what the first wrote."""
+    import fcntl
+
+    from gmts_analysis.run.heldout import cached_key, evaluate_pass1, sampling_key
     from gmts_analysis.util.io import atomic_write_json
 
-    if out.is_file():
-        return json.loads(out.read_text())
-    res = evaluate_pass1(model, rows, temperature=ev["temperature"], max_new_tokens=ev["max_new_tokens"],
-                         seed=ev["seed"], verifier=ev.get("verifier", "math_boxed"),
-                         path=out.with_suffix(".answers.jsonl"), batch_size=ev.get("batch_size", 32),
-                         answers_per_problem=int(ev.get("answers_per_problem", 1)))
-    res["model"] = model
-    atomic_write_json(out, res)
+    n = int(ev.get("answers_per_problem", 1))
+    verifier = ev.get("verifier", "math_boxed")
+    answers = out.with_suffix(".answers.jsonl")
+    key = sampling_key(model, rows, n, temperature=ev["temperature"], max_new_tokens=ev["max_new_tokens"],
+                       seed=ev["seed"], verifier=verifier)
+    with open(out.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if out.is_file():
+            if cached_key(answers) == key:
+                return json.loads(out.read_text())
+            log.warning("%s: cached with other settings than the plan's evaluation; evaluating again", out)
+        res = evaluate_pass1(model, rows, temperature=ev["temperature"], max_new_tokens=ev["max_new_tokens"],
+                             seed=ev["seed"], verifier=verifier, path=answers, batch_size=ev.get("batch_size", 32),
+                             answers_per_problem=n)
+        res["model"] = model
+        atomic_write_json(out, res)
     log.info("%s: pass@1 %.3f [%.3f, %.3f] on %d (%.0f s)", out, res["pass1"], res["ci_low"], res["ci_high"],
              res["n_answers"], res["seconds"])
     return res

@@ -233,3 +233,42 @@ def _training_args(checkpoint: Path):
     from gmts_analysis.readers.trl_output import training_args
 
     return training_args(checkpoint)
+
+
+def test_cached_evaluations_are_reused_only_for_the_same_settings(tiny_dir, tmp_path):
+    """The driver's evaluation cache: the same evaluation is read back (nothing sampled again); one whose
+    settings changed (answers per problem, temperature) is evaluated again and replaces it; two drivers that
+    need the same evaluation at once evaluate it once (the lock), the second reading what the first wrote."""
+    import threading
+
+    from gmts_analysis.integrations.trl_train import distinct_word_problems
+    from gmts_analysis.run import heldout
+
+    drv = _driver_module()
+    rows = distinct_word_problems(4, 5, difficulty=1, matched_examples=True)
+    ev = {"temperature": 0.7, "max_new_tokens": 6, "seed": 3, "answers_per_problem": 2}
+    out = tmp_path / "base_eval.json"
+    calls = []
+    real = heldout.evaluate_pass1
+
+    def counted(*a, **k):
+        calls.append(k["answers_per_problem"])
+        return real(*a, **k)
+
+    heldout.evaluate_pass1 = counted
+    try:
+        threads = [threading.Thread(target=drv.evaluate, args=(str(tiny_dir), rows, out, ev)) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert calls == [2]  # evaluated once for both
+        first = json.loads(out.read_text())
+        assert first["n_answers"] == 8 and drv.evaluate(str(tiny_dir), rows, out, ev) == first and calls == [2]
+        again = drv.evaluate(str(tiny_dir), rows, out, {**ev, "answers_per_problem": 3})
+        assert calls == [2, 3] and again["n_answers"] == 12 and json.loads(out.read_text())["n_answers"] == 12
+        drv.evaluate(str(tiny_dir), rows, out, {**ev, "answers_per_problem": 3, "temperature": 1.0})
+        assert calls == [2, 3, 3]
+        assert heldout.cached_key(out.with_suffix(".answers.jsonl"))["temperature"] == 1.0
+    finally:
+        heldout.evaluate_pass1 = real

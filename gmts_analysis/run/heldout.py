@@ -32,17 +32,37 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def sampling_key(model_path: str, rows: list[dict], n: int, *, temperature: float, max_new_tokens: int,
+                 seed: int, verifier: str | None) -> dict:
+    """What determines the answers :func:`sample_answers` samples (its cache is reused only for an equal key)."""
+    return {"model": str(model_path), "prompts": [r["prompt"] for r in rows], "num_generations": n,
+            "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "verifier": verifier}
+
+
+def key_path(answers_path: Path) -> Path:
+    """Where :func:`sample_answers` keeps the sampling key of the answers at ``answers_path``."""
+    return Path(answers_path).with_suffix(".key.json")
+
+
+def cached_key(answers_path: Path) -> dict | None:
+    """The sampling key of the answers cached at ``answers_path`` (None: no answers or no key there)."""
+    kfile = key_path(answers_path)
+    if not (Path(answers_path).is_file() and kfile.is_file()):
+        return None
+    return json.loads(kfile.read_text(encoding="utf-8"))
+
+
 def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: float, max_new_tokens: int,
                    seed: int, verifier: str | None, batch_size: int = 32, progress: bool = False,
                    path: Path, device: str = "cpu") -> list[dict]:
     """``n`` answers of the checkpoint ``model_path`` to each prompt row (rollout rows of
     :func:`gmts_analysis.sampling.generate.sample_prompts`, scored by ``verifier``), written to ``path`` with the
     sampling key in ``path.key.json``; reused when ``path`` holds the same sampling."""
-    key = {"model": str(model_path), "prompts": [r["prompt"] for r in rows], "num_generations": n,
-           "temperature": temperature, "max_new_tokens": max_new_tokens, "seed": seed, "verifier": verifier}
+    key = sampling_key(model_path, rows, n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed,
+                       verifier=verifier)
     path = Path(path)
-    kfile = path.with_suffix(".key.json")
-    if path.is_file() and kfile.is_file() and json.loads(kfile.read_text(encoding="utf-8")) == key:
+    kfile = key_path(path)
+    if cached_key(path) == key:
         return read_jsonl(path)
     from gmts_analysis.readers.models import load_model
     from gmts_analysis.readers.verifiers import resolve_verifier
