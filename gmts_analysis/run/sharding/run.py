@@ -112,59 +112,90 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
     out = Path(cfg.out)
     with process_group(ctx), contextlib.ExitStack() as held:
         if not ctx.is_main:  # progress and info lines on rank 0 only (levels restored on exit)
-            held.enter_context(_log_level("gmts_analysis.probing.kernel", logging.ERROR))
-            held.enter_context(_log_level("gmts_analysis.run.sharding", logging.WARNING))
+            _quiet_logs(held)
         t_start = time.perf_counter()
         # rank 0 holds the run directory's lock for the whole job: a second job on it stops here
         _on_main(ctx, lambda: str(held.enter_context(io.exclusive_lock(out))))
-
-        def inspect() -> tuple[str, state.Fingerprint]:
-            fp = state.run_fingerprint(cfg)
-            io.clean_stale_siblings(out)
-            finishing = {k: getattr(cfg, k) for k in state.FINISH_FIELDS}
-            return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
-
-        status, fp = _on_main(ctx, inspect)
+        status, fp = _on_main(ctx, lambda: _inspect_out(cfg, out))
         if status == "complete":
             log.warning("%s: this run is already complete (same model, rollouts and configuration); nothing to do",
                         out)
             return out
         device = rank_device(ctx, cfg.device)
         inputs = load_inputs(cfg, device, fp.rollouts_sha256)
-        model, answers = inputs.model, inputs.answers
-        # --answers-per-chunk auto resolved once for the run (the same on every rank), and recorded so:
-        # not fingerprinted, so a run started with another value (an old run's 16) resumes as it is
-        cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(answers),
-                                                                           ctx.world_size))
-        from gmts_analysis.probing.preflight import check_before_probe
-
-        # every need knowable before the model runs (memory, disk): checked once, refused on every rank
-        _on_main(ctx, lambda: check_before_probe(cfg, model, answers, out))
-        finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
-        # the work area: out itself, or beside it under --overwrite (the previous run kept until the end)
-        attempt, work = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size,
-                                                                     finishing))
-        work = Path(work)
-
-        share = shard_answers(answers, ctx.world_size)[ctx.rank]
-        done = state.owners(state.read_chunks(work, fp.run_hash))
-        todo = [i for i in share if i not in done]
-        if ctx.is_main:
-            n_done = len(done)
-            log.info("probing %d answers (%d tokens) with %s on %s%s%s", len(answers),
-                     sum(a.length for a in answers), type(model).__name__, device,
-                     f", {ctx.world_size} ranks" if ctx.distributed else "",
-                     f"; resuming: {n_done} answers already done" if n_done else "")
-        summary = probe_share(model, inputs.tokenizer, answers, inputs.coefs, todo, cfg, work, fp.run_hash, ctx,
-                              attempt, progress=ctx.is_main and not cfg.quiet)
-        merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
-                         {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
-                          "n_tokens_probed": summary.n_tokens, "device": device})
+        cfg = _chunked_and_checked(cfg, ctx, inputs, out)
+        attempt, work = _open_work_area(cfg, ctx, out, fp, status, extra, extra_files)
+        _probe_into_part(cfg, ctx, inputs, fp, work, attempt, device)
         if not ctx.is_main:
             return out
         parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
         return finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size, extra,
                           extra_files, work=work)
+
+
+def _quiet_logs(held: contextlib.ExitStack) -> None:
+    """On a rank other than 0: the probe's progress and the job's info lines off until ``held`` closes."""
+    held.enter_context(_log_level("gmts_analysis.probing.kernel", logging.ERROR))
+    held.enter_context(_log_level("gmts_analysis.run.sharding", logging.WARNING))
+
+
+def _inspect_out(cfg: ProbeConfig, out: Path) -> tuple[str, state.Fingerprint]:
+    """(rank 0) The run's fingerprint and what to do with ``out`` (:func:`state.inspect_directory`:
+    ``fresh``, ``resume``, ``complete`` or ``overwrite``), stale siblings of killed jobs cleaned first."""
+    fp = state.run_fingerprint(cfg)
+    io.clean_stale_siblings(out)
+    finishing = {k: getattr(cfg, k) for k in state.FINISH_FIELDS}
+    return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
+
+
+def _chunked_and_checked(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, out: Path) -> ProbeConfig:
+    """``cfg`` with ``--answers-per-chunk`` auto resolved for the run (the same on every rank), once every
+    need knowable before the model runs (memory, disk) is checked on rank 0 (refused on every rank)."""
+    from gmts_analysis.probing.preflight import check_before_probe
+
+    # recorded so, not fingerprinted: a run started with another value (an old run's 16) resumes as it is
+    cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(inputs.answers),
+                                                                       ctx.world_size))
+    _on_main(ctx, lambda: check_before_probe(cfg, inputs.model, inputs.answers, out))
+    return cfg
+
+
+def _open_work_area(cfg: ProbeConfig, ctx: DistContext, out: Path, fp: state.Fingerprint, status: str,
+                    extra: dict | None, extra_files: dict[str, Path] | None) -> tuple[int, Path]:
+    """(rank 0, given to every rank) This attempt's number and the work area, created or reopened
+    (:func:`state.prepare_directory`): ``out`` itself, or beside it under --overwrite (the previous run
+    kept until the end); ``extra`` and ``extra_files`` are kept there for the finish."""
+    finishing = {"extra": extra or {}, "extra_files": {k: str(v) for k, v in (extra_files or {}).items()}}
+    attempt, work = _on_main(ctx, lambda: state.prepare_directory(out, fp, cfg, status, ctx.world_size,
+                                                                 finishing))
+    return attempt, Path(work)
+
+
+def _probe_into_part(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, fp: state.Fingerprint, work: Path,
+                     attempt: int, device: str) -> None:
+    """This rank's length-balanced share of whole groups (:func:`shard_answers`): the answers no chunk
+    record holds yet probed chunk by chunk into ``work``, then the share written as this rank's part
+    (:func:`merge.write_part`, with its probe time in seconds, answers and tokens probed, device)."""
+    share = shard_answers(inputs.answers, ctx.world_size)[ctx.rank]
+    done = state.owners(state.read_chunks(work, fp.run_hash))
+    todo = [i for i in share if i not in done]
+    if ctx.is_main:
+        _log_probing(inputs, device, ctx, len(done))
+    summary = probe_share(inputs.model, inputs.tokenizer, inputs.answers, inputs.coefs, todo, cfg, work, fp.run_hash,
+                          ctx, attempt, progress=ctx.is_main and not cfg.quiet)
+    merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
+                     {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
+                      "n_tokens_probed": summary.n_tokens, "device": device})
+
+
+def _log_probing(inputs: ProbeInputs, device: str, ctx: DistContext, n_done: int) -> None:
+    """The job's opening line: answers, tokens, model class, device, ranks, and the answers a resumed
+    run already holds (``n_done``)."""
+    answers = inputs.answers
+    log.info("probing %d answers (%d tokens) with %s on %s%s%s", len(answers),
+             sum(a.length for a in answers), type(inputs.model).__name__, device,
+             f", {ctx.world_size} ranks" if ctx.distributed else "",
+             f"; resuming: {n_done} answers already done" if n_done else "")
 
 
 def finish_job(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Fingerprint, parts: list[dict] | None,
