@@ -11,9 +11,9 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import pandas as pd
@@ -197,56 +197,93 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     rename; any failure leaves it as it was. When every answer failed, ``errors.jsonl`` is
     written into the work area and a :class:`GmtsError` raised.
     """
-    from gmts_analysis.core.estimators import add_estimator_columns
-
     t0 = time.perf_counter()
-    model, model_path, answers, coefs = inputs.model, inputs.model_path, inputs.answers, inputs.coefs
+    answers, coefs = inputs.answers, inputs.coefs
     work = out if work is None else work
-    tokens, groups, errors = assemble(work, fp.run_hash, len(answers), parts)
+    tokens, groups, errors = _merged_tables(work, fp.run_hash, len(answers), parts)
     failed = {e["index"] for e in errors}
     keep = [i for i in range(len(answers)) if i not in failed]
+    errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
+    if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
+        _refuse_all_failed(work, errors, errors_text, len(answers))
+    ok_answers = [answers[i] for i in keep]
+    ok_coefs = [coefs[i] for i in keep]
+    timings = {**timings, "merge_s": time.perf_counter() - t0}
+    result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
+                                grad_groups=groups, timings=timings)
+    extra = {**extra, **_fingerprint_and_errors(fp, errors)}
+    _write_finished(cfg, out, work, inputs, ok_answers, result, extra,
+                    {**(extra_files or {}), ERRORS_FILE: errors_text})
+    if errors:
+        log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
+    return out
+
+
+def _merged_tables(work: Path, run_hash: str, n_answers: int, parts: list[dict] | None
+                   ) -> tuple[pd.DataFrame, pd.DataFrame | None, list[dict]]:
+    """The run's rows in single-process order (:func:`assemble`) without the answer index column: the
+    token table (an empty one when no row was probed) with its estimator columns, the per-group table
+    of gradient norms (or None), and the errors in answer order."""
+    from gmts_analysis.core.estimators import add_estimator_columns
+
+    tokens, groups, errors = assemble(work, run_hash, n_answers, parts)
     if tokens is None:
         tokens = tables.concat_columns([])
     tokens = tokens.drop(columns=[state.INDEX_COLUMN], errors="ignore")
     add_estimator_columns(tokens)
     if groups is not None:
         groups = groups.drop(columns=[state.INDEX_COLUMN])
-    errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
-    if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
-        io.atomic_write_text(work / ERRORS_FILE, errors_text)
-        first = errors[0]["reason"] if errors else "no answer"
-        raise GmtsError(f"every answer failed ({len(errors)} of {len(answers)}; first: {first}); "
-                        f"the reasons are in {work / ERRORS_FILE}")
-    ok_answers = [answers[i] for i in keep]
-    ok_coefs = [coefs[i] for i in keep]
-    timings = {**timings, "merge_s": time.perf_counter() - t0}
-    result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
-                                   grad_groups=groups, timings=timings)
-    extra = {**extra, "run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
-             "n_out_of_memory": sum(1 for e in errors if e.get("out_of_memory")),
-             "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
+    return tokens, groups, errors
+
+
+def _refuse_all_failed(work: Path, errors: list[dict], errors_text: str, n_answers: int) -> NoReturn:
+    """No answer is left to analyse: ``errors_text`` (the errors as JSON lines) written to the work area's
+    ``errors.jsonl`` and a :class:`GmtsError` raised in one line, naming the first reason."""
+    io.atomic_write_text(work / ERRORS_FILE, errors_text)
+    first = errors[0]["reason"] if errors else "no answer"
+    raise GmtsError(f"every answer failed ({len(errors)} of {n_answers}; first: {first}); "
+                    f"the reasons are in {work / ERRORS_FILE}")
+
+
+def _fingerprint_and_errors(fp: state.Fingerprint, errors: list[dict]) -> dict[str, Any]:
+    """The manifest entries of the run's identity and its failed answers: run hash and fingerprint, the
+    counts (all, still out of memory) and the first 100 (answer id, reason)."""
+    return {"run_hash": fp.run_hash, "run_fingerprint": fp.to_json(), "n_errors": len(errors),
+            "n_out_of_memory": sum(1 for e in errors if e.get("out_of_memory")),
+            "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
+
+
+def _write_finished(cfg: ProbeConfig, out: Path, work: Path, inputs: ProbeInputs, ok_answers: list,
+                    result: kernel.ProbeResult, extra: dict, files: dict[str, Any]) -> None:
+    """The finished directory at ``out`` (:func:`gmts_analysis.run.finalize.write_result`, ``files``: name ->
+    path or text), then the work area gone; until then the previous run (``--overwrite``) or the work area
+    stays where it was."""
+    def write() -> None:
+        finalize_mod.write_result(cfg, inputs.model, inputs.model_path, ok_answers, result, extra=extra,
+                                  extra_files=files)
+
     if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)
-        finalize_mod.write_result(cfg, model, model_path, ok_answers, result, extra=extra,
-                                  extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
+        write()
         shutil.rmtree(work, ignore_errors=True)
     else:
-        # write_result builds the finished directory in a temporary sibling and renames it to ``out``:
-        # the work area steps aside first (and comes back if anything fails; see recover_work_area)
-        if not io.is_ours(out, "work", out):
-            io.mark_ours(out, "work", out)
-        aside = io.fresh_sibling_name(out, state.WORK_STEM)
-        os.replace(out, aside)
-        try:
-            finalize_mod.write_result(cfg, model, model_path, ok_answers, result, extra=extra,
-                                      extra_files={**(extra_files or {}), ERRORS_FILE: errors_text})
-        except BaseException:
-            if not os.path.lexists(out):
-                os.replace(aside, out)
-            raise
-        shutil.rmtree(aside, ignore_errors=True)
-    if errors:
-        log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
-    return out
+        _with_work_area_aside(out, write)
+
+
+def _with_work_area_aside(out: Path, write: Callable[[], None]) -> None:
+    """Run ``write``, which builds the finished directory in a temporary sibling and renames it to ``out``,
+    with the work area at ``out`` stepped aside (marked ours) meanwhile; it comes back if ``write`` fails
+    (see :func:`state.recover_work_area`) and is removed once ``write`` succeeds."""
+    if not io.is_ours(out, "work", out):
+        io.mark_ours(out, "work", out)
+    aside = io.fresh_sibling_name(out, state.WORK_STEM)
+    os.replace(out, aside)
+    try:
+        write()
+    except BaseException:
+        if not os.path.lexists(out):
+            os.replace(aside, out)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 #: exit status of ``gmts probe`` / ``gmts run`` when the run finished but dropped answers still out of memory
