@@ -192,7 +192,7 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     :func:`gmts_analysis.run.finalize.write_result`).
 
     ``work`` is the work area (run.json, chunks/, parts/): ``out`` itself (default), or its
-    sibling :func:`state.work_area_sibling` for a run started with ``--overwrite``, where the
+    sibling :func:`state.replacement_area` for a run started with ``--overwrite``, where the
     previous run stays complete at ``out`` until the finished directory replaces it in one
     rename; any failure leaves it as it was. When every answer failed, ``errors.jsonl`` is
     written into the work area and a :class:`GmtsError` raised.
