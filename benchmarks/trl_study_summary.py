@@ -50,6 +50,9 @@ def audit_table(root: Path) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for d in sorted(p.parent for p in root.glob("*/series.json")):
         series = json.loads((d / "series.json").read_text())
+        if not (d / "compare" / "compare.json").is_file():  # an audit still running (or killed) writes it last
+            print(f"{d}: no compare/compare.json yet (unfinished audit): left out", file=sys.stderr)
+            continue
         cmp = json.loads((d / "compare" / "compare.json").read_text())
         val = {(r["run"], r["statistic"]): r["value"] for r in cmp["rows"]}
         for c in series["checkpoints"]:
