@@ -12,9 +12,9 @@ and how much of the batch's top 20% by |g| the top 20% by H and by GMTS hold: by
 (``topk_overlap.batch.*.0.2``) and by gradient mass (``mass_capture.batch.*.0.2``).
 
 ``cost`` reads the run records' ``timing_s`` (wall seconds per run: training, the run's three evaluations) and,
-where present, ``cpu_samples.log`` (lines ``EPOCH PID SELF_CPU_S CHILDREN_CPU_S KIND WHAT`` every 30 s; kind
-``train`` is a training process, ``driver`` the study driver, which evaluates in its own process, ``series`` an
-audit): a process's CPU seconds are its last sample's (up to 30 s short).
+where present, ``cpu_samples.log`` (lines ``EPOCH PID SELF_CPU_S CHILDREN_CPU_S KIND WHAT [PPID]`` every 30 s;
+kind ``train`` is a training process, ``driver`` the study driver, which evaluates in its own process,
+``series`` an audit): a process's CPU seconds are its last sample's (up to 30 s short).
 """
 
 from __future__ import annotations
@@ -63,14 +63,19 @@ def audit_table(root: Path) -> str:
 
 
 def _cpu_by_process(log: Path) -> dict[int, dict]:
-    """{pid: {kind, what, cpu (s), first, last (epoch s), samples: [(epoch, cpu)]}} from the sampler's log."""
+    """{pid: {kind, what, run, ppid, cpu (s), first, last (epoch s), samples: [(epoch, cpu)]}} from the sampler's
+    log; ``run`` is the last part of ``what`` (a training's output directory, an audit's); ``ppid`` is the 7th
+    field, or for older lines ``cpu_parents.json`` beside the log ({pid: ppid}), else None."""
+    parents_file = log.parent / "cpu_parents.json"
+    parents = {int(k): v for k, v in json.loads(parents_file.read_text()).items()} if parents_file.is_file() else {}
     procs: dict[int, dict] = {}
     for line in log.read_text().splitlines():
         f = line.split()
         if len(f) < 6 or not f[0].isdigit():
             continue
         t, pid, cpu = int(f[0]), int(f[1]), int(f[2])
-        p = procs.setdefault(pid, {"kind": f[4], "what": f[5], "first": t, "samples": []})
+        p = procs.setdefault(pid, {"kind": f[4], "what": f[5], "run": Path(f[5]).name, "first": t, "samples": [],
+                                   "ppid": int(f[6]) if len(f) > 6 else parents.get(pid)})
         p["last"], p["cpu"] = t, cpu
         p["samples"].append((t, cpu))
     return procs
@@ -83,28 +88,32 @@ def _stats(xs: list[float]) -> str:
 
 
 def _eval_cpu_by_run(procs: dict[int, dict]) -> dict[str, float]:
-    """A driver evaluates in its own process between its runs' trainings: each rise of a driver's CPU while none
-    of its trainings is running goes to its run whose training ended last (the base model's one evaluation goes
-    to the first run evaluated)."""
-    trains = sorted((p["last"], p["first"], Path(p["what"]).name) for p in procs.values() if p["kind"] == "train")
+    """A driver evaluates in its own process between the trainings it starts (its children): each rise of a
+    driver's CPU while none of them runs goes to the run whose training ended last (the base model's one
+    evaluation goes to the first run a driver evaluates)."""
     out: dict[str, float] = defaultdict(float)
-    for p in procs.values():
+    for pid, p in procs.items():
         if p["kind"] != "driver":
             continue
-        mine = [t for t in trains if t[2] in set(p["what"].split(","))]
+        mine = sorted((c["last"], c["first"], c["run"]) for c in procs.values()
+                      if c["kind"] == "train" and c["ppid"] == pid)
         for (_, c0), (t1, c1) in zip(p["samples"], p["samples"][1:]):
             if c1 <= c0 or any(first <= t1 <= last for last, first, _ in mine):
                 continue
-            ended = [name for last, _, name in mine if last <= t1]
+            ended = [run for last, _, run in mine if last <= t1]
             if ended:
                 out[ended[-1]] += c1 - c0
     return out
 
 
 def cost_table(root: Path) -> str:
-    """Wall seconds per part from the run records, CPU seconds from the sampler's log (when there is one)."""
+    """Wall seconds per part from the run records; CPU seconds from the sampler's log, when there is one, of the
+    recorded runs only: training (summed over a run's processes, a resumed run has several), its evaluations,
+    the trainings again for an audit (a training process whose parent is no driver), and the series audits."""
     wall: dict[str, list[float]] = defaultdict(list)
+    recorded = set()
     for f in sorted(root.glob("*.runs/*.json")):
+        recorded.add(f.stem)
         t = json.loads(f.read_text()).get("timing_s", {})
         for part in ("train", "eval"):
             if part in t:
@@ -113,11 +122,16 @@ def cost_table(root: Path) -> str:
     log = root / "cpu_samples.log"
     if log.is_file():
         procs = _cpu_by_process(log)
+        drivers = {pid for pid, p in procs.items() if p["kind"] == "driver"}
+        per: dict[tuple[str, str], float] = defaultdict(float)
         for p in procs.values():
-            if p["kind"] in ("train", "series"):
-                part = "train (one run)" if p["kind"] == "train" else "series audit (one run's)"
-                cpu[part].append(p["cpu"])
-        cpu["eval (one run)"] = list(_eval_cpu_by_run(procs).values())
+            if p["kind"] == "train" and p["run"] in recorded:
+                per["train (one run)" if p["ppid"] in drivers else "train again for an audit", p["run"]] += p["cpu"]
+            elif p["kind"] == "series":
+                per["series audit (one run's)", p["run"]] += p["cpu"]
+        for (part, _), v in per.items():
+            cpu[part].append(v)
+        cpu["eval (one run)"] = [v for run, v in _eval_cpu_by_run(procs).items() if run in recorded]
     out = ["| part | wall s (run records) | CPU s (sampled processes) |", "|---|---|---|"]
     for part in sorted(set(wall) | set(cpu)):
         out.append(f"| {part} | {_stats(wall.get(part, []))} | {_stats(cpu.get(part, []))} |")

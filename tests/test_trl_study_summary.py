@@ -43,17 +43,26 @@ def test_cost_table_attributes_a_drivers_cpu_to_the_run_it_evaluates(tmp_path):
     runs.mkdir()
     for name, (tr, ev) in {"all-s1": (100.0, 40.0), "gmts-s1": (120.0, 60.0)}.items():
         (runs / f"{name}.json").write_text(json.dumps({"timing_s": {"train": tr, "eval": ev}}))
-    log = ["1000 7 0 0 driver all-s1,gmts-s1", "1000 8 5 0 train /r/all-s1",
-           "1030 7 1 0 driver all-s1,gmts-s1", "1030 8 29 0 train /r/all-s1",   # all-s1 trains until 1030
-           "1060 7 41 0 driver all-s1,gmts-s1",                                   # its evaluation: 40 CPU-s
-           "1090 7 42 0 driver all-s1,gmts-s1", "1090 9 30 0 train /r/gmts-s1",  # gmts-s1 trains (the driver waits)
-           "1120 7 42 0 driver all-s1,gmts-s1", "1120 9 57 0 train /r/gmts-s1",
-           "1150 7 102 0 driver all-s1,gmts-s1",                                  # its evaluation: 60 CPU-s
+    log = ["1000 7 0 0 driver all-s1,gmts-s1 1", "1000 8 5 0 train /r/all-s1 7",
+           "1000 20 3 0 train /r/all-s1 19",                                      # all-s1 again, for an audit
+           "1030 7 1 0 driver all-s1,gmts-s1 1", "1030 8 29 0 train /r/all-s1 7",  # all-s1 trains until 1030
+           "1030 20 30 0 train /r/all-s1 19",
+           "1060 7 41 0 driver all-s1,gmts-s1 1",                                 # its evaluation: 40 CPU-s
+           "1060 20 58 0 train /r/all-s1 19",                                     # (not the driver's: no pause)
+           "1090 7 42 0 driver all-s1,gmts-s1 1", "1090 9 30 0 train /r/gmts-s1",  # older lines: cpu_parents.json
+           "1120 7 42 0 driver all-s1,gmts-s1 1", "1120 9 57 0 train /r/gmts-s1",
+           "1120 30 9 0 train /ci/tmp/all-s0 4",                                  # a test's run: no record
+           "1150 7 102 0 driver all-s1,gmts-s1 1",                                # its evaluation: 60 CPU-s
+           "1150 40 70 0 series /a/gmts-s1 39",
            "an older line without the fields"]
     (tmp_path / "cpu_samples.log").write_text("\n".join(log) + "\n")
+    (tmp_path / "cpu_parents.json").write_text(json.dumps({"9": 7}))
     procs = S._cpu_by_process(tmp_path / "cpu_samples.log")
-    assert {p["kind"] for p in procs.values()} == {"driver", "train"}
+    assert {p["kind"] for p in procs.values()} == {"driver", "train", "series"}
+    assert procs[9]["ppid"] == 7 and procs[20]["ppid"] == 19 and procs[30]["run"] == "all-s0"
     assert S._eval_cpu_by_run(procs) == {"all-s1": 40.0, "gmts-s1": 60.0}
     table = S.cost_table(tmp_path)
     assert "| train (one run) | 110 (min 100, max 120, n=2) | 43 (min 29, max 57, n=2) |" in table
     assert "| eval (one run) | 50 (min 40, max 60, n=2) | 50 (min 40, max 60, n=2) |" in table
+    assert "| train again for an audit | n/a | 58 (min 58, max 58, n=1) |" in table
+    assert "| series audit (one run's) | n/a | 70 (min 70, max 70, n=1) |" in table
