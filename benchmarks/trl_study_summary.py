@@ -90,7 +90,8 @@ def _stats(xs: list[float]) -> str:
 def _eval_cpu_by_run(procs: dict[int, dict]) -> dict[str, float]:
     """A driver evaluates in its own process between the trainings it starts (its children): each rise of a
     driver's CPU while none of them runs goes to the run whose training ended last (the base model's one
-    evaluation goes to the first run a driver evaluates)."""
+    evaluation goes to the first run a driver evaluates). A driver of one run (``--only RUN``) with no training
+    ended yet gives its rises to that run: a run resumed after its training was done only evaluates."""
     out: dict[str, float] = defaultdict(float)
     for pid, p in procs.items():
         if p["kind"] != "driver":
@@ -100,7 +101,7 @@ def _eval_cpu_by_run(procs: dict[int, dict]) -> dict[str, float]:
         for (_, c0), (t1, c1) in zip(p["samples"], p["samples"][1:]):
             if c1 <= c0 or any(first <= t1 <= last for last, first, _ in mine):
                 continue
-            ended = [run for last, _, run in mine if last <= t1]
+            ended = [run for last, _, run in mine if last <= t1] or ([] if "," in p["what"] else [p["run"]])
             if ended:
                 out[ended[-1]] += c1 - c0
     return out

@@ -61,6 +61,11 @@ def test_cost_table_attributes_a_drivers_cpu_to_the_run_it_evaluates(tmp_path):
     assert {p["kind"] for p in procs.values()} == {"driver", "train", "series"}
     assert procs[9]["ppid"] == 7 and procs[20]["ppid"] == 19 and procs[30]["run"] == "all-s0"
     assert S._eval_cpu_by_run(procs) == {"all-s1": 40.0, "gmts-s1": 60.0}
+    # a later session's driver of one run, resumed after that run's training was done: it only evaluates
+    with open(tmp_path / "cpu_samples.log", "a") as f:
+        f.write("2000 50 3 0 driver gmts-s1 1\n2030 50 28 0 driver gmts-s1 1\n")
+    assert S._eval_cpu_by_run(S._cpu_by_process(tmp_path / "cpu_samples.log")) == {"all-s1": 40.0, "gmts-s1": 85.0}
+    (tmp_path / "cpu_samples.log").write_text("\n".join(log) + "\n")
     table = S.cost_table(tmp_path)
     assert "| train (one run) | 110 (min 100, max 120, n=2) | 43 (min 29, max 57, n=2) |" in table
     assert "| eval (one run) | 50 (min 40, max 60, n=2) | 50 (min 40, max 60, n=2) |" in table
