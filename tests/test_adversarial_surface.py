@@ -189,6 +189,41 @@ def test_sigint_whose_keyboardinterrupt_is_lost_still_stops_with_130(model_dir, 
     assert run_cli(probe(model_dir, r, out, "--answers-per-chunk", "1"))[0] == 0
 
 
+def test_sigint_inside_a_finalizer_prints_no_traceback(capfd, monkeypatch):
+    """CI saw it at the startup point: the SIGINT landed in a ``__del__`` of the ``regex`` package while the
+    tokenizer loaded, and Python printed "Exception ignored in ... Traceback ... KeyboardInterrupt" before
+    gmts's one line. Under the latch that lost KeyboardInterrupt prints nothing (the latch records it);
+    any other exception lost in a finalizer still goes to Python's hook; the hook is restored after."""
+    import gc
+    import signal
+    import sys
+
+    from gmts_analysis.util.interrupt import interrupted, sigint_latch
+
+    class SignalledOnCollect:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)  # the handler runs here: its KeyboardInterrupt is unraisable
+
+    class FailsOnCollect:
+        def __del__(self):
+            raise ValueError("a finalizer's own error")
+
+    seen = []  # the hook the latch finds (pytest's own would turn it into a warning)
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(type(u.exc_value)))
+    hook = sys.unraisablehook
+    with sigint_latch():
+        obj = SignalledOnCollect()
+        del obj
+        gc.collect()
+        assert interrupted()
+        other = FailsOnCollect()
+        del other
+        gc.collect()
+    assert sys.unraisablehook is hook and not interrupted()
+    assert seen == [ValueError], seen
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
+
+
 # ---------------------------------------------------------------- 3. special files: a FIFO or a device, never opened
 
 

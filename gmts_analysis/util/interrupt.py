@@ -6,13 +6,15 @@ exception is printed as "Exception ignored" (or caught) and lost, and the comman
 finish with exit 0. :func:`sigint_latch` (installed by ``gmts``'s ``main``) records the signal before
 raising, so that :func:`raise_if_interrupted` at the probe's safe points (each answer, each chunk,
 before the finished run is put in place) and ``main`` itself still stop with exit 130; the work
-recorded so far is kept for the resume.
+recorded so far is kept for the resume. While the latch is on, such a lost KeyboardInterrupt is not printed
+either (Python's "Exception ignored in ... Traceback" on stderr): the command's one line says it, once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from typing import Any, Iterator
 
@@ -22,6 +24,18 @@ _INTERRUPTED = threading.Event()
 def _handler(signum: int, frame: Any) -> None:
     _INTERRUPTED.set()
     raise KeyboardInterrupt
+
+
+def _quiet_lost_interrupt(previous: Any) -> Any:
+    """A :data:`sys.unraisablehook` that drops the latch's own KeyboardInterrupt where Python cannot raise it
+    (a ``__del__`` or a garbage-collector callback: the latch has recorded it) and passes everything else on."""
+
+    def hook(unraisable: Any) -> None:
+        if _INTERRUPTED.is_set() and isinstance(unraisable.exc_value, KeyboardInterrupt):
+            return
+        previous(unraisable)
+
+    return hook
 
 
 @contextlib.contextmanager
@@ -34,11 +48,14 @@ def sigint_latch() -> Iterator[None]:
     except ValueError:  # not the main thread of the main interpreter
         yield
         return
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_lost_interrupt(previous_hook)
     # (main reads interrupted() inside the block)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+        sys.unraisablehook = previous_hook
         _INTERRUPTED.clear()  # a later API call in this process is not stopped by an old Ctrl-C
 
 
