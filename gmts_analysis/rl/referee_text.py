@@ -110,7 +110,8 @@ def crn_sentence(report: dict) -> str:
             "trains on the same prompts. The evaluation noise of two arms is therefore strongly correlated and largely "
             "cancels in a paired difference: the evaluation SEs above treat the two runs as independent and so "
             "overstate it; the SD of the paired differences over seeds, which the t interval uses, already holds "
-            "whatever evaluation noise remains. This is why differences well below one run's evaluation SE are resolved.")
+            "whatever evaluation noise remains, so a paired difference well below one run's evaluation SE can be "
+            "resolved when the seeds agree.")
 
 
 def provenance_sentence(report: dict) -> str:
@@ -147,7 +148,7 @@ def _settings_lines(report: dict) -> list[str]:
         f"seeds {', '.join(map(str, seeds))}; alpha = {plan['alpha']}, Holm over the {plan['n_primary']} primary "
         "contrasts; every other contrast exploratory and unadjusted. \"A beats B\" is said only where the "
         "Holm-adjusted paired t-test and the 95% paired t interval agree. Evaluation SE: binomial, of the final "
-        f"pass@1 mean over domains (one run), the {SE_ONE_DIFF} (both runs, treated as independent), and the "
+        f"pass@1 of one run (its mean over domains where there are several), the {SE_ONE_DIFF} (both runs, treated as independent), and the "
         f"{SE_MEAN_DIFF.format(n='N')} (the forest plot's grey bar).",
         "",
         crn_sentence(report),
