@@ -319,7 +319,9 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     title = f"{report['plan'].get('title') or 'referee experiment'}: {seeds} seeds"
     if cut:
         title += f"; cut: {', '.join(cut)}"
-    ax.set_title(title, fontsize=8)
+    import textwrap
+
+    ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)  # a long plan title is not cut at the edge
     from matplotlib.lines import Line2D
 
     labels = forest_legend_labels(report)
@@ -327,7 +329,7 @@ def plot_forest(report: dict, path: str | Path) -> Path:
                Line2D([], [], color=VERDICT_COLORS["above_unadjusted"], marker="o", label=labels[1]),
                Line2D([], [], color=VERDICT_COLORS["not_distinguishable"], marker="o", label=labels[2]),
                Line2D([], [], color="#cccccc", lw=5, label=labels[3])]
-    ax.legend(handles=handles, fontsize=6, loc="best")
+    ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # never over a CI
     path = Path(path)
     return save_figure(fig, path.with_suffix(""), formats=("png",), dpi=120, title=FOREST_TITLE)[0]
 
