@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -319,8 +320,6 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     title = f"{report['plan'].get('title') or 'referee experiment'}: {seeds} seeds"
     if cut:
         title += f"; cut: {', '.join(cut)}"
-    import textwrap
-
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)  # a long plan title is not cut at the edge
     from matplotlib.lines import Line2D
 

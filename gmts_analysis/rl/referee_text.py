@@ -148,7 +148,8 @@ def _settings_lines(report: dict) -> list[str]:
         f"seeds {', '.join(map(str, seeds))}; alpha = {plan['alpha']}, Holm over the {plan['n_primary']} primary "
         "contrasts; every other contrast exploratory and unadjusted. \"A beats B\" is said only where the "
         "Holm-adjusted paired t-test and the 95% paired t interval agree. Evaluation SE: binomial, of the final "
-        f"pass@1 of one run (its mean over domains where there are several), the {SE_ONE_DIFF} (both runs, treated as independent), and the "
+        "pass@1 of one run (its mean over domains where there are several), "
+        f"the {SE_ONE_DIFF} (both runs, treated as independent), and the "
         f"{SE_MEAN_DIFF.format(n='N')} (the forest plot's grey bar).",
         "",
         crn_sentence(report),
