@@ -237,3 +237,14 @@ def test_site_renders_in_headless_chromium(site, tmp_path):
         assert api.screenshot(tmp_path / "api.png").stat().st_size > 10_000
         assert api.problems() == []
 
+
+
+def test_docs_extra_installs_what_the_build_needs():
+    """The ``docs`` extra names the build's packages: MkDocs, the Material theme, mkdocstrings and its Python
+    handler (mkdocs.yml's theme and plugin)."""
+    tomllib = pytest.importorskip("tomllib")
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=!~\[ ]", r, maxsplit=1)[0] for r in extras["docs"]}
+    assert names == {"mkdocs", "mkdocs-material", "mkdocstrings", "mkdocstrings-python"}, names
+    conf = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    assert "name: material" in conf and "- mkdocstrings:" in conf and "docs_dir: docs" in conf
