@@ -53,3 +53,11 @@ def on_page_markdown(markdown, page, config, files):
         return m.group(1) + posixpath.relpath(f"{PREFIX}/{rel}", posixpath.dirname(src) or ".") + m.group(3)
 
     return IMAGE.sub(sub, markdown)
+
+
+ROLE = re.compile(r":(?:func|class|meth|data|mod|attr|exc):(?=<code>)")
+
+
+def on_page_content(html, page, config, files):
+    """Docstrings use Sphinx roles (``:func:`x```), which mkdocstrings leaves as text before the code: drop them."""
+    return ROLE.sub("", html)

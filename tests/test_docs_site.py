@@ -211,6 +211,7 @@ def test_api_reference_is_generated_from_the_docstrings(site):
         assert name in text, name
     # the Args:/Returns: sections became parameter tables
     assert "Parameters:" in text and "Returns:" in text
+    assert not re.search(r":(func|class|meth|data|mod):", text)  # Sphinx roles dropped by docs/hooks.py
 
 
 needs_browser = pytest.mark.skipif(find_browser() is None, reason="no chromium binary (see .ci/run)")
