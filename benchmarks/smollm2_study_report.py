@@ -1,4 +1,4 @@
-"""The SmolLM2 study's planned contrasts (docs/smollm2_study.md section 4) under each condition.
+"""The SmolLM2 study's planned contrasts (docs/studies/smollm2.md section 4) under each condition.
 
 Reads ``<study>/run/stats.json`` (rho 0.2) and ``<study>/stats_rho0.05.json``, and the same pair for the
 sensitivity runs (``math/``, ``masked/``, with ``stats_rho0.05.json`` inside them), and writes

@@ -1,4 +1,4 @@
-"""The real-model training study's driver (docs/rl.md section 11): train, evaluate and record every run of a plan.
+"""The real-model training study's driver (docs/studies/trl.md section 11): train, evaluate and record every run of a plan.
 
     python benchmarks/trl_study.py run data/trl_study/plan.json --runs-root /work/study37/runs [--only gmts-s0]
     python benchmarks/trl_study.py eval RUN_DIR --prompts heldout.jsonl --steps 0,20,40 [--base smollm2]

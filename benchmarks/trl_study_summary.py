@@ -1,4 +1,4 @@
-"""The real-model study's two summaries that ``gmts rl-report`` does not make (docs/rl.md section 12):
+"""The real-model study's two summaries that ``gmts rl-report`` does not make (docs/studies/trl.md section 12):
 
     python benchmarks/trl_study_summary.py audit data/trl_study/audit    # entropy vs gradient across checkpoints
     python benchmarks/trl_study_summary.py cost data/trl_study           # wall and CPU seconds of each part

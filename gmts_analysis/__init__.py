@@ -12,7 +12,12 @@ Nothing heavy is imported here: ``import gmts_analysis`` does no work; the names
 are loaded from :mod:`gmts_analysis.api` on first use.
 """
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # type checkers and the API reference (mkdocs) see the names; nothing is imported at run time
+    from gmts_analysis.api import Run, figure_names, load_run, probe, sample
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.options.config import ProbeOptions
 
 __version__ = "0.1.0"
 

@@ -41,11 +41,28 @@ class Run(RunTables):
     """A probe's result: ``tokens``, ``answers``, ``stats``, ``manifest`` (and ``grad_groups``).
 
     Built by :func:`probe` (in memory, ``path`` None) or :func:`load_run` (from a directory).
+
+    Attributes:
+        tokens: one row per response token (pandas DataFrame; columns in docs/definitions.md section 2):
+            ``entropy`` (nats), ``logprob``, ``prob``, ``grad_norm_logp`` (exact norm of d logprob / d theta
+            over all parameters), ``omega``, ``grad_norm`` = ``|omega| * grad_norm_logp``, ``gmts``, the scores.
+        answers: one row per answer (DataFrame): ``reward``, ``advantage``, length, texts.
+        stats: the ``stats.json`` dict (correlations with 95% bootstrap CIs, selections, paired differences).
+        manifest: the ``manifest.json`` dict (configuration, model, versions, device, timings, seed).
+        path: the run directory (``None`` until saved).
     """
 
     def save(self, path: str | os.PathLike, *, figures: bool = True, overwrite: bool = False) -> Path:
-        """Write a complete run directory (contract files; with ``figures`` also figures/ and
-        report.html), atomically. Refuses a non-empty ``path`` unless ``overwrite``. Returns it."""
+        """Write a complete run directory, atomically (docs/definitions.md section 8).
+
+        Args:
+            path: the directory to write; a non-empty one is refused unless ``overwrite``.
+            figures: also write ``figures/`` (PNG and PDF) and ``report.html``.
+            overwrite: replace the files of an existing run directory.
+
+        Returns:
+            The directory written (also stored as ``run.path``).
+        """
         from gmts_analysis.run.finalize import write_run_dir
 
         out = write_run_dir(self, path, figures=figures, overwrite=overwrite)
@@ -58,7 +75,18 @@ class Run(RunTables):
         ``math_boxed``, ``math``, a toy domain, ``module:function``) or the file ``rewards`` (JSONL or CSV of
         ``answer_id``, ``reward``), and/or the truncated answers masked. Advantages, omega, ``grad_norm``, the
         scores and every statistic are recomputed; ``stats["meta"]["rescored_from"]`` names the source.
-        The same as ``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``."""
+        The same as ``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``.
+
+        Args:
+            verifier: a verifier name (``math_boxed``, ``math``, a toy domain) or ``module:function``.
+            rewards: a JSONL or CSV file of ``answer_id``, ``reward`` (one reward per answer).
+            mask_truncated_completions: give the answers cut at the completion budget a zero loss weight.
+            seed: the bootstrap's seed.
+            n_boot: bootstrap resamples of the groups (default: the run's).
+
+        Returns:
+            A new, unsaved :class:`Run`; this one is unchanged.
+        """
         from gmts_analysis.run.rescore import rescore
 
         new = rescore(self, verifier=verifier, rewards=rewards, mask_truncated_completions=mask_truncated_completions,
@@ -67,7 +95,14 @@ class Run(RunTables):
                    grad_groups=new.grad_groups)
 
     def figure(self, name: str) -> "Figure | None":
-        """One figure, drawn in memory (``None`` when its data is absent). Names: :func:`figure_names`."""
+        """One figure, drawn in memory.
+
+        Args:
+            name: a figure's name (:func:`figure_names`, e.g. ``within_vs_cross``, ``mass_capture``).
+
+        Returns:
+            A matplotlib ``Figure``, or ``None`` when the run lacks its data (e.g. no gradient norms).
+        """
         from gmts_analysis.views.figures import FIGURES
 
         if name not in FIGURES:
@@ -75,7 +110,14 @@ class Run(RunTables):
         return FIGURES[name](self)
 
     def figures(self, to: str | os.PathLike | None = None) -> list[Path]:
-        """Write every figure as PNG and PDF into ``to`` (default: ``<path>/figures`` of a saved run)."""
+        """Write every figure as PNG and PDF.
+
+        Args:
+            to: the directory (default: ``<path>/figures`` of a saved run; an unsaved run needs one).
+
+        Returns:
+            The files written.
+        """
         from gmts_analysis.views.figures import render_all
 
         if to is None and self.path is None:
@@ -83,7 +125,14 @@ class Run(RunTables):
         return render_all(self, to)
 
     def report(self, path: str | os.PathLike | None = None) -> str | Path:
-        """The HTML report: returned as a string, or written to ``path`` (returns the path)."""
+        """The self-contained HTML report (token-level audit, figures inlined).
+
+        Args:
+            path: where to write it; ``None`` returns the HTML instead.
+
+        Returns:
+            The HTML text, or the path written.
+        """
         from gmts_analysis.views.report import render_report
 
         html = render_report(self)
@@ -94,9 +143,17 @@ class Run(RunTables):
         return atomic_write_text(path, html)
 
     def show(self, n: int = 5, **kw: Any) -> "TokenView":
-        """An inline token heatmap (renders in a notebook cell): the ``n`` answers where entropy and
-        GMTS rank tokens most differently, with the report's hover values. Keywords: those of
-        :func:`gmts_analysis.views.notebook_view.render_tokens_html` (``rho`` defaults to the run's)."""
+        """An inline token heatmap (renders in a notebook cell) of the answers where entropy and GMTS rank
+        tokens most differently, with the report's hover values.
+
+        Args:
+            n: how many answers.
+            **kw: those of :func:`gmts_analysis.views.notebook_view.render_tokens_html` (``rho``, the keep
+                fraction in (0, 1], defaults to the run's).
+
+        Returns:
+            A ``TokenView`` (its ``html``; displays itself in Jupyter).
+        """
         from gmts_analysis.views.notebook_view import show
 
         return show(self, n, **kw)
@@ -110,14 +167,26 @@ class Run(RunTables):
 
 
 def figure_names() -> list[str]:
-    """Names accepted by :meth:`Run.figure`."""
+    """Names accepted by :meth:`Run.figure`.
+
+    Returns:
+        The figure names, in the order the report draws them (one per entry of
+        :data:`gmts_analysis.views.figures.FIGURE_ENTRIES`).
+    """
     from gmts_analysis.views.figures import FIGURES
 
     return list(FIGURES)
 
 
 def load_run(path: str | os.PathLike) -> Run:
-    """A run directory (written by ``gmts probe``, ``gmts run`` or :meth:`Run.save`) as a :class:`Run`."""
+    """Read a run directory written by ``gmts probe``, ``gmts run`` or :meth:`Run.save`.
+
+    Args:
+        path: the run directory (``tokens.parquet``, ``answers.parquet``, ``stats.json``, ``manifest.json``).
+
+    Returns:
+        The :class:`Run`, with ``path`` set. Nothing in the directory runs code (no pickles are read).
+    """
     t = read_run(path)
     return Run(**{f.name: getattr(t, f.name) for f in dataclasses.fields(RunTables)})
 
@@ -128,27 +197,44 @@ def load_run(path: str | os.PathLike) -> Run:
 def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = True,
           threads: int | str | None = "auto",
           **options: Any) -> Run:
-    """Probe ``model`` on ``rollouts``; returns the :class:`Run` (nothing is written).
-
-    model: a local directory, a hub id (see :func:`gmts_analysis.readers.models.load_model`), ``tiny``/``small``, or a
-    loaded causal LM (``torch.nn.Module``; pass ``tokenizer=`` for text rollouts; it stays on
-    its device and dtype, in eval mode during the probe, its mode restored after).
-    rollouts: a .jsonl/.parquet path, a DataFrame, or a list of row dicts
-    (docs/definitions.md section 7). options: the ``gmts probe`` flags in snake_case
-    (``grad_norm="sketch"``, ``loss_agg="seq-mean-token-mean"``, ...); an unknown name is
-    refused with a :class:`GmtsError` naming it. progress: tqdm bars on stderr.
+    """Probe ``model`` on ``rollouts``: per-token entropy, log-probs, exact per-token gradient norms, scores and
+    statistics, in one process; nothing is written unless ``out=`` is given.
 
     Of the job settings of ``gmts probe`` (:data:`PROBE_SETTINGS`): ``quiet`` turns the bars
     off, ``offline`` forbids hub downloads, ``out`` also saves the run there (with
     ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
     for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
     that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
-    recorded in chunks). threads: torch CPU threads: ``"auto"`` (default) picks them as the command line
-    does (``GMTS_THREADS``, ``OMP_NUM_THREADS``, else the cores not already busy) for this call and
-    restores torch's setting after; an int sets them (kept after); ``None`` leaves torch as it is.
-    TRL/verl names (``loss_type``, ``epsilon``, ``beta``, ``top_entropy_quantile``, ...) are accepted
-    and recorded in ``manifest["aliases"]``; an error names an option as the keyword it is here
+    recorded in chunks). TRL/verl names (``loss_type``, ``epsilon``, ``beta``, ``top_entropy_quantile``, ...)
+    are accepted and recorded in ``manifest["aliases"]``; an error names an option as the keyword it is here
     (``max_completion_length=``), not as a flag.
+
+    Args:
+        model: a local directory, a hub id (see :func:`gmts_analysis.readers.models.load_model`), a ``.gguf``
+            file, ``tiny``/``small``/``smollm2``, or a loaded causal LM (``torch.nn.Module``; pass
+            ``tokenizer=`` for text rollouts; it stays on its device and dtype, in eval mode during the probe,
+            its mode restored after).
+        rollouts: a ``.jsonl``/``.parquet`` path, a DataFrame, or a list of row dicts, one per answer
+            (docs/definitions.md section 7: ``prompt``/``prompt_ids``, ``response``/``response_ids``,
+            ``reward``, optionally ``group_id``, ``old_logprobs``, ``ref_logprobs``).
+        tokenizer: the tokenizer of a loaded ``model`` (a path or hub id model brings its own).
+        progress: tqdm bars on stderr.
+        threads: torch CPU threads: ``"auto"`` (default) picks them as the command line does
+            (``GMTS_THREADS``, ``OMP_NUM_THREADS``, else the cores not already busy) for this call and
+            restores torch's setting after; an int sets them (kept after); ``None`` leaves torch as it is.
+        **options: the ``gmts probe`` flags in snake_case (:class:`gmts_analysis.options.config.ProbeOptions`),
+            e.g. ``grad_norm="exact"|"sketch"`` (``probes=32``: the sketch's random probes),
+            ``loss_agg="token-mean"``, ``advantage="group"``, ``temperature=1.0``, ``rho=0.2`` (the keep
+            fraction of the selection statistics, in (0, 1]), ``device``, ``dtype``; an unknown name is refused
+            with a :class:`GmtsError` naming it.
+
+    Returns:
+        The :class:`Run`: ``tokens`` (one row per response token), ``answers`` (one row per answer), ``stats``
+        and ``manifest``.
+
+    Raises:
+        GmtsError: an unknown or invalid option, unreadable rollouts, a model that cannot be loaded (one line,
+            naming the option as a keyword).
     """
     try:
         return _probe(model, rollouts, tokenizer, progress, threads, options)
@@ -247,17 +333,26 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
            **options: Any) -> list[dict]:
     """Sample ``num_generations`` answers to ``num_prompts`` held-out prompts of each domain, verified.
 
-    model: ``tiny``/``small``, ``smollm2``, a directory, a GGUF file, a hub id (not downloaded when
-    ``offline``), or a loaded model (with ``tokenizer=``); default ``small``. domains: names or one
-    comma-separated string (default: the three toy domains): the toy domains (``arithmetic``,
-    ``program``, ``logic``) and ``word``, grade-school word problems asked through the chat template
-    and scored by the ``math_boxed`` verifier (``verifier="math"`` adds its fallback; :mod:`gmts_analysis.sampling.wordproblems`; for real models). options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same
-    defaults as ``gmts sample`` (``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
-    ``max_completion_length`` the policy card's budget (96 without a card), ``seed`` 0, ``device``
-    auto); the older names ``group_size`` and ``max_new_tokens`` are accepted. threads: as :func:`probe`
-    (``"auto"``: the command line's choice for this call; an int: set and kept; ``None``: torch left alone).
-    Returns rollout rows (docs/definitions.md section 7), domain-major then prompt-major,
-    ready for :func:`probe`; the same arguments give the same rows on one device.
+    Args:
+        model: ``tiny``/``small`` (default ``small``), ``smollm2``, a directory, a GGUF file, a hub id (not
+            downloaded when ``offline``), or a loaded model (with ``tokenizer=``).
+        domains: names or one comma-separated string (default: the three toy domains ``arithmetic``,
+            ``program``, ``logic``); ``word``: grade-school word problems asked through the chat template and
+            scored by the ``math_boxed`` verifier (``verifier="math"`` adds its fallback;
+            :mod:`gmts_analysis.sampling.wordproblems`; for real models).
+        tokenizer: the tokenizer of a loaded ``model``.
+        progress: tqdm bars on stderr.
+        offline: never download a hub model.
+        threads: as :func:`probe` (``"auto"``: the command line's choice for this call; an int: set and kept;
+            ``None``: torch left alone).
+        **options: the fields of :class:`gmts_analysis.options.config.SamplingOptions`, with the same defaults
+            as ``gmts sample``: ``num_prompts`` 8, ``num_generations`` 8, ``temperature`` 1.0,
+            ``max_completion_length`` the policy card's budget in tokens (96 without a card), ``seed`` 0,
+            ``device`` auto; the older names ``group_size`` and ``max_new_tokens`` are accepted.
+
+    Returns:
+        Rollout rows (dicts; docs/definitions.md section 7), domain-major then prompt-major, ready for
+        :func:`probe`; the same arguments give the same rows on one device.
     """
     from gmts_analysis.sampling.domains import sample_rows, sampling_options
     from gmts_analysis.util.progress import bars_off

@@ -143,7 +143,8 @@ def test_report_says_what_the_run_shows(run):
         assert _html.escape(sentence, quote=True) in html
 
 
-def test_readme_results_block_is_generated_from_the_example_run():
+def test_getting_started_results_block_is_generated_from_the_example_run():
+    """The toy run's block (the README's until issue 48) now lives in docs/getting_started.md."""
     import json
     from pathlib import Path
 
@@ -155,13 +156,14 @@ def test_readme_results_block_is_generated_from_the_example_run():
         pytest.skip("no example run")
     stats = json.loads((run / "stats.json").read_text())
     manifest = json.loads((run / "manifest.json").read_text())
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "getting_started.md").read_text()
     block = readme[readme.index(README_BEGIN): readme.index(README_END) + len(README_END)]
     assert block == readme_block(stats, manifest.get("domains"))
 
 
-def test_readme_quick_demo_block_is_generated_from_the_real_model_run():
-    """The README's quick-demo block is the committed 8-group SmolLM2 run's, rendered by the summary."""
+def test_quick_demo_block_is_generated_from_the_real_model_run():
+    """The quick-demo block (docs/studies/smollm2.md, the README's until issue 48) is the committed 8-group
+    SmolLM2 run's, rendered by the summary."""
     import json
     from pathlib import Path
 
@@ -173,13 +175,13 @@ def test_readme_quick_demo_block_is_generated_from_the_real_model_run():
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["grad_norm_method"] == "exact" and manifest["n_loop_answers"] == 0  # the engine on every answer
     begin, end = readme_markers("smollm2-135m", "data/smollm2_run/stats.json")
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "studies" / "smollm2.md").read_text()
     block = readme[readme.index(begin): readme.index(end) + len(end)]
     assert block == readme_block(stats, manifest.get("domains"), "smollm2-135m", "data/smollm2_run/stats.json")
 
 
-def test_readme_headline_is_the_smollm2_study():
-    """The README's headline is the SmolLM2 study (issue #28): at least 96 groups of 4, at least 90% of the answers
+def test_smollm2_study_page_blocks_are_the_study():
+    """The headline is the SmolLM2 study (issue #28), its generated blocks on docs/studies/smollm2.md (issue 48): at least 96 groups of 4, at least 90% of the answers
     finished, exact on every answer; its summary block is rendered from its stats.json, and its contrasts block is
     primary.md, which is the planned family read again from the committed stats files."""
     import json
@@ -200,7 +202,7 @@ def test_readme_headline_is_the_smollm2_study():
     assert answers["group_id"].nunique() >= 96 and answers.groupby("group_id").size().min() >= 4
     assert 1 - answers["truncated"].mean() >= 0.9
     assert stats["reward_audit"]["verifier"] == "math_boxed" and stats["meta"]["n_groups"] == 96
-    readme = (root / "README.md").read_text()
+    readme = (root / "docs" / "studies" / "smollm2.md").read_text()
     begin, end = readme_markers("smollm2-study", "data/smollm2_study/run/stats.json")
     block = readme[readme.index(begin): readme.index(end) + len(end)]
     assert block == readme_block(stats, manifest.get("domains"), "smollm2-study", "data/smollm2_study/run/stats.json")
@@ -214,3 +216,6 @@ def test_readme_headline_is_the_smollm2_study():
     assert primary == "\n\n".join(texts) + "\n"
     a, b, c, _ = find_block(readme, "gmts-results:smollm2-study-contrasts")
     assert readme[b:c].strip("\n") == primary.rstrip("\n")
+    # the README's headline figure is this study's (the front page shows it; issue 48)
+    front = (root / "README.md").read_text()
+    assert "](data/smollm2_study/run/figures/within_vs_cross.png)" in front

@@ -1,4 +1,4 @@
-"""What the referee's experiment (docs/rl.md section 7) adds to gmts rl: dynamic sampling (groups with
+"""What the referee's experiment (docs/studies/referee.md section 7) adds to gmts rl: dynamic sampling (groups with
 all-equal rewards leave the batch), the final pass@1 on its own, larger prompt set, and mass capture in
 the live diagnostics, each checked against what it must equal on a tiny random Qwen2."""
 

@@ -1,6 +1,6 @@
 """Planned contrasts of a probe study: paired differences read from ``stats.json`` files, Holm over the family.
 
-A study (docs/smollm2_study.md) fixes before its run which paired differences it tests
+A study (docs/studies/smollm2.md) fixes before its run which paired differences it tests
 (``paired_difference.<statistic>.<s>.<ref>``, in the run's block or its ``uncertain`` block, at a keep
 fraction ``rho``: the stats file computed with that ``meta.rho``). Each difference's two-sided bootstrap
 p-value is ``2 min(p_le_0, 1 - p_le_0)`` (``p_le_0``: the share of cluster resamples with a difference <= 0;
@@ -102,7 +102,7 @@ def as_dicts(results: Sequence[Result]) -> list[dict]:
     return [asdict(r) for r in results]
 
 
-#: the SmolLM2 study's primary family (docs/smollm2_study.md section 4), fixed before its run
+#: the SmolLM2 study's primary family (docs/studies/smollm2.md section 4), fixed before its run
 SMOLLM2_STUDY = (
     Contrast("P1", "uncertain", "cross_answer_informative", "one_minus_prob", "entropy"),
     Contrast("P2", "uncertain", "within_answer", "one_minus_prob", "entropy"),

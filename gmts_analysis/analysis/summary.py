@@ -465,7 +465,7 @@ def update_readme_from_run(readme_path: str, run_dir: str, name: str | None = No
     atomic_write_text(Path(readme_path), update_readme(text, stats, manifest.get("domains"), name, source))
 
 
-if __name__ == "__main__":  # python -m gmts_analysis.analysis.summary README.md RUN_DIR [--name NAME]
+if __name__ == "__main__":  # python -m gmts_analysis.analysis.summary docs/getting_started.md RUN_DIR [--name NAME]
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m gmts_analysis.analysis.summary",

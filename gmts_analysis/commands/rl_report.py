@@ -1,4 +1,4 @@
-"""``gmts rl-report DATA_DIR``: the analysis of the referee's experiment (docs/rl.md section 7).
+"""``gmts rl-report DATA_DIR``: the analysis of the referee's experiment (docs/studies/referee.md section 7).
 
 Reads DATA_DIR/plan.json and every setting's run records (DATA_DIR/<setting>.runs/<arm>-s<seed>.json,
 written by gmts rl), and writes rl_report.json, rl_report.md and rl_forest.png into --out (default
@@ -25,7 +25,7 @@ from gmts_analysis.options.fields import opt
 EXAMPLES = """examples:
   gmts rl-report data/rl/referee
   gmts rl-report data/rl/referee --out /tmp/referee
-  gmts rl-report data/rl/referee --update docs/rl.md README.md"""
+  gmts rl-report data/rl/referee --update docs/studies/referee.md docs/studies/index.md"""
 
 #: the files written into --out
 OUTPUTS = ("rl_report.json", "rl_report.md", "rl_forest.png")

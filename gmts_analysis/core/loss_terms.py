@@ -36,7 +36,19 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class Aggregation:
-    """One aggregation of the per-token loss (module docstring)."""
+    """One aggregation of the per-token loss (module docstring), registered in :data:`AGGREGATIONS`.
+
+    Attributes:
+        name: the ``--loss-agg`` value (verl's ``loss_agg_mode``).
+        weights: ``(L, n_rows, max_len) -> w``: each answer's token weight ``w_i``, from its real-token count
+            in ``L`` ``(B, 1)`` (for omega: :func:`gmts_analysis.core.objective.answer_weights`).
+        reduce: ``(num, den, n_rows, max_len) -> loss``: the scalar loss of ``(B, T)`` per-token terms.
+        selected_factor: the rescaling of the ``selected`` normalizer (the verl recipe); None where it is not
+            defined.
+        doc: one line for the docs.
+        verl: verl's name of it.
+        trl: the TRL ``loss_type`` values that train it.
+    """
 
     name: str
     weights: Callable[[Tensor, int, float | None], Tensor]
@@ -100,7 +112,19 @@ class OmegaParts:
 
 @dataclass(frozen=True)
 class LossTerm:
-    """One term of the objective (module docstring): ``omega(parts)`` is its ``(B, T)`` contribution."""
+    """One term of the objective (module docstring), registered in :data:`LOSS_TERMS`; omega is the sum of the
+    active terms' contributions.
+
+    Attributes:
+        name: the term's name (``policy``, ``kl``).
+        fields: the :class:`~gmts_analysis.core.objective.LossSettings` fields it reads.
+        trl: the TRL ``GRPOConfig`` arguments that set it.
+        verl: the verl settings that set it.
+        active: ``settings -> bool``: whether the term is in the loss.
+        omega: ``parts -> (B, T)`` float64 tensor: its contribution to each token's coefficient omega
+            (``grad(term_t) = omega_t * grad(logprob_t)``), from :class:`OmegaParts`.
+        doc: one line for the docs.
+    """
 
     name: str
     fields: tuple[str, ...]

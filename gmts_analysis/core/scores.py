@@ -93,7 +93,20 @@ def positive_or_nan(x: Any) -> Any:
 
 @dataclass(frozen=True)
 class Score:
-    """One per-token score (module docstring). ``fn`` is ``None`` only for the keep-all arm."""
+    """One per-token score (module docstring). ``fn`` is ``None`` only for the keep-all arm.
+
+    Attributes:
+        name: the score's name: a tokens-table column, ``gmts rl --selection`` and TRL's ``token_selection``.
+        needs: the quantities ``fn`` reads (:data:`QUANTITIES`: ``entropy`` in nats, ``logprob``, ``prob``,
+            ``omega``, ``logit_grad_norm``, ``head_grad_norm``, ``uniform``).
+        fn: ``q -> scores``: ``q`` maps each needed quantity to a pandas Series (the tokens table, one value per
+            token) or a ``(B, T)`` float64 tensor (training); returns one score per token, the same shape.
+            Higher means "keep first".
+        doc: one line for the docs and ``--help``.
+        arm: a selection arm (``gmts rl``, the TRL and verl drop-ins).
+        scale: ``"abs_omega"`` (``base`` times ``|omega|``) or ``"informative"`` (``base`` times
+            ``1[omega != 0]``), which the statistics know by construction.
+    """
 
     name: str
     needs: tuple[str, ...]
@@ -123,8 +136,20 @@ _REGISTRY: dict[str, Score] = {}
 
 
 def register(score: Score, *, replace_existing: bool = False) -> Score:
-    """Add ``score`` to the registry (after the others); returns it. Refuses (GmtsError) a name in
-    use unless ``replace_existing``, a quantity not in :data:`QUANTITIES`, an unknown ``scale``."""
+    """Add ``score`` to the registry, after the others: every consumer (tables, statistics, figures, arms)
+    reads it from then on.
+
+    Args:
+        score: the entry.
+        replace_existing: replace a score of the same name instead of refusing it.
+
+    Returns:
+        ``score``.
+
+    Raises:
+        GmtsError: a name in use (without ``replace_existing``), a quantity not in :data:`QUANTITIES`, an
+            unknown ``scale``, or no function on a score that is not the keep-all arm.
+    """
     if score.name in _REGISTRY and not replace_existing:
         raise GmtsError(f"score '{score.name}' is already registered")
     unknown = [q for q in score.needs if q not in QUANTITIES]
@@ -139,13 +164,30 @@ def register(score: Score, *, replace_existing: bool = False) -> Score:
 
 
 def unregister(name: str) -> Score:
-    """Remove a score from the registry; returns it."""
+    """Remove a score from the registry.
+
+    Args:
+        name: the score's name.
+
+    Returns:
+        The removed :class:`Score`.
+
+    Raises:
+        KeyError: no score of that name.
+    """
     return _REGISTRY.pop(name)
 
 
 @contextlib.contextmanager
 def registered(score: Score) -> Iterator[Score]:
-    """Register ``score`` for the duration of a ``with`` block (tests, notebooks)."""
+    """Register ``score`` for the duration of a ``with`` block (tests, notebooks).
+
+    Args:
+        score: the entry, registered on entering and removed on leaving (also after an error).
+
+    Returns:
+        A context manager yielding ``score``.
+    """
     register(score)
     try:
         yield score
@@ -154,7 +196,17 @@ def registered(score: Score) -> Iterator[Score]:
 
 
 def get_score(name: str) -> Score:
-    """The registered score ``name`` (KeyError if none)."""
+    """The registered score ``name``.
+
+    Args:
+        name: the score's name (e.g. ``entropy``, ``gmts``, ``one_minus_prob``).
+
+    Returns:
+        Its :class:`Score`.
+
+    Raises:
+        KeyError: no score of that name.
+    """
     return _REGISTRY[name]
 
 

@@ -267,18 +267,37 @@ DEFAULT_FORMAT = "gmts"
 
 
 def register_format(entry: RolloutFormat) -> RolloutFormat:
-    """Add (or replace) ``entry`` in :data:`FORMAT_ENTRIES`; returns it."""
+    """Add (or replace) ``entry`` in :data:`FORMAT_ENTRIES`: ``--format NAME`` and detection know it from then on.
+
+    Args:
+        entry: the format (its ``name`` is the ``--format`` value).
+
+    Returns:
+        ``entry``.
+    """
     FORMAT_ENTRIES[entry.name] = entry
     return entry
 
 
 def format_names() -> tuple[str, ...]:
-    """The values of ``--format``: ``auto`` and every registered format."""
+    """The values of ``--format``.
+
+    Returns:
+        ``auto`` and every registered format's name, in registration order.
+    """
     return ("auto", *FORMAT_ENTRIES)
 
 
 def format_entry(name: str | None) -> RolloutFormat:
-    """The entry of a row's ``_source`` (the default format's when it has none)."""
+    """The entry of a row's ``_source``.
+
+    Args:
+        name: a format's name, or ``None``.
+
+    Returns:
+        Its :class:`RolloutFormat`; the default format's (:data:`DEFAULT_FORMAT`) when ``name`` is ``None`` or
+        not registered.
+    """
     return FORMAT_ENTRIES.get(name or DEFAULT_FORMAT) or FORMAT_ENTRIES[DEFAULT_FORMAT]
 
 

@@ -1,4 +1,4 @@
-"""The referee's experiment (docs/rl.md sections 7 and 7.1): its analysis, from the run records on disk.
+"""The referee's experiment (docs/studies/referee.md sections 7 and 7.1): its analysis, from the run records on disk.
 
 Input: a data directory holding ``plan.json`` (settings, arms, seeds, contrasts, alpha) and, for every
 setting, the run records of ``gmts rl --out DIR/<file>`` in ``DIR/<file stem>.runs/<arm>-s<seed>.json``.

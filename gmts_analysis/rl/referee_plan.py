@@ -1,4 +1,4 @@
-"""The referee's plan and run records (docs/rl.md sections 7 and 7.1): what :mod:`gmts_analysis.rl.referee` reads.
+"""The referee's plan and run records (docs/studies/referee.md sections 7 and 7.1): what :mod:`gmts_analysis.rl.referee` reads.
 
 - :func:`load_plan`: the plan, checked (one-line :class:`GmtsError` naming the file and field).
 - :func:`check_run`: a run record refused (one line naming the file and field) when its configuration

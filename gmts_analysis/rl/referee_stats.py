@@ -1,4 +1,4 @@
-"""The referee's analysis (docs/rl.md sections 7 and 7.1): from the checked run records to the report dict.
+"""The referee's analysis (docs/studies/referee.md sections 7 and 7.1): from the checked run records to the report dict.
 
 - :func:`build_report`: completeness per setting (a setting missing any run of any arm and plan seed is
   *cut*, listed with the missing files, and never reported on fewer seeds), the per-arm results, every

@@ -1,4 +1,4 @@
-"""Run records of TRL training runs, in the format ``gmts rl-report`` reads (docs/rl.md section 7).
+"""Run records of TRL training runs, in the format ``gmts rl-report`` reads (docs/studies/referee.md section 7).
 
 A toy run of ``gmts rl`` writes its record itself (:mod:`gmts_analysis.rl.experiment`). A TRL run leaves its
 per-step metrics in ``trainer_state.json``; :func:`trl_run_record` turns them, and the held-out evaluations of

@@ -17,7 +17,7 @@ from gmts_analysis.sampling.names import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMA
 
 #: the word world's defaults (``gmts run --model smollm2``, ``gmts sample --domains word``), sized for
 #: SmolLM2-135M-Instruct on 2 CPU cores (README, "A real model"): a budget that lets at least 90% of its
-#: answers finish (measured by benchmarks/word_design.py; docs/smollm2_study.md)
+#: answers finish (measured by benchmarks/word_design.py; docs/studies/smollm2.md)
 WORD_DEFAULTS = {"num_prompts": 8, "num_generations": 4, "temperature": 0.7, "max_completion_length": 256,
                  "grad_norm": "exact"}
 #: the word problems' verifier: the last \boxed{} only (``math`` adds the fallback, counted by the reward audit)

@@ -31,7 +31,7 @@ def example_run_dir() -> Path:
     return data_dir() / "example_run"
 
 
-#: the SmolLM2-135M-Instruct study's probe run, relative to the repository root (docs/smollm2_study.md)
+#: the SmolLM2-135M-Instruct study's probe run, relative to the repository root (docs/studies/smollm2.md)
 STUDY_RUN = Path("data") / "smollm2_study" / "run"
 
 

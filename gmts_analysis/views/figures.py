@@ -54,9 +54,17 @@ def _token_strings(run: Run) -> Figure | None:
 
 @dataclass(frozen=True)
 class FigureEntry:
-    """One figure of a run: ``draw(run)`` returns it (None: nothing to draw for this run; a
-    :class:`GmtsError`: cannot be drawn, e.g. no statistics); ``caption``: its caption in report.html;
-    ``readme``: its line in figures/README.md; ``applies``: which runs have it."""
+    """One figure of a run, registered once in :data:`FIGURE_ENTRIES` and read by ``gmts figures``, the report,
+    :meth:`gmts_analysis.api.Run.figure` and figures/README.md.
+
+    Attributes:
+        name: the figure's name (its files are ``<name>.png`` and ``<name>.pdf``).
+        draw: ``run -> Figure | None``: draws it from the run's tables (None: nothing to draw for this run;
+            a :class:`GmtsError`: cannot be drawn, e.g. no statistics).
+        caption: its caption in report.html.
+        readme: its line in figures/README.md.
+        applies: which runs have it.
+    """
 
     name: str
     draw: Callable[[Run], Figure | None]
