@@ -142,7 +142,8 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
     off, ``offline`` forbids hub downloads, ``out`` also saves the run there (with
     ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
     for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
-    that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
+    that fails raises at once either way; out of memory is first retried with half the batch, as
+    ``gmts probe`` does); ``answers_per_chunk`` changes nothing here (nothing is
     recorded in chunks). threads: torch CPU threads: ``"auto"`` (default) picks them as the command line
     does (``GMTS_THREADS``, ``OMP_NUM_THREADS``, else the cores not already busy) for this call and
     restores torch's setting after; an int sets them (kept after); ``None`` leaves torch as it is.
@@ -214,6 +215,7 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
     from gmts_analysis.probing.preflight import check_before_probe
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.run.finalize import result_tables
+    from gmts_analysis.run.sharding.worker import probe_with_retry  # gmts probe's out-of-memory back-off
 
     validate_options(opts)
     if isinstance(rollouts, (str, os.PathLike)):
@@ -226,7 +228,7 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
     try:
         check_before_probe(opts, model, answers, settings.get("out"))
         result = kernel.probe_answers(model, inputs.tokenizer, answers, opts, inputs.coefs, progress=progress,
-                                      strict=bool(settings.get("strict", False)))
+                                      strict=bool(settings.get("strict", False)), probe_one=probe_with_retry)
         tables = result_tables(opts, model, inputs.model_path, answers, result,
                                extra={"job": "gmts_analysis.probe", "rollouts": inputs.source, "aliases": aliases,
                                       **inputs.truncation_counts()})

@@ -62,8 +62,8 @@ def _free_memory() -> None:
 
 
 def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
-                     token_text: Any) -> tuple[dict, pd.DataFrame | None]:
-    """:func:`gmts_analysis.probing.kernel.probe_answer`, retried on out of memory with half the
+                     token_text: Any, strict: bool | None = None) -> tuple[dict, pd.DataFrame | None]:
+    """:func:`gmts_analysis.probing.kernel.probe_answer` (``strict`` as there), retried on out of memory with half the
     batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
     :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
     :data:`~gmts_analysis.engine.memory.OOM_RETRIES` times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
@@ -73,7 +73,7 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
     for attempt in range(memory.OOM_RETRIES + 1):
         try:
             with memory.batch_limit(limit):
-                return kernel.probe_answer(model, answer, coef, cfg, token_text)
+                return kernel.probe_answer(model, answer, coef, cfg, token_text, strict=strict)
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
