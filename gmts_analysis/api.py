@@ -204,7 +204,8 @@ def probe(model: Any, rollouts: Any, *, tokenizer: Any = None, progress: bool = 
     off, ``offline`` forbids hub downloads, ``out`` also saves the run there (with
     ``figures`` and ``overwrite`` as :meth:`Run.save`); ``strict=True`` raises a :class:`GmtsError`
     for an answer the exact engine refuses instead of sending it to the per-token loop (an answer
-    that fails raises at once either way); ``answers_per_chunk`` changes nothing here (nothing is
+    that fails raises at once either way; out of memory is first retried with half the batch, as
+    ``gmts probe`` does); ``answers_per_chunk`` changes nothing here (nothing is
     recorded in chunks). TRL/verl names (``loss_type``, ``epsilon``, ``beta``, ``top_entropy_quantile``, ...)
     are accepted and recorded in ``manifest["aliases"]``; an error names an option as the keyword it is here
     (``max_completion_length=``), not as a flag.
@@ -300,6 +301,7 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
     from gmts_analysis.probing.preflight import check_before_probe
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.run.finalize import result_tables
+    from gmts_analysis.run.sharding.worker import probe_with_retry  # gmts probe's out-of-memory back-off
 
     validate_options(opts)
     if isinstance(rollouts, (str, os.PathLike)):
@@ -312,7 +314,7 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
     try:
         check_before_probe(opts, model, answers, settings.get("out"))
         result = kernel.probe_answers(model, inputs.tokenizer, answers, opts, inputs.coefs, progress=progress,
-                                      strict=bool(settings.get("strict", False)))
+                                      strict=bool(settings.get("strict", False)), probe_one=probe_with_retry)
         tables = result_tables(opts, model, inputs.model_path, answers, result,
                                extra={"job": "gmts_analysis.probe", "rollouts": inputs.source, "aliases": aliases,
                                       **inputs.truncation_counts()})

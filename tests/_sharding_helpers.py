@@ -46,7 +46,7 @@ def subprocess_env(**extra: str) -> dict:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     env["TOKENIZERS_PARALLELISM"] = "false"
-    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GMTS_TEST_FAIL_AFTER_CHUNKS", "GMTS_TEST_SLOW_S"):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "GMTS_TEST_FAIL_AFTER_CHUNKS", "GMTS_TEST_SLOW_S", "GMTS_TEST_OOM_ANSWER"):
         env.pop(k, None)
     env.update(extra)
     return env

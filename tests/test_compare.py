@@ -230,7 +230,7 @@ def test_series_figure_whole_number_axis_and_one_colour_per_score(tmp_path):
     from gmts_analysis.views.compare import series_figure
 
     rows = [{"run": f"r{x}", "x": x, "statistic": f"cross_answer.{e}.spearman", "block": "cross_answer",
-             "estimator": e, "series": "cross_answer.*.spearman", "value": 0.1 * x, "ci_low": None,
+             "estimator": e, "series": "cross_answer.*.spearman", "value": 0.1 * x + 0.01 * len(e), "ci_low": None,
              "ci_high": None, "settings": "A"} for x in (0, 1, 2) for e in ("entropy", "head_grad_norm", "gmts")]
     fig = series_figure(pd.DataFrame(rows), "cross_answer.*.spearman", "run")
     FigureCanvasAgg(fig).draw()
@@ -346,3 +346,61 @@ def test_intervals_are_shown_and_figures_draw_the_headline_estimators(tmp_path):
     assert ax.get_ylabel() == "value (bars, band: 95% CI)"
     assert len(ax.collections) == 2 * len(heads)  # per estimator: its error bars and its band
     assert "1 more in compare.html's table" in ax.get_title()
+
+
+def _series_rows(xs, values: dict, series: str = "cross_answer.*.spearman") -> pd.DataFrame:
+    """Rows of one series: ``values[estimator]`` one value per x (None: NaN), no interval."""
+    return pd.DataFrame([{"run": f"step-{x:05d}", "x": x, "statistic": series.replace("*", e), "block": "cross_answer",
+                          "estimator": e, "series": series, "value": v, "ci_low": None, "ci_high": None,
+                          "settings": "A"} for e, vs in values.items() for x, v in zip(xs, vs)])
+
+
+def test_series_figure_title_fits_inside_the_figure():
+    """Issue 46: the second title line (the too-small runs, the estimators left out) was cut at both edges."""
+    from gmts_analysis.views.compare import series_figure
+
+    xs = list(range(0, 100, 10))
+    table = _series_rows(xs, {e: [0.1 * i for i in range(len(xs))] for e in ("entropy", "entropy_inf", "gmts",
+                                                                              "surprisal", "rsi")})
+    fig = series_figure(table, "cross_answer.*.spearman", "step", ["entropy", "entropy_inf", "gmts"],
+                        too_small=[f"step-{x:05d}" for x in xs])
+    renderer = fig.canvas.get_renderer()
+    title = fig.axes[0].title
+    assert "too small for an interval" in title.get_text() and "2 more in compare.html" in title.get_text()
+    box, page = title.get_window_extent(renderer), fig.bbox
+    assert page.x0 <= box.x0 and box.x1 <= page.x1 and box.y1 <= page.y1, (box, page)
+
+
+def test_series_figure_shows_identical_lines_and_says_so():
+    """Issue 46: entropy_inf was listed in the legend but hidden under the identical gmts line, with nothing
+    saying so. The later of two identical lines is dashed with hollow square markers and labelled."""
+    from gmts_analysis.views.compare import series_figure
+
+    table = _series_rows([0, 10, 20], {"entropy": [0.1, 0.2, 0.3], "entropy_inf": [None, 0.9, 0.95],
+                                       "gmts": [None, 0.9, 0.95]})
+    ax = series_figure(table, "cross_answer.*.spearman", "step").axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["entropy", "entropy_inf", "gmts (identical to entropy_inf)"]
+    twin = next(ln for ln in ax.get_lines() if ln.get_label().startswith("gmts"))
+    assert twin.get_linestyle() == "--"
+    squares = [ln for ln in ax.get_lines() if ln.get_marker() == "s" and len(ln.get_xdata())]
+    assert squares and all(ln.get_markerfacecolor() == "none" for ln in squares)
+    different = _series_rows([0, 10, 20], {"entropy_inf": [None, 0.9, 0.95], "gmts": [None, 0.9, 0.96]})
+    labels = [t.get_text() for t in series_figure(different, "cross_answer.*.spearman", "step").axes[0]
+              .get_legend().get_texts()]
+    assert labels == ["entropy_inf", "gmts"]
+
+
+@pytest.mark.parametrize("xs", [[0, 10], [0, 10, 30], list(range(0, 500, 20))])
+def test_series_figure_ticks_only_at_checkpoints(xs):
+    """Issue 46: the x axis had ticks at steps with no checkpoint (9.45, 9.60, ... around a lone step 10 whose
+    step 0 was NaN; 0, 5, 10, ... for steps 0, 10, 30). Every tick is a run's x, the axis spans every run."""
+    from gmts_analysis.views.compare import MAX_X_TICKS, series_figure
+
+    values = [None] + [0.5] * (len(xs) - 1)  # step 0 undefined, as in a run without mixed rewards
+    ax = series_figure(_series_rows(xs, {"entropy": values, "gmts": values}), "cross_answer.*.spearman",
+                       "step").axes[0]
+    major, minor = list(ax.get_xticks()), list(ax.get_xticks(minor=True))
+    assert set(major) <= set(xs) and set(minor) <= set(xs), (major, minor)
+    assert major[0] == xs[0] and major[-1] == xs[-1] and len(major) <= MAX_X_TICKS
+    assert ax.get_xlim()[0] < xs[0] and ax.get_xlim()[1] > xs[-1]

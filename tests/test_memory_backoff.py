@@ -201,3 +201,38 @@ def test_skipped_line_from_the_manifest(tmp_path):
                            "(exit status 3)")
     (tmp_path / "manifest.json").write_text(json.dumps({"n_answers": 8}))  # a run written before the counts
     assert skipped_line(tmp_path) is None
+
+
+def test_the_api_backs_off_as_gmts_probe_does(tmp_path, monkeypatch):
+    """Issue 46: ``gmts.probe`` (the API) had no out-of-memory retry: the first simulated OOM raised. It halves the
+    chunk that failed as ``gmts probe`` does and gives the norms of an undisturbed run; an answer still out of
+    memory at the floor raises, naming the sizes tried."""
+    import gmts_analysis as gmts
+    from gmts_analysis.run.sharding.worker import AnswerOutOfMemory
+    from gmts_analysis.toy.testing import save_tiny_model
+
+    model = save_tiny_model("qwen2", tmp_path / "m", seed=1, max_len=512)
+    r = _rollouts(tmp_path / "r.jsonl", [300])
+    want = gmts.probe(str(model), str(r), chunk_size=64, device="cpu", progress=False, threads=1).tokens
+    real = ExactEngine.chunk
+    seen = []
+
+    def chunk(self, input_ids, P, s, e, temperature, sub=None):
+        used = min(sub or e - s, e - s)
+        seen.append(used)
+        if used > 64:
+            raise _oom()
+        return real(self, input_ids, P, s, e, temperature, sub)
+
+    monkeypatch.setattr(ExactEngine, "chunk", chunk)
+    got = gmts.probe(str(model), str(r), chunk_size=256, device="cpu", progress=False, threads=1).tokens
+    assert seen == [256, 128, 64, 64, 64, 64, 44]
+    np.testing.assert_allclose(got.grad_norm_logp, want.grad_norm_logp, rtol=1e-5)
+
+    def never(self, *a, **k):
+        raise _oom()
+
+    monkeypatch.setattr(ExactEngine, "chunk", never)
+    monkeypatch.setattr(memory, "OOM_RETRIES", 2)
+    with pytest.raises(AnswerOutOfMemory, match=r"out of memory after 3 tries at 256, 128, 64 tokens per batched VJP"):
+        gmts.probe(str(model), str(r), chunk_size=256, device="cpu", progress=False, threads=1)

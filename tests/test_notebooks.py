@@ -137,3 +137,95 @@ def test_within_vs_cross_notebook_opens_on_the_real_model(monkeypatch):
     assert ns["RUN_DIR"] == study and ns["meta"]["n_groups"] == 96
     toy_dir, toy = ns["open_run"](toy=True)
     assert toy_dir == example_run_dir() and toy.stats["meta"]["n_groups"] != 96
+
+
+EXECUTE = ROOT / "notebooks" / "execute.py"
+NB06 = ROOT / "notebooks" / "06_training_series.ipynb"
+PILOT = ROOT / "data" / "trl_pilot_series"
+
+
+def test_execute_help_and_bad_notebook():
+    """Issue 46: ``notebooks/execute.py --help`` crashed with FileNotFoundError (it took --help for a notebook)."""
+    import subprocess
+    import sys
+
+    ok = subprocess.run([sys.executable, str(EXECUTE), "--help"], capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0 and "--out" in ok.stdout and "GMTS_SERIES_DIR" in ok.stdout, ok.stderr
+    bad = subprocess.run([sys.executable, str(EXECUTE), "no_such.ipynb"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.strip().splitlines()[-1].endswith("no_such.ipynb: no such notebook "
+                                                        "(give paths such as notebooks/06_training_series.ipynb)")
+
+
+def test_notebook_readme_names_every_notebook_and_its_variable():
+    text = (ROOT / "notebooks" / "README.md").read_text()
+    for nb in NOTEBOOKS:
+        assert nb.name in text
+    for var in ("GMTS_RUN_DIR", "GMTS_SERIES_DIR", "GMTS_AUDIT_MODEL", "GMTS_AUDIT_ROLLOUTS", "GMTS_RL_RESULTS"):
+        assert var in text
+    assert "notebooks/README.md" in (ROOT / "docs" / "training_real.md").read_text()
+
+
+def _other_series(dest: Path) -> Path:
+    """A series that is not the committed pilot: its copy, with mixed rewards at every step, intervals, and the
+    reward audit's modal answer (what a newer, larger audit records)."""
+    import json
+    import shutil
+
+    import pandas as pd
+
+    shutil.copytree(PILOT, dest)
+    (dest / "README.md").unlink()
+    cmp = pd.read_parquet(dest / "compare" / "compare.parquet")
+    cmp.loc[cmp["statistic"] == "zero_advantage.token_share", "value"] = 0.5
+    has = cmp["value"].notna() & cmp["statistic"].str.endswith((".spearman", ".median", ".token_share"))
+    cmp.loc[has, "ci_low"] = cmp.loc[has, "value"] - 0.1
+    cmp.loc[has, "ci_high"] = cmp.loc[has, "value"] + 0.1
+    cmp.to_parquet(dest / "compare" / "compare.parquet")
+    series = json.loads((dest / "series.json").read_text())
+    for c in series["checkpoints"]:
+        c["modal_answer"], c["modal_answer_share"] = "12", 0.25
+    (dest / "series.json").write_text(json.dumps(series))
+    return dest
+
+
+@pytest.mark.slow
+def test_notebook_06_text_follows_the_series_it_shows(tmp_path):
+    """Issue 46: notebook 06's prose described the committed pilot (its collapse, 'at step 0 no prompt got mixed
+    rewards', 'no intervals') whatever series it was shown. Its markdown is now neutral and what it says about the
+    series is computed; executed on another series (through ``execute.py --out``) it says that series' facts."""
+    import subprocess
+    import sys
+
+    import nbformat
+
+    if not PILOT.is_dir():
+        pytest.skip("the repository's data/trl_pilot_series is not here")
+    prose = "\n".join(c.source for c in nbformat.read(NB06, as_version=4).cells if c.cell_type == "markdown")
+    for pilot_fact in ("64%", "boxed{8}", "At step 0 no prompt", "SmolLM2", "steps 0 and 10", "2 held-out prompts"):
+        assert pilot_fact not in prose, pilot_fact
+    series = _other_series(tmp_path / "my_series")
+    env = {**os.environ, "GMTS_SERIES_DIR": str(series), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    done = subprocess.run([sys.executable, str(EXECUTE), str(NB06), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    nb = nbformat.read(tmp_path / "out" / NB06.name, as_version=4)
+    shown = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert str(series) in shown
+    assert "pilot" not in shown and "collapse to a constant answer (" not in shown
+    assert "steps where no prompt got mixed rewards (correlations undefined): none" in shown
+    import re
+
+    assert re.search(r"^[1-9]\d* of \d+ values below carry a 95% interval$", shown, re.M), shown
+    assert "step 0: '12' in 25%; step 10: '12' in 25%" in shown
+    assert nbformat.read(NB06, as_version=4).cells[1].outputs[0]["text"].startswith("data/trl_pilot_series |")
+
+
+def test_notebook_06_stored_output_names_the_pilot_caveat():
+    """The committed pilot still carries its caveat, now as the output of the cell that found it is the pilot."""
+    import nbformat
+
+    first = nbformat.read(NB06, as_version=4).cells[1]
+    text = "".join(o.get("text", "") for o in first.outputs)
+    assert "collapse to a constant answer" in text and "no modal_answer_share" in text

@@ -203,3 +203,21 @@ def test_estimators_axis_labels_fit_and_every_score_has_its_own_colour(tables):
     colours = [score_color(s) for s in names]
     assert len(set(colours)) == len(colours), dict(zip(names, colours))  # entropy_inf was gmts_head's red
     assert score_color("oracle") not in colours and score_color("my_score", 0) not in colours
+
+
+def test_mass_capture_claims_cis_only_where_it_draws_them(tables):
+    """Issue 46: mass_capture.png's title said "95% CIs" for a run without any (too small for an interval, or
+    --n-boot 0: ``mass_capture_ci`` empty), drawing none."""
+    from matplotlib.collections import LineCollection
+
+    _, _, stats = tables
+
+    def bars(fig) -> int:  # error bars drawn with a finite extent
+        segs = [s for ax in fig.axes for c in ax.collections if isinstance(c, LineCollection) for s in c.get_segments()]
+        return sum(1 for s in segs if np.isfinite(s).all() and len(s) > 1 and s[0][1] != s[1][1])
+
+    with_ci = plots.fig_mass_capture(stats)
+    assert "95% CIs" in with_ci._suptitle.get_text() and bars(with_ci) > 0
+    none = plots.fig_mass_capture(dict(stats, mass_capture_ci={}))
+    assert "95% CI" not in none._suptitle.get_text() and "no interval" in none._suptitle.get_text()
+    assert bars(none) == 0

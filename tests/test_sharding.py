@@ -403,3 +403,32 @@ def test_merge_command_from_parts_or_chunks(model_dir, reference, tmp_path, monk
         p.unlink()
     assert main(["merge", str(out2), "--device", "cpu", "--quiet"]) == 0
     assert_same_rows(tokens(out2), tokens(ref))
+
+
+def test_merge_reports_status_3_for_answers_dropped_out_of_memory(model_dir, reference, tmp_path, monkeypatch,
+                                                                   capsys):
+    """Issue 46: ``gmts merge`` exited 0 where ``gmts probe`` exits 3 (the run finished, answers dropped still out
+    of memory after the back-off). It exits 3 and prints the line saying so."""
+    from gmts_analysis.run.sharding.merge import EXIT_OUT_OF_MEMORY
+
+    r, _ = reference
+    real = probe_mod.probe_answer
+
+    def q2_never_fits(model, answer, coef, cfg, token_text=None):
+        if answer.answer_id == "q2-0":
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(model, answer, coef, cfg, token_text)
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(probe_mod, "probe_answer", q2_never_fits)
+    monkeypatch.setattr(merge_mod, "write_merged_run", stop)  # rank 0 dies after every part is written
+    out = tmp_path / "run"
+    assert main(probe_args(model_dir, r, out, *FAST)) == 130
+    monkeypatch.undo()
+    capsys.readouterr()
+    assert main(["merge", str(out), "--device", "cpu", "--quiet"]) == EXIT_OUT_OF_MEMORY
+    err = capsys.readouterr().err
+    assert "1 of 20 answers failed and were skipped, 1 still out of memory after the back-off (exit status 3)" in err
+    assert json.loads((out / "manifest.json").read_text())["n_out_of_memory"] == 1

@@ -95,3 +95,24 @@ def test_sigkill_mid_chunk_then_resume(setup, tmp_path):
     assert main(args) == 0
     got = tokens(out)
     assert_same_rows(got, tokens(ref))  # same rows, none missing, no duplicates
+
+
+def test_every_rank_reports_status_3(setup, tmp_path):
+    """Issue 46: under torchrun only rank 0 exited 3 when the run dropped an answer still out of memory (the others
+    had returned 0 before the merge). Every rank now waits for rank 0's merge and exits 3. (torchrun stops the
+    other ranks once one has exited non-zero: a long --monitor-interval lets each rank's status show.)"""
+    import re
+    import sys
+
+    model, r, _ = setup
+    out = tmp_path / "two"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "--monitor-interval", "5", "-m", "gmts_analysis", *probe_args(model, r, out, "--answers-per-chunk", "2")]
+    p = run(cmd, GMTS_TEST_OOM_ANSWER="q5-1")
+    assert p.returncode != 0, p.stderr[-3000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["n_out_of_memory"] == 1 and m["n_answers"] == 19
+    # torchrun's failure report: each failed rank with its exit code
+    exits = dict(re.findall(r"rank\s*:\s*(\d+) \(local_rank: \d+\)\s*\n\s*exitcode\s*:\s*(-?\d+)", p.stderr))
+    assert exits == {"0": "3", "1": "3"}, p.stderr[-3000:]
+    assert p.stdout.count("still out of memory after the back-off") == 1  # the summary line, on rank 0 only

@@ -133,3 +133,48 @@ def test_an_estimator_column_with_no_value_is_left_out_loudly(tmp_path, caplog):
     assert f"{d / 'tokens.parquet'}: column 'rsi' has no value in any row: the estimator rsi is left out" in said
     ests = json.loads((tmp_path / "s.json").read_text())["meta"]["estimators"]
     assert "rsi" not in ests and "entropy" in ests
+
+
+#: what the never-called ``validate_tokens_table`` checked (issue 46: deleted), each caught on the file by
+#: ``validate_tokens_file`` through every reader of a run directory: (tamper, what the error says)
+TABLE_CHECKS = {
+    "missing_entropy": (lambda t: t.drop(["entropy"]), "missing contract column(s) entropy"),
+    "no_rows": (lambda t: t.slice(0, 0), "the tokens table has no rows"),
+    "grad_norm_text": (lambda t: t.set_column(t.schema.get_field_index("grad_norm"), "grad_norm",
+                                              pa.array(["x"] * t.num_rows)), "column 'grad_norm' must be"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TABLE_CHECKS))
+def test_what_validate_tokens_table_checked_is_caught_on_the_file(case, tmp_path):
+    tamper, says = TABLE_CHECKS[case]
+    d = _run_copy(tmp_path / "run")
+    pq.write_table(tamper(pq.read_table(d / "tokens.parquet")), d / "tokens.parquet")
+    needle = f"{d / 'tokens.parquet'}: {says}"
+    for args in (["stats", str(d), "--n-boot", "0", "--out", str(tmp_path / "s.json"), "-q"],
+                 ["figures", str(d), "--to", str(tmp_path / "figs"), "-q"]):
+        assert "unexpected" not in assert_one_line_error(*run_cli(args), needle)
+    if case != "missing_entropy":  # the API's reader needs only answer_id and position (it recomputes the rest)
+        from gmts_analysis.analysis.runs import read_run
+        from gmts_analysis.errors import GmtsError
+
+        with pytest.raises(GmtsError, match=says.replace("(", r"\(").replace(")", r"\)")):
+            read_run(d, compute_missing_stats=False)
+
+
+def test_every_public_validator_is_called():
+    """Issue 46: ``validate_tokens_table`` was defined and documented but never called (the checks ran on the
+    file instead, by ``validate_tokens_file``). Each public function of probing/validate.py has a caller."""
+    import ast
+
+    pkg = Path(__file__).resolve().parent.parent / "gmts_analysis"
+    source = pkg / "probing" / "validate.py"
+    public = [n.name for n in ast.parse(source.read_text()).body
+              if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")]
+    called: set[str] = set()
+    for f in pkg.rglob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                fn = node.func
+                called.add(fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", ""))
+    assert [n for n in public if n not in called] == []

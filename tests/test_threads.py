@@ -24,6 +24,7 @@ def clean_env(monkeypatch):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(threads, "_affinity", lambda: frozenset({0, 1}))
     monkeypatch.setattr("time.process_time", lambda: 0.0)  # our own CPU time: none
+    monkeypatch.setattr(threads, "CGROUP_ROOT", "/nonexistent-cgroup-root")  # no quota unless a test fakes one
 
 
 def _fake_proc(monkeypatch, tmp_path, first: str, second: str) -> None:
@@ -120,3 +121,50 @@ def test_an_explicit_setting_skips_the_sample(monkeypatch, clean_env):
     monkeypatch.setattr(threads, "busy_cores_now", lambda: pytest.fail("sampled despite GMTS_THREADS"))
     monkeypatch.setenv("GMTS_THREADS", "3")
     assert default_threads() == 3
+
+
+def _cgroup(tmp_path, files: "dict[str, str]", own: str = "0::/\n"):
+    """A fake cgroup root holding ``files`` (path relative to the root: text) and a /proc/self/cgroup text."""
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    root.mkdir(exist_ok=True)
+    (tmp_path / "self_cgroup").write_text(own)
+    return str(root), str(tmp_path / "self_cgroup")
+
+
+@pytest.mark.parametrize("files, own, want", [
+    ({"cpu.max": "150000 100000\n"}, "0::/\n", 1.5),  # v2 at the root (a container's own cgroup)
+    ({"cpu.max": "max 100000\n"}, "0::/\n", None),  # v2, no limit
+    ({"cpu.max": "max 100000\n", "job/cpu.max": "200000 100000\n"}, "0::/job\n", 2.0),  # v2, own cgroup
+    ({"cpu/cpu.cfs_quota_us": "300000\n", "cpu/cpu.cfs_period_us": "100000\n"}, "1:cpu:/\n", 3.0),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, "1:cpu:/\n", None),  # v1, none
+    ({"cpu,cpuacct/a/cpu.cfs_quota_us": "50000\n", "cpu,cpuacct/a/cpu.cfs_period_us": "100000\n"},
+     "2:cpu,cpuacct:/a\n", 0.5),  # v1, joint controller, own cgroup
+    ({}, "", None),  # no cgroup files at all
+    ({"cpu.max": "garbage\n"}, "0::/\n", None),
+])
+def test_cgroup_cpu_quota_read_from_v1_and_v2(tmp_path, files, own, want):
+    root, self_cgroup = _cgroup(tmp_path, files, own)
+    assert threads.cgroup_cpu_quota(root, self_cgroup) == (pytest.approx(want) if want is not None else None)
+
+
+def test_default_threads_capped_by_the_cgroup_quota(monkeypatch, tmp_path, clean_env):
+    """Issue 46: a container limited to 2 CPUs of a 16-core host whose cores are idle ran 16 threads."""
+    monkeypatch.setattr(threads, "_affinity", lambda: frozenset(range(16)))
+    idle = (0, 100)
+    _fake_proc(monkeypatch, tmp_path, _stat(*[idle] * 16), _stat(*[(0, 115)] * 16))
+    assert default_threads() == 16  # no cgroup quota here (the fake root below is not yet in place)
+    root, self_cgroup = _cgroup(tmp_path, {"cpu.max": "200000 100000\n"})
+    monkeypatch.setattr(threads, "CGROUP_ROOT", root)
+    monkeypatch.setattr(threads, "PROC_SELF_CGROUP", self_cgroup)
+    assert threads.available_cores() == 2
+    assert default_threads() == 2
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two torchrun processes share the quota
+    assert default_threads() == 1
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    (tmp_path / "cgroup" / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: rounded up
+    assert default_threads() == 2
+    (tmp_path / "cgroup" / "cpu.max").write_text("20000 100000\n")  # a fifth of a CPU: still one thread
+    assert default_threads() == 1

@@ -5,6 +5,7 @@ died after every chunk was recorded, or the parts were made by separate jobs. It
 run's ``run.json`` (model, rollouts, configuration), checks they still match, gathers
 the parts (or the chunk records), and writes tokens.parquet, answers.parquet,
 stats.json, manifest.json (and figures and report) in place of the work area.
+Its exit status is ``gmts probe``'s: 3 when the run dropped answers still out of memory after the back-off.
 """
 
 from __future__ import annotations
@@ -47,9 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Merge; the exit status of :func:`gmts_analysis.commands.probe.exit_status` (3: answers dropped still
+    out of memory, the line saying so printed)."""
+    from gmts_analysis.commands.probe import exit_status
     from gmts_analysis.run.sharding import merge_run
 
     out = merge_run(args.run_dir, device=args.device, figures=args.figures, fidelity=args.fidelity,
                     quiet=args.quiet)
     print(f"wrote {out}", file=sys.stderr)
-    return 0
+    return exit_status([out])

@@ -46,12 +46,13 @@ def run(args: argparse.Namespace) -> int:
 
     series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
     out = run_probe(cfg) if series is None else probe_series(cfg, series, figures=cfg.figures)
+    runs = [out] if series is None else _series_runs(out.parent)
     if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 writes the run
         if series is None:
             print_results(out)
         print(f"wrote {out}", file=sys.stderr)
-        return exit_status([out] if series is None else _series_runs(out.parent), quiet=series is None)
-    return 0
+        return exit_status(runs, quiet=series is None)
+    return exit_status(runs, quiet=True)  # every rank the same status: each returns once rank 0 finished the run
 
 
 def exit_status(runs, quiet: bool = False) -> int:

@@ -15,7 +15,7 @@ import logging
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pandas as pd
@@ -278,12 +278,14 @@ def probe_answers(
     coefs: Sequence[AnswerCoefficients] | None = None,
     progress: bool = True,
     strict: bool | None = None,
+    probe_one: Callable[..., tuple[dict[str, Any], pd.DataFrame | None]] | None = None,
 ) -> ProbeResult:
     """Probe every answer; returns the tables (nothing is written).
 
     ``coefs`` (advantages and weights) default to those of ``answers`` as one batch; pass
     them to probe a subset with batch-wide values. Rows come in input order, by position.
-    ``strict``: as :func:`probe_answer`.
+    ``strict``: as :func:`probe_answer`. ``probe_one``: how one answer is probed (default
+    :func:`probe_answer`, same arguments; :func:`gmts_analysis.probe` passes the out-of-memory back-off).
     """
     from gmts_analysis.util.progress import tqdm
 
@@ -297,7 +299,7 @@ def probe_answers(
     bar = tqdm(total=len(answers), desc="probe", unit="answer", disable=not progress, dynamic_ncols=True)
     try:
         for a, c in zip(answers, coefs):
-            cols, g = probe_answer(model, a, c, cfg, token_text, strict=strict)
+            cols, g = (probe_one or probe_answer)(model, a, c, cfg, token_text, strict=strict)
             raise_if_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost on the way
             parts.append(cols)
             if g is not None:

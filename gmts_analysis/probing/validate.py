@@ -169,25 +169,6 @@ def check_finite_scalars(values: Mapping[str, float], where: str, allow_nan: Seq
 NULLABLE_TOKEN_COLUMNS = ("grad_norm_logp", "grad_norm")
 
 
-def validate_tokens_table(df: Any, path: Any, required: Sequence[str] | None = None) -> None:
-    """A tokens table that ``gmts stats`` / ``gmts figures`` can use: every contract column present
-    (none silently dropped), numeric columns numeric, at least one row."""
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS
-
-    required = TOKEN_COLUMNS if required is None else required
-    missing = [c for c in required if c not in df.columns]
-    if missing:
-        raise GmtsError(f"{path}: missing contract column(s) {', '.join(missing)} (a tokens table written by "
-                        "gmts probe has them all)")
-    if len(df) == 0:
-        raise GmtsError(f"{path}: the tokens table has no rows")
-    numeric = [c for c in required if c not in ("answer_id", "group_id", "token")]
-    for c in numeric:
-        kind = df[c].dtype.kind
-        if kind not in "iufb":
-            raise GmtsError(f"{path}: column '{c}' must be numeric, got {df[c].dtype}")
-
-
 #: id columns of the tables: strings or whole numbers
 ID_COLUMNS = ("answer_id", "group_id")
 #: contract token columns of whole numbers

@@ -6,13 +6,16 @@ thread (docs/benchmarks.md, README "Threads"). :func:`default_threads` takes the
 that are idle now instead, at least one: the CPUs of this process's affinity mask, less the
 share of them that other work kept busy during a short sample of ``/proc/stat``
 (:data:`SAMPLE_SECONDS`; the one-minute load average only where ``/proc/stat`` cannot be read,
-which lags a minute behind: right after another command it still counts that command's cores).
+which lags a minute behind: right after another command it still counts that command's cores),
+and never more than a cgroup CPU quota allows (:func:`cgroup_cpu_quota`: a container limited to 2 CPUs
+on a 64-core host gets at most 2 threads).
 ``$GMTS_THREADS`` or ``--threads`` / ``threads=`` choose explicitly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 from typing import Callable, Iterator, Mapping
@@ -23,11 +26,82 @@ from gmts_analysis.errors import GmtsError
 PROC_STAT = "/proc/stat"
 #: how long :func:`busy_cores_now` watches the CPUs (seconds)
 SAMPLE_SECONDS = 0.15
+#: where the cgroup file systems are mounted (Linux); v2 unified, or v1 with a ``cpu`` controller folder
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: which cgroup this process is in (its path under :data:`CGROUP_ROOT`)
+PROC_SELF_CGROUP = "/proc/self/cgroup"
 
 
 def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, else ``os.cpu_count()``)."""
-    return len(_affinity()) or max(1, os.cpu_count() or 1)
+    """CPU cores this process may run on: its affinity mask (else ``os.cpu_count()``), capped by a
+    cgroup CPU quota (:func:`cgroup_cpu_quota`, rounded up: a quota of 1.5 CPUs gives 2), at least 1."""
+    cores = len(_affinity()) or max(1, os.cpu_count() or 1)
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        cores = min(cores, max(1, math.ceil(quota - 1e-9)))
+    return cores
+
+
+def _read_first_line(path: str) -> "str | None":
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.readline().strip()
+    except OSError:
+        return None
+
+
+def _own_cgroups(path: str) -> "dict[str, str]":
+    """This process's cgroup path per controller from ``/proc/self/cgroup`` (v2's unified line under "")."""
+    out: dict[str, str] = {}
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        for ctrl in (parts[1].split(",") if parts[1] else [""]):
+            out[ctrl] = parts[2].strip()
+    return out
+
+
+def _quota(quota: "str | None", period: "str | None") -> "float | None":
+    """CPUs of a (quota, period) pair in microseconds; None for no limit (``max``, -1) or unreadable text."""
+    try:
+        q, p = int(quota or ""), int(period or "")
+    except ValueError:
+        return None
+    return q / p if q > 0 and p > 0 else None
+
+
+def cgroup_cpu_quota(root: "str | None" = None, self_cgroup: "str | None" = None) -> "float | None":
+    """The CPUs a cgroup CPU quota allows this process (e.g. 1.5), None where there is no quota or no cgroup.
+
+    cgroup v2: ``cpu.max`` ("QUOTA PERIOD", or "max PERIOD" for none); v1: ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us`` (-1: none), in the ``cpu`` controller's folder. Read in this process's own cgroup
+    (``/proc/self/cgroup``) and at the root (a container sees its own cgroup there); the smallest quota wins.
+    ``root`` and ``self_cgroup`` default to :data:`CGROUP_ROOT` and :data:`PROC_SELF_CGROUP` (tests fake them)."""
+    root = CGROUP_ROOT if root is None else root
+    own = _own_cgroups(PROC_SELF_CGROUP if self_cgroup is None else self_cgroup)
+    found: list[float] = []
+    v2_dirs = {root, os.path.join(root, own.get("", "/").lstrip("/"))}
+    for d in v2_dirs:
+        line = _read_first_line(os.path.join(d, "cpu.max"))
+        if line:
+            fields = line.split()
+            q = _quota(fields[0], fields[1] if len(fields) > 1 else "100000")
+            if q is not None:
+                found.append(q)
+    for ctrl in ("cpu", "cpu,cpuacct", "cpuacct,cpu"):
+        base = os.path.join(root, ctrl)
+        for d in {base, os.path.join(base, own.get("cpu", "/").lstrip("/"))}:
+            q = _quota(_read_first_line(os.path.join(d, "cpu.cfs_quota_us")),
+                       _read_first_line(os.path.join(d, "cpu.cfs_period_us")))
+            if q is not None:
+                found.append(q)
+    return min(found) if found else None
 
 
 def _affinity() -> "frozenset[int]":
@@ -118,12 +192,22 @@ def default_threads() -> int:
     """``$GMTS_THREADS`` if set, else ``$OMP_NUM_THREADS`` (torchrun sets it to 1 per process), else
     the available cores less those busy now (:func:`busy_cores_now`; where /proc/stat is absent, the
     one-minute load average; without either, none busy), rounded, shared among the processes of this
-    node (``$LOCAL_WORLD_SIZE``), between 1 and the available cores."""
+    node (``$LOCAL_WORLD_SIZE``), between 1 and the available cores (:func:`available_cores`: the
+    affinity mask capped by a cgroup CPU quota)."""
     for name in ("GMTS_THREADS", "OMP_NUM_THREADS"):
         env = os.environ.get(name, "").strip()
         if env:
             return check_threads(env, name)
-    return threads_for(available_cores(), busy_cores_now())
+    cores = len(_affinity()) or max(1, os.cpu_count() or 1)
+    n = threads_for(cores, busy_cores_now())  # the busy count is of the CPUs in the mask, quota or not
+    limit = available_cores()
+    if limit < cores:  # a cgroup quota: its CPUs shared among this node's processes, as the idle cores are
+        n = min(n, max(1, limit // _local_world_size()))
+    return n
+
+
+def _local_world_size() -> int:
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
 
 
 def threads_for(cores: int, busy: "float | None") -> int:
@@ -131,8 +215,7 @@ def threads_for(cores: int, busy: "float | None") -> int:
     shared among ``$LOCAL_WORLD_SIZE`` processes: the idle cores, rounded, at least 1, at most ``cores``."""
     if busy is None:
         busy = load_average_busy() or 0.0
-    local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1))
-    return max(1, min(cores, int((cores - busy) / local + 0.5)))
+    return max(1, min(cores, int((cores - busy) / _local_world_size() + 0.5)))
 
 
 def check_threads(value: object, name: str = "--threads") -> int:

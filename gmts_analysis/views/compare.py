@@ -459,13 +459,16 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str, estimators: Se
     """statistic vs step (or run number) for one series: one line per estimator in its registry colour (only
     ``estimators`` when given and present, else all), markers per settings group, the 95% CI as a bar at each
     point and a band between points where stats.json has it; the points of the ``too_small`` runs hollow (no
-    interval: their own summary says "Too small to compare"); whole-number x ticks. A Figure (no pyplot)."""
+    interval: their own summary says "Too small to compare"). A line identical to one drawn before it (the same
+    value at every x) is drawn dashed with hollow square markers and labelled "identical to ...", so both show.
+    x ticks sit only at the runs' x (the checkpoints; at most :data:`MAX_X_TICKS` labelled). The title wraps to
+    fit the figure. A Figure (no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     from gmts_analysis.core.scores import score_color
 
+    xs = sorted({float(x) for x in table["x"].dropna()})  # every run's x, whether or not it has this value
     sub = table[table["series"] == series]
     shown = [e for e in (estimators or ()) if e in set(sub["estimator"])]
     left_out = sub["estimator"].nunique() - len(shown) if shown else 0
@@ -479,15 +482,22 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str, estimators: Se
     alpha = 0.15 if sub["estimator"].nunique() <= 4 else 0.06  # many overlapping bands stay readable
     small = set(too_small)
     has_ci = False
+    drawn: list[tuple[str, pd.Series]] = []
     for i, (e, d) in enumerate(sub.groupby("estimator", sort=False)):
         d = d.sort_values("x")
-        line = ax.plot(d["x"], d["value"], "-", lw=1.4, label=e or series, color=score_color(e, i) if e else "black")[0]
+        values = d.set_index("x")["value"].astype(float)
+        twin = next((name for name, v in drawn if _same_values(v, values)), None) if e else None
+        drawn.append((e, values))
+        label = (e or series) + (f" (identical to {twin})" if twin else "")
+        line = ax.plot(d["x"], d["value"], "--" if twin else "-", lw=1.4 if not twin else 1.8, label=label,
+                       color=score_color(e, i) if e else "black", zorder=3 if twin else 2)[0]
         colour = line.get_color()
         for gi, g in enumerate(groups):
             for hollow in (False, True):
                 dg = d[(d["settings"] == g) & (d["run"].isin(small) == hollow)]
-                ax.plot(dg["x"], dg["value"], markers[gi % len(markers)], color=colour, ms=4.5,
-                        markerfacecolor="white" if hollow else colour)
+                ax.plot(dg["x"], dg["value"], "s" if twin else markers[gi % len(markers)], color=colour,
+                        ms=7 if twin else 4.5, markerfacecolor="none" if twin else ("white" if hollow else colour),
+                        zorder=3 if twin else 2)
         ci = d[d["ci_low"].notna() & d["ci_high"].notna()]
         if not ci.empty:
             has_ci = True
@@ -500,15 +510,59 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str, estimators: Se
         notes.append("hollow: too small for an interval (" + ", ".join(sorted(small & set(sub["run"]))) + ")")
     if left_out:
         notes.append(f"headline estimators; {left_out} more in compare.html's table")
-    ax.set_title(title + ("\n" + "; ".join(notes) if notes else ""), fontsize=9)
     ax.set_xlabel(x_label)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps and run numbers: whole numbers only
+    _checkpoint_ticks(ax, xs)
     ax.set_ylabel("value (bars, band: 95% CI)" if has_ci else "value (no interval)")
     ax.grid(alpha=0.3)
     if sub["estimator"].astype(bool).any():
         ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)  # beside, never on the data
-    fig.tight_layout()
+    _fitted_title(fig, ax, [title, "; ".join(notes)] if notes else [title], fontsize=9)
     return fig
+
+
+#: most x tick labels a comparison figure shows (every checkpoint gets a minor tick)
+MAX_X_TICKS = 12
+
+
+def _same_values(a: "pd.Series", b: "pd.Series") -> bool:
+    """Two lines of a figure hold the same value at every x (NaN where the other is NaN; 1e-12 apart at most)."""
+    import numpy as np
+
+    if len(a) != len(b) or list(a.index) != list(b.index) or a.isna().all():
+        return False
+    av, bv = a.to_numpy(float), b.to_numpy(float)
+    return bool(np.array_equal(np.isnan(av), np.isnan(bv)) and np.allclose(av[~np.isnan(av)], bv[~np.isnan(bv)],
+                                                                           rtol=0, atol=1e-12))
+
+
+def _checkpoint_ticks(ax: Any, xs: Sequence[float]) -> None:
+    """x ticks only at ``xs`` (the runs' steps or numbers): each a minor tick, at most :data:`MAX_X_TICKS` of
+    them labelled (evenly picked, the first and last always); the axis spans every run, a margin either side."""
+    if not xs:
+        return
+    major = list(xs[::math.ceil(len(xs) / MAX_X_TICKS)])
+    major[-1] = xs[-1]  # the first and the last run always labelled
+    ax.set_xticks(major, [f"{x:g}" for x in major])
+    ax.set_xticks(xs, minor=True)
+    pad = (xs[-1] - xs[0]) * 0.05 or 0.5
+    ax.set_xlim(xs[0] - pad, xs[-1] + pad)
+
+
+def _fitted_title(fig: Any, ax: Any, lines: Sequence[str], fontsize: float) -> None:
+    """``lines`` as the axes' title, each wrapped (at spaces) until the title lies inside the figure; the layout
+    made tight around it."""
+    import textwrap
+
+    width = max(len(t) for t in lines)
+    renderer = fig.canvas.get_renderer()
+    while True:
+        text = "\n".join(textwrap.fill(t, width, break_long_words=False, break_on_hyphens=False) for t in lines)
+        title = ax.set_title(text, fontsize=fontsize)
+        fig.tight_layout()
+        box, page = title.get_window_extent(renderer), fig.bbox
+        if (box.x0 >= page.x0 and box.x1 <= page.x1 and box.y1 <= page.y1) or width <= 20:
+            return
+        width = max(20, int(width * 0.85))
 
 
 def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str, estimators: Sequence[str] | None = None,

@@ -67,7 +67,9 @@ MASS_ESTIMATORS = figure_scores("mass_capture")
 def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"),
                      estimators: Sequence[str] = MASS_ESTIMATORS) -> Figure | None:
     """Gradient mass captured vs the kept fraction: sum of grad_norm over a top-rho selection by
-    each score over the sum over the true top-rho (``mass_capture``), with 95% CIs, per scope."""
+    each score over the sum over the true top-rho (``mass_capture``), with 95% CIs where stats.json has
+    them (``mass_capture_ci``; a run too small for an interval, or ``--n-boot 0``, has none, and the
+    title says so instead of claiming them), per scope."""
     st = Statistics.coerce(stats)
     mc = st.mass_capture
     scopes = [s for s in scopes if s in mc]
@@ -75,6 +77,7 @@ def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
         return None
     fig = Figure(figsize=(4.4 * len(scopes) + 1.8, 4.0), layout="constrained")
     axes = fig.subplots(1, len(scopes), squeeze=False, sharey=True)[0]
+    has_ci = False
     for ax, scope in zip(axes, scopes):
         ests = [s for s in estimators if s in mc.estimators(scope)]
         for i, s in enumerate(ests):
@@ -85,6 +88,7 @@ def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
             cis = [st.mass_capture_ci.at(scope, s, k) for k in ks]
             lo = np.array([_num(b.ci_low) for b in cis])
             hi = np.array([_num(b.ci_high) for b in cis])
+            has_ci = has_ci or bool((np.isfinite(lo) & np.isfinite(hi) & np.isfinite(ys)).any())
             dx = (i - (len(ests) - 1) / 2) * 0.004  # side by side, so the intervals do not hide each other
             ax.errorbar(xs + dx, ys, yerr=[np.clip(ys - lo, 0, None), np.clip(hi - ys, 0, None)],
                         marker="o", ms=4, lw=1.4, capsize=2, color=_color(s, i), label=s,
@@ -94,7 +98,9 @@ def fig_mass_capture(stats: StatsLike, scopes: Sequence[str] = ("batch", "group"
         ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("captured / best possible grad_norm mass")
-    fig.suptitle("Gradient mass a top-ρ selection captures (95% CIs; dashed: masked baselines)", fontsize=10)
+    fig.suptitle("Gradient mass a top-ρ selection captures ("
+                 + ("95% CIs" if has_ci else "no interval: none in stats.json") + "; dashed: masked baselines)",
+                 fontsize=10)
     axes[-1].legend(fontsize=7, frameon=False, loc="center left", bbox_to_anchor=(1.0, 0.5))
     return fig
 

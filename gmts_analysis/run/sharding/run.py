@@ -11,7 +11,7 @@ Steps, on every rank unless said:
 4. take the length-balanced share of whole groups (:func:`shard_answers`), skip the
    answers some chunk record already holds, probe the rest chunk by chunk, and write
    this rank's part;
-5. rank 0 waits for every part and finishes the run: :func:`finish_job` (the job's manifest
+5. rank 0 waits for every part and finishes the run (the other ranks wait for it): :func:`finish_job` (the job's manifest
    entries) -> :func:`merge.write_merged_run` (rows in single-process order, errors, the work
    area) -> :func:`gmts_analysis.run.finalize.write_result` (statistics, manifest, files).
 """
@@ -126,11 +126,15 @@ def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | 
         cfg = _chunked_and_checked(cfg, ctx, inputs, out)
         attempt, work = _open_work_area(cfg, ctx, out, fp, status, extra, extra_files)
         _probe_into_part(cfg, ctx, inputs, fp, work, attempt, device)
-        if not ctx.is_main:
-            return out
-        parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
-        return finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size, extra,
-                          extra_files, work=work)
+
+        def finish() -> str:
+            parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
+            return str(finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size,
+                                  extra, extra_files, work=work))
+
+        # the other ranks wait for rank 0 to finish the run (its error is theirs), so that every rank's exit
+        # status tells how the run ended (gmts probe: 3 when answers were dropped out of memory)
+        return Path(_on_main(ctx, finish) if ctx.distributed else finish())
 
 
 def _quiet_logs(held: contextlib.ExitStack) -> None:

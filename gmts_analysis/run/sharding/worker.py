@@ -13,6 +13,8 @@ in real runs):
 
 - ``GMTS_TEST_FAIL_AFTER_CHUNKS=k``: raise after this process has recorded k chunks.
 - ``GMTS_TEST_SLOW_S=x``: sleep x seconds after each answer (lets a test kill a run mid-chunk).
+- ``GMTS_TEST_OOM_ANSWER=id``: the answer ``id`` runs out of memory (simulated) at every try (lets a
+  torchrun test drop an answer for lack of memory).
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ log = logging.getLogger("gmts_analysis.run.sharding")
 
 FAIL_AFTER_ENV = "GMTS_TEST_FAIL_AFTER_CHUNKS"
 SLOW_ENV = "GMTS_TEST_SLOW_S"
+OOM_ANSWER_ENV = "GMTS_TEST_OOM_ANSWER"
 
 
 class InjectedFailure(RuntimeError):
@@ -62,8 +65,8 @@ def _free_memory() -> None:
 
 
 def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
-                     token_text: Any) -> tuple[dict, pd.DataFrame | None]:
-    """:func:`gmts_analysis.probing.kernel.probe_answer`, retried on out of memory with half the
+                     token_text: Any, strict: bool | None = None) -> tuple[dict, pd.DataFrame | None]:
+    """:func:`gmts_analysis.probing.kernel.probe_answer` (``strict`` as there), retried on out of memory with half the
     batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
     :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
     :data:`~gmts_analysis.engine.memory.OOM_RETRIES` times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
@@ -73,7 +76,11 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
     for attempt in range(memory.OOM_RETRIES + 1):
         try:
             with memory.batch_limit(limit):
-                return kernel.probe_answer(model, answer, coef, cfg, token_text)
+                if os.environ.get(OOM_ANSWER_ENV) == str(answer.answer_id):
+                    raise torch.OutOfMemoryError(f"out of memory ({OOM_ANSWER_ENV}, simulated)")
+                if strict is None:  # cfg.strict decides (gmts probe's ProbeConfig has it)
+                    return kernel.probe_answer(model, answer, coef, cfg, token_text)
+                return kernel.probe_answer(model, answer, coef, cfg, token_text, strict=strict)
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
