@@ -17,9 +17,15 @@ module holds its parts, each usable on its own from a script of yours:
 - :class:`KeepLastOptimizerCallback`: every checkpoint keeps its model (the series audit probes it), only the
   newest keeps the optimizer, scheduler and RNG states that resuming needs (a checkpoint of a 135M model is
   then 0.5 GB instead of 1.6 GB);
-- :func:`train`: the trainer built and run, resumed from the newest checkpoint of ``output_dir`` when there
-  is one (TRL restores the optimizer, the scheduler, the data order and the RNG states: a run killed and
-  resumed takes the same steps as one never stopped, checked by ``tests/test_trl_train.py``).
+- :func:`plan_resume`, :func:`check_resume_files`: where a run starts, read from ``output_dir`` before anything
+  is loaded: the newest complete checkpoint (model, trainer state, optimizer and scheduler), nothing for a
+  finished run, a refusal where checkpoints exist but none can resume; the pickled resume files loaded with
+  ``torch.load(weights_only=True)`` first, so a crafted one is refused in one line;
+- :func:`train`: the trainer built and run from there (TRL restores the optimizer, the scheduler, the data
+  order and the RNG states: a run killed and resumed takes the same steps as one never stopped, checked by
+  ``tests/test_trl_train.py``);
+- :func:`parse_arguments`, :func:`main`: the script's command line (``--logging_steps 1`` unless given), every
+  option checked (:func:`check_arguments`) before anything is loaded or written; bad input is one line, exit 2.
 """
 
 from __future__ import annotations
