@@ -225,6 +225,43 @@ def test_an_incomplete_newer_checkpoint_is_skipped_with_a_warning(run2, tiny_dir
     assert (c3 / "model.safetensors").is_file()
 
 
+def _fake_checkpoint(d: Path, step: int, files=("config.json", "model.safetensors", "trainer_state.json",
+                                                 "optimizer.pt", "scheduler.pt")) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (d / f).write_text(json.dumps({"global_step": step, "max_steps": 4}) if f == "trainer_state.json" else "x")
+    return d
+
+
+def test_where_a_run_starts_is_read_from_the_folder_alone(tmp_path):
+    from gmts_analysis.errors import GmtsError
+
+    out = tmp_path / "out"
+    assert trl_train.plan_resume(out, 4) == trl_train.ResumePlan()  # nothing: step 0
+    c1 = _fake_checkpoint(out / "checkpoint-1", 1)
+    _fake_checkpoint(out / "checkpoint-2", 2, files=("config.json", "trainer_state.json"))  # no weights, no optimizer
+    plan = trl_train.plan_resume(out, 4)
+    assert plan.checkpoint == c1 and plan.finished is None
+    assert plan.skipped == [f"{out / 'checkpoint-2'} lacks its model (config.json and weights), optimizer.pt, "
+                            "scheduler.pt"]
+    assert trl_train.plan_resume(out, 1).finished == (1, 1)
+    assert trl_train.plan_resume(out, -1).finished is None  # by epochs: the recorded max_steps, 4
+    (c1 / "trainer_state.json").write_text("{")
+    with pytest.raises(GmtsError, match="checkpoint-1/trainer_state.json: not a readable trainer state"):
+        trl_train.plan_resume(out, 4)
+    (out / "checkpoint-01").mkdir()
+    with pytest.raises(GmtsError, match="checkpoint-01 and checkpoint-1 are both step 1"):
+        trl_train.plan_resume(out, 4)
+    # the final model saved at the top (save_model, save_state): finished unless more steps are asked for
+    top = _fake_checkpoint(tmp_path / "final", 3, files=("config.json", "model.safetensors", "trainer_state.json"))
+    _fake_checkpoint(top / "checkpoint-3", 3)
+    assert trl_train.plan_resume(top, 3).finished == (3, 3)
+    assert trl_train.plan_resume(top, 5).checkpoint == top / "checkpoint-3"
+    (top / "trainer_state.json").unlink()
+    shutil.rmtree(top / "checkpoint-3")
+    assert trl_train.plan_resume(top, 5).finished == (None, 5)
+
+
 # -- 4. resume state gone: refused, then --restart
 
 @pytest.mark.parametrize("how", ["pruned", "newest deleted"])
@@ -277,6 +314,19 @@ def test_a_crafted_resume_file_is_refused_in_one_line_and_never_runs(name, fmt, 
     line = _one_error_line(capsys.readouterr().err)
     assert str(f) in line and "refused" in line and "nothing in it ran" in line
     assert not live.exists()
+
+
+def test_a_crafted_resume_file_from_the_shell_is_one_line(run2, tiny_dir, tmp_path):
+    import pickle
+
+    out = _copy(run2[0], tmp_path)
+    live = tmp_path / "live"
+    f = out / "checkpoint-2" / "rng_state.pth"
+    f.write_bytes(pickle.dumps(_Marker(live)))  # a plain pickle (torch warns of its protocol: not shown)
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo_word_problems.py"),
+                        *_argv(out, tiny_dir, max_steps=3)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 2 and str(f) in _one_error_line(r.stderr) and not live.exists()
 
 
 def test_a_crafted_training_args_bin_is_never_read(run2, tiny_dir, tmp_path):

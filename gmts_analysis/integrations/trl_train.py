@@ -231,10 +231,11 @@ def _global_step(p: Path) -> tuple[int, int]:
 @dataclass
 class ResumePlan:
     """Where :func:`train` starts: ``checkpoint`` (``None``: from step 0), or nothing to do when ``finished``
-    holds ``(step, max_steps)`` of a finished run; ``skipped``: the newer checkpoints passed over, and why."""
+    holds ``(step, max_steps)`` of a finished run (``step`` ``None``: a final model whose step is not
+    recorded); ``skipped``: the newer checkpoints passed over, and why."""
 
     checkpoint: Path | None = None
-    finished: tuple[int, int] | None = None
+    finished: tuple[int | None, int] | None = None
     skipped: list[str] = field(default_factory=list)
 
 
@@ -242,7 +243,9 @@ def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
     """Where a run in ``output_dir`` asked to train to ``max_steps`` (``<= 0``: the epochs' count, as the
     newest trainer state recorded it) starts, read from the folder alone (nothing is loaded or written):
 
-    - finished when the newest checkpoint with a model and a trainer state is at ``max_steps`` or past it;
+    - finished when the newest checkpoint with a model and a trainer state is at ``max_steps`` or past it, or
+      when the final model is saved at the top of ``output_dir`` (``save_model()``) and its trainer state
+      (``save_state()``, else the newest checkpoint's) is not below ``max_steps``;
     - else from the newest checkpoint that can resume (:func:`resumable_checkpoint`), newer ones that cannot
       listed in ``skipped``;
     - else from step 0 when no checkpoint holds a trained step (only ones cut short before their trainer state);
@@ -250,13 +253,18 @@ def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
       and starting over would rewrite the run's checkpoints; ``--restart`` does so on purpose."""
     out = Path(output_dir)
     dirs = _step_dirs(out)
-    done = [(p, *_global_step(p / "trainer_state.json")) for _, p in dirs
-            if _has_model(p) and (p / "trainer_state.json").is_file()]
-    if done:
-        p, step, recorded = done[-1]
+    done = next((p for _, p in reversed(dirs) if _has_model(p) and (p / "trainer_state.json").is_file()), None)
+    step, recorded = _global_step(done / "trainer_state.json") if done else (None, 0)
+    if _has_model(out):  # the final model, saved after training
+        if (out / "trainer_state.json").is_file():
+            step, recorded = _global_step(out / "trainer_state.json")
+        target = max_steps if max_steps > 0 else recorded
+        if step is None or step >= target:
+            return ResumePlan(finished=(step, target), checkpoint=out)
+    if done is not None:
         target = max_steps if max_steps > 0 else recorded
         if target > 0 and step >= target:
-            return ResumePlan(finished=(step, target), checkpoint=p)
+            return ResumePlan(finished=(step, target), checkpoint=done)
     plan = ResumePlan()
     for _, p in reversed(dirs):
         miss = _missing_for_resume(p)
@@ -264,9 +272,8 @@ def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
             plan.checkpoint = p
             return plan
         plan.skipped.append(f"{p} lacks {', '.join(miss)}")
-    if done:
-        p = done[-1][0]
-        raise GmtsError(f"{out}: its checkpoints go up to {p.name} but none can resume ({plan.skipped[0]}: "
+    if done is not None:
+        raise GmtsError(f"{out}: its checkpoints go up to {done.name} but none can resume ({plan.skipped[0]}: "
                         "pruned, or a newer checkpoint deleted?); starting over would rewrite them: pass --restart "
                         f"to move this run aside to {out.name}.replaced-<UTC time> and train from step 0, or use "
                         "another --output_dir")
@@ -285,6 +292,7 @@ def check_resume_files(checkpoint: str | os.PathLike) -> None:
     memory-mapped, not read. A file refused raises :class:`GmtsError` naming it, before the model is loaded.
     (``training_args.bin`` is not among them: resuming never reads it.)"""
     import contextlib
+    import warnings
 
     import torch
 
@@ -301,11 +309,13 @@ def check_resume_files(checkpoint: str | os.PathLike) -> None:
         else:
             ctx = contextlib.nullcontext()
         try:
-            with ctx:
+            with ctx, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's note on a pickle protocol: the refusal is the one line
                 torch.load(f, map_location="cpu", weights_only=True, mmap=_is_zip(f))
         except Exception as e:  # a pickle naming code, or not a state file at all
             why = next((x.strip() for x in str(e).splitlines() if "Unsupported" in x), None) or \
                 (str(e).strip().splitlines() or [""])[0][:200]
+            why = why.split(" was not an allowed")[0].split(". Please")[0]  # not torch's "allowlist it" advice
             raise GmtsError(f"{f}: refused, not loaded: not a plain state file ({type(e).__name__}: {why}); nothing "
                             "in it ran; restore the checkpoint from a source you trust, or pass --restart to start "
                             "over") from None
@@ -558,17 +568,20 @@ def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: A
     check_arguments(script_args, training_args)
     quiet_known_warnings()
     out = Path(training_args.output_dir)
-    if script_args.restart and _looks_like_a_run(out):
-        log.warning("--restart: moved the earlier run aside to %s (delete it when it is no longer needed)",
-                    move_run_aside(out))
+    if script_args.restart:
+        with training_args.main_process_first(local=False, desc="--restart"):  # the others wait: one rename
+            if training_args.process_index == 0 and _looks_like_a_run(out):
+                log.warning("--restart: moved the earlier run aside to %s (delete it when it is no longer "
+                            "needed)", move_run_aside(out))
     _check_same_problems(out, asdict(script_args))
     resume = training_args.resume_from_checkpoint
     if resume is None:
         plan = plan_resume(out, int(training_args.max_steps))
         if plan.finished is not None:
             step, target = plan.finished
-            log.warning("finished at step %d of %d; nothing to do (%s; to train on, raise --max_steps; to train "
-                        "again from step 0, pass --restart)", step, target, plan.checkpoint)
+            log.warning("%s; nothing to do (%s; to train on, raise --max_steps; to train again from step 0, pass "
+                        "--restart)", f"finished at step {step} of {target}" if step is not None else
+                        "finished (its final model is saved)", plan.checkpoint)
             return None
         for why in plan.skipped:
             log.warning("skipping %s: resuming from %s instead (the steps after it are trained again, the "
