@@ -233,7 +233,7 @@ def _fake_checkpoint(d: Path, step: int, files=("config.json", "model.safetensor
     return d
 
 
-def test_where_a_run_starts_is_read_from_the_folder_alone(tmp_path):
+def test_where_a_run_starts_is_read_from_the_folder_alone(tmp_path, monkeypatch):
     from gmts_analysis.errors import GmtsError
 
     out = tmp_path / "out"
@@ -260,6 +260,10 @@ def test_where_a_run_starts_is_read_from_the_folder_alone(tmp_path):
     (top / "trainer_state.json").unlink()
     shutil.rmtree(top / "checkpoint-3")
     assert trl_train.plan_resume(top, 5).finished == (None, 5)
+    monkeypatch.chdir(top)  # --restart never moves the folder it runs in
+    with pytest.raises(GmtsError, match="cannot move aside the folder this command runs in"):
+        trl_train.move_run_aside(".")
+    assert top.is_dir()
 
 
 # -- 4. resume state gone: refused, then --restart

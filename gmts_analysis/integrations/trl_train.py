@@ -451,7 +451,10 @@ def move_run_aside(output_dir: str | os.PathLike) -> Path:
     is entirely in one place or the other) and return the new name."""
     import time
 
-    out = Path(output_dir)
+    out = Path(os.path.abspath(output_dir))
+    if Path.cwd() == out or out in Path.cwd().parents:
+        raise GmtsError(f"--output_dir {output_dir}: --restart cannot move aside the folder this command runs in; "
+                        "run it from outside that folder")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     dest = out.with_name(f"{out.name}.replaced-{stamp}")
     i = 1
