@@ -116,6 +116,26 @@ def test_a_bad_option_is_one_line_before_anything_is_loaded_or_written(flag, val
     assert not out.exists()
 
 
+def test_a_check_of_the_config_itself_still_names_the_flag(tiny_dir, tmp_path, capsys, monkeypatch, no_load):
+    """Where SelectiveGRPOConfig (or GRPOConfig) refuses a value as it is built, the line still names the flag."""
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
+
+    orig = SelectiveGRPOConfig.__post_init__
+
+    def strict(self):
+        if not 0 < self.selection_rho <= 1:
+            raise ValueError(f"selection_rho must be in (0, 1], got {self.selection_rho}")
+        orig(self)
+
+    monkeypatch.setattr(SelectiveGRPOConfig, "__post_init__", strict)
+    out = tmp_path / "out"
+    assert trl_train.main(_argv(out, tiny_dir, selection_rho=0)) == 2
+    assert "--selection_rho 0" in _one_error_line(capsys.readouterr().err)
+    assert trl_train.main(_argv(out, tiny_dir, num_generations=3)) == 2  # TRL's own check, in its words
+    assert "must be divisible by num_generations (3)" in _one_error_line(capsys.readouterr().err)
+    assert not out.exists()
+
+
 def test_a_bad_option_from_the_shell_exits_2_without_a_traceback(tiny_dir, tmp_path):
     out = tmp_path / "out"
     r = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo_word_problems.py"),
@@ -202,6 +222,7 @@ def test_a_finished_run_says_so_and_trains_nothing(run2, tiny_dir, tmp_path, cap
     with caplog.at_level(logging.INFO, logger="gmts_analysis"):
         assert trl_train.main(_argv(out, tiny_dir)) == 0
     assert "finished at step 2 of 2; nothing to do" in caplog.text
+    assert not [h for h in logging.getLogger("gmts_analysis").handlers if isinstance(h, trl_train._Stderr)]
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*")} == before
     # pruned of its resume state (prune_finished_run), still finished, not refused
     trl_train.prune_finished_run(out)

@@ -36,7 +36,8 @@ import math
 import os
 import pickle
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -646,9 +647,15 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments
         raise GmtsError(_one_line(message))
 
     parser.error = error  # argparse: one line, not the usage of TRL's hundreds of flags
+    args = list(sys.argv[1:] if argv is None else argv)
     try:
-        script_args, training_args = parser.parse_args_and_config(args=argv)
+        script_args, training_args = parser.parse_args_and_config(args=args)
     except (ValueError, TypeError, OSError) as e:  # the configs' own checks (__post_init__), a --config file
+        if "--config" in args:  # parse_args_and_config has set the file's values as defaults
+            i = args.index("--config")
+            del args[i:i + 2]
+        raw = parser.parse_known_args(args)[0]  # the values as given, no __post_init__: name the flag if ours
+        check_arguments(raw, raw)
         raise GmtsError(f"bad arguments: {_one_line(e)}") from None
     check_arguments(script_args, training_args)
     return script_args, training_args
@@ -666,14 +673,20 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-def _log_to_stderr() -> None:
-    """The package's log lines (resuming, skipped checkpoints, a finished run) on stderr, once."""
+@contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """The package's log lines (resuming, skipped checkpoints, a finished run) on stderr, while it lasts (the
+    package's logger as it was afterwards)."""
     pkg = logging.getLogger("gmts_analysis")
-    if not any(isinstance(h, _Stderr) for h in pkg.handlers):
-        h = _Stderr()
-        h.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
-        pkg.addHandler(h)
-        pkg.setLevel(logging.INFO)
+    h, level = _Stderr(), pkg.level
+    h.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+    pkg.addHandler(h)
+    pkg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        pkg.removeHandler(h)
+        pkg.setLevel(level)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -681,12 +694,12 @@ def main(argv: list[str] | None = None) -> int:
     folder that cannot resume, a refused resume file) is one line on stderr and exit status 2; a finished run
     exits 0 without training."""
     quiet_known_warnings()
-    _log_to_stderr()
-    try:
-        train(*parse_arguments(argv))
-    except GmtsError as e:
-        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
-        return e.exit_code
-    except KeyboardInterrupt:
-        return 130
+    with _log_to_stderr():
+        try:
+            train(*parse_arguments(argv))
+        except GmtsError as e:
+            print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            return 130
     return 0
