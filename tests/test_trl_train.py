@@ -87,6 +87,7 @@ def trained(tiny_dir, tmp_path_factory):
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
+    (out.parent / "stderr.txt").write_text(r.stderr)
     return out, cmd
 
 
@@ -103,9 +104,14 @@ def test_example_script_trains_and_keeps_one_optimizer(tiny_dir, trained):
     held = [json.loads(x) for x in (out / trl_train.HELDOUT_PROBLEMS).read_text().splitlines()]
     train = [json.loads(x) for x in (out / trl_train.TRAIN_PROBLEMS).read_text().splitlines()]
     assert len(held) == 8 and len(train) == 16
+    args = json.loads((out / trl_train.TRAINING_ARGS_FILE).read_text())  # the training arguments, never pickled
+    assert args["selection_rho"] == 0.5 and args["max_completion_length"] == 6 and list(args) == sorted(args)
+    err = (out.parent / "stderr.txt").read_text()
+    assert "deprecated" not in err and "Traceback" not in err  # TRL's gradient_checkpointing calls: filtered
     # the same output_dir with other problems is refused in one line
     r = subprocess.run(cmd[:2] + _args(out, tiny_dir, problem_seed=9), capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "other script arguments (problem_seed)" in r.stderr
+    assert r.returncode == 2 and "other script arguments (problem_seed)" in r.stderr
+    assert r.stderr.count("\n") == 1 and "--restart" in r.stderr  # one line, naming the fix
     assert rec["examples"] == "fixed"
     r = subprocess.run(cmd[:2] + _args(out, tiny_dir, examples="matched"), capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "other script arguments (examples)" in r.stderr
@@ -186,12 +192,8 @@ def _weights(d: Path) -> dict:
 
 def _run(out: Path, model: Path, stop_after: int | None = None):
     from transformers import TrainerCallback
-    from trl import TrlParser
 
-    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
-
-    a, t = TrlParser((trl_train.WordProblemArguments, SelectiveGRPOConfig)).parse_args_and_config(
-        args=_args(out, model, max_steps=3))
+    a, t = trl_train.parse_arguments(_args(out, model, max_steps=3))
     if stop_after is None:
         return trl_train.train(a, t, reward_funcs=_parity)
 

@@ -17,35 +17,51 @@ module holds its parts, each usable on its own from a script of yours:
 - :class:`KeepLastOptimizerCallback`: every checkpoint keeps its model (the series audit probes it), only the
   newest keeps the optimizer, scheduler and RNG states that resuming needs (a checkpoint of a 135M model is
   then 0.5 GB instead of 1.6 GB);
-- :func:`train`: the trainer built and run, resumed from the newest checkpoint of ``output_dir`` when there
-  is one (TRL restores the optimizer, the scheduler, the data order and the RNG states: a run killed and
-  resumed takes the same steps as one never stopped, checked by ``tests/test_trl_train.py``).
+- :func:`plan_resume`, :func:`check_resume_files`: where a run starts, read from ``output_dir`` before anything
+  is loaded: the newest complete checkpoint (model, trainer state, optimizer and scheduler), nothing for a
+  finished run, a refusal where checkpoints exist but none can resume; the pickled resume files loaded with
+  ``torch.load(weights_only=True)`` first, so a crafted one is refused in one line;
+- :func:`train`: the trainer built and run from there (TRL restores the optimizer, the scheduler, the data
+  order and the RNG states: a run killed and resumed takes the same steps as one never stopped, checked by
+  ``tests/test_trl_train.py``);
+- :func:`parse_arguments`, :func:`main`: the script's command line (``--logging_steps 1`` unless given), every
+  option checked (:func:`check_arguments`) before anything is loaded or written; bad input is one line, exit 2.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
-import re
-from collections.abc import Sequence
+import pickle
+import sys
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.trl_output import CHECKPOINT_RE, HELDOUT_PROBLEMS, SCRIPT_ARGS_FILE  # noqa: F401
 
 log = logging.getLogger(__name__)
 
-#: TRL's checkpoint folder names (``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``)
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 #: files of a checkpoint that only resuming needs (the newest checkpoint keeps them)
 RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
 RESUME_ONLY_PREFIXES = ("rng_state",)
-#: what the script records of its own arguments in the output directory
-SCRIPT_ARGS_FILE = "gmts_script_args.json"
-#: the problems the script trained on and held out, as ``gmts sample --prompts`` rows
-TRAIN_PROBLEMS, HELDOUT_PROBLEMS = "problems_train.jsonl", "problems_heldout.jsonl"
+#: what resuming needs besides the model: TRL restores the optimizer and the learning-rate schedule from these
+RESUME_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
+#: a checkpoint's model weights, in any of the forms transformers saves (one is enough)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
+#: the run's full training arguments as JSON (``training_args.to_dict()``), read instead of unpickling
+#: ``training_args.bin``
+TRAINING_ARGS_FILE = "gmts_training_args.json"
+#: the problems the script trained on, as ``gmts sample --prompts`` rows (the held-out ones: ``HELDOUT_PROBLEMS``)
+TRAIN_PROBLEMS = "problems_train.jsonl"
+#: the script's name in its one-line errors
+PROG = "trl_grpo_word_problems"
 
 
 @dataclass
@@ -67,6 +83,9 @@ class WordProblemArguments:
         "help": "JSONL files of prompt rows (comma-separated) whose problems are neither trained on nor held out "
                 "(e.g. another study's held-out set, or a pilot's problems)"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: torch's own)"})
+    restart: bool = field(default=False, metadata={
+        "help": "start over from step 0 although output_dir holds checkpoints of an earlier run: that run is first "
+                "moved aside whole to OUTPUT_DIR.replaced-<UTC time> (nothing is deleted)"})
 
 
 def trainable_checkpoint(name: str) -> str:
@@ -157,25 +176,150 @@ def trl_dataset(rows: list[dict]) -> Any:
                               for r in rows])
 
 
-def checkpoint_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``[(step, path)]`` of TRL's ``checkpoint-N`` folders in ``output_dir`` (each with a config.json), by step."""
-    out = []
+def _step_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``[(step, path)]`` of every ``checkpoint-N`` folder of ``output_dir``, complete or not, by step; two
+    folders of one step (``checkpoint-2`` beside ``checkpoint-02``) are refused, naming both."""
     d = Path(output_dir)
+    found: dict[int, Path] = {}
     if d.is_dir():
         for p in d.iterdir():
             m = CHECKPOINT_RE.match(p.name)
-            if m and p.is_dir() and (p / "config.json").is_file():
-                out.append((int(m.group(1)), p))
-    return sorted(out)
+            if m and p.is_dir():
+                step = int(m.group(1))
+                if step in found:
+                    a, b = sorted((found[step].name, p.name))
+                    raise GmtsError(f"{d}: {a} and {b} are both step {step}; move one of them out of the folder")
+                found[step] = p
+    return sorted(found.items())
+
+
+def checkpoint_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """``[(step, path)]`` of TRL's ``checkpoint-N`` folders in ``output_dir`` (each with a config.json), by step."""
+    return [(s, p) for s, p in _step_dirs(output_dir) if (p / "config.json").is_file()]
+
+
+def _has_model(p: Path) -> bool:
+    return any((p / f).is_file() for f in WEIGHT_FILES) and (
+        (p / "config.json").is_file() or (p / "adapter_config.json").is_file())
+
+
+def _missing_for_resume(p: Path) -> list[str]:
+    """What ``p`` lacks to resume from (the model, the trainer state, the optimizer or scheduler state)."""
+    miss = [] if _has_model(p) else ["its model (config.json and weights)"]
+    return miss + [f for f in RESUME_FILES if not (p / f).is_file()]
 
 
 def resumable_checkpoint(output_dir: str | os.PathLike) -> str | None:
-    """The newest checkpoint of ``output_dir`` that holds what resuming needs (trainer state and optimizer), or
-    ``None``: a checkpoint cut short by a kill (no trainer_state.json yet) is skipped."""
-    for _, p in reversed(checkpoint_dirs(output_dir)):
-        if (p / "trainer_state.json").is_file() and (p / "optimizer.pt").is_file():
+    """The newest checkpoint of ``output_dir`` that holds what resuming needs (model, trainer state, optimizer
+    and scheduler states), or ``None``: a checkpoint cut short by a kill, or whose resume state was pruned, is
+    skipped."""
+    for _, p in reversed(_step_dirs(output_dir)):
+        if not _missing_for_resume(p):
             return str(p)
     return None
+
+
+def _global_step(p: Path) -> tuple[int, int]:
+    """``(global_step, max_steps)`` of the trainer state ``p`` (``trainer_state.json``)."""
+    try:
+        j = json.loads(p.read_text(encoding="utf-8"))
+        return int(j["global_step"]), int(j.get("max_steps") or 0)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise GmtsError(f"{p}: not a readable trainer state ({type(e).__name__}: {e}); "
+                        "move this checkpoint out of the folder, or pass --restart to start over") from None
+
+
+@dataclass
+class ResumePlan:
+    """Where :func:`train` starts: ``checkpoint`` (``None``: from step 0), or nothing to do when ``finished``
+    holds ``(step, max_steps)`` of a finished run (``step`` ``None``: a final model whose step is not
+    recorded); ``skipped``: the newer checkpoints passed over, and why."""
+
+    checkpoint: Path | None = None
+    finished: tuple[int | None, int] | None = None
+    skipped: list[str] = field(default_factory=list)
+
+
+def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
+    """Where a run in ``output_dir`` asked to train to ``max_steps`` (``<= 0``: the epochs' count, as the
+    newest trainer state recorded it) starts, read from the folder alone (nothing is loaded or written):
+
+    - finished when the newest checkpoint with a model and a trainer state is at ``max_steps`` or past it, or
+      when the final model is saved at the top of ``output_dir`` (``save_model()``) and its trainer state
+      (``save_state()``, else the newest checkpoint's) is not below ``max_steps``;
+    - else from the newest checkpoint that can resume (:func:`resumable_checkpoint`), newer ones that cannot
+      listed in ``skipped``;
+    - else from step 0 when no checkpoint holds a trained step (only ones cut short before their trainer state);
+    - else refused (:class:`GmtsError`): the resume state is gone (pruned, or the newest checkpoint deleted)
+      and starting over would rewrite the run's checkpoints; ``--restart`` does so on purpose."""
+    out = Path(output_dir)
+    dirs = _step_dirs(out)
+    done = next((p for _, p in reversed(dirs) if _has_model(p) and (p / "trainer_state.json").is_file()), None)
+    step, recorded = _global_step(done / "trainer_state.json") if done else (None, 0)
+    if _has_model(out):  # the final model, saved after training
+        if (out / "trainer_state.json").is_file():
+            step, recorded = _global_step(out / "trainer_state.json")
+        target = max_steps if max_steps > 0 else recorded
+        if step is None or step >= target:
+            return ResumePlan(finished=(step, target), checkpoint=out)
+    if done is not None:
+        target = max_steps if max_steps > 0 else recorded
+        if target > 0 and step >= target:
+            return ResumePlan(finished=(step, target), checkpoint=done)
+    plan = ResumePlan()
+    for _, p in reversed(dirs):
+        miss = _missing_for_resume(p)
+        if not miss:
+            plan.checkpoint = p
+            return plan
+        plan.skipped.append(f"{p} lacks {', '.join(miss)}")
+    if done is not None:
+        raise GmtsError(f"{out}: its checkpoints go up to {done.name} but none can resume ({plan.skipped[0]}: "
+                        "pruned, or a newer checkpoint deleted?); starting over would rewrite them: pass --restart "
+                        f"to move this run aside to {out.name}.replaced-<UTC time> and train from step 0, or use "
+                        "another --output_dir")
+    return plan
+
+
+def _is_zip(f: Path) -> bool:
+    with open(f, "rb") as h:
+        return h.read(4) == b"PK\x03\x04"
+
+
+def check_resume_files(checkpoint: str | os.PathLike) -> None:
+    """Load every pickled file that resuming from ``checkpoint`` reads (optimizer, scheduler, scaler, RNG
+    states, ``pytorch_model*.bin`` weights) as transformers does, with ``torch.load(weights_only=True)`` (the
+    RNG states under transformers' numpy allowlist): tensors and plain containers only, never code; tensor data
+    memory-mapped, not read. A file refused raises :class:`GmtsError` naming it, before the model is loaded.
+    (``training_args.bin`` is not among them: resuming never reads it.)"""
+    import contextlib
+    import warnings
+
+    import torch
+
+    for f in sorted(Path(checkpoint).iterdir()):
+        n = f.name
+        rng = n.startswith(RESUME_ONLY_PREFIXES) and n.endswith(".pth")
+        if not f.is_file() or not (n in RESUME_ONLY_FILES or rng or (n.startswith("pytorch_model")
+                                                                     and n.endswith(".bin"))):
+            continue
+        if rng:
+            from transformers.trainer_pt_utils import safe_globals
+
+            ctx = safe_globals()
+        else:
+            ctx = contextlib.nullcontext()
+        try:
+            with ctx, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's note on a pickle protocol: the refusal is the one line
+                torch.load(f, map_location="cpu", weights_only=True, mmap=_is_zip(f))
+        except Exception as e:  # a pickle naming code, or not a state file at all
+            why = next((x.strip() for x in str(e).splitlines() if "Unsupported" in x), None) or \
+                (str(e).strip().splitlines() or [""])[0][:200]
+            why = why.split(" was not an allowed")[0].split(". Please")[0]  # not torch's "allowlist it" advice
+            raise GmtsError(f"{f}: refused, not loaded: not a plain state file ({type(e).__name__}: {why}); nothing "
+                            "in it ran; restore the checkpoint from a source you trust, or pass --restart to start "
+                            "over") from None
 
 
 def _is_resume_only(name: str) -> bool:
@@ -237,7 +381,7 @@ class KeepLastOptimizerCallback(_callback_base()):
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if state.is_world_process_zero:
             freed = prune_resume_state(args.output_dir)
-            if freed:
+            if freed >= 2**20:
                 log.info("freed %.0f MB of resume state of older checkpoints", freed / 2**20)
         return control
 
@@ -253,9 +397,148 @@ def word_problem_reward() -> Any:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    from gmts_analysis.util.io import atomic_write_text
+    from gmts_analysis.util.atomic import atomic_write_text
 
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def write_training_args(output_dir: str | os.PathLike, training_args: Any) -> Path:
+    """``output_dir/gmts_training_args.json``: ``training_args.to_dict()`` as JSON (sorted keys, NaN as null,
+    written atomically), the run's full training arguments for readers that must not unpickle
+    ``training_args.bin``."""
+    from gmts_analysis.util.atomic import _nan_to_none, atomic_write_text
+
+    text = json.dumps(_nan_to_none(training_args.to_dict()), indent=1, sort_keys=True, default=str, allow_nan=False)
+    return atomic_write_text(Path(output_dir) / TRAINING_ARGS_FILE, text + "\n")
+
+
+def check_arguments(script_args: WordProblemArguments, training_args: Any) -> None:
+    """Every token-selection, budget and problem option in its domain, before anything is loaded or written;
+    raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1])."""
+    from gmts_analysis.core.scores import SELECTION_ARMS
+    from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES
+
+    t = training_args
+
+    def bad(flag: str, value: Any, rule: str) -> GmtsError:
+        return GmtsError(f"--{flag} {value}: {rule}")
+
+    arm = getattr(t, "token_selection", "all")
+    if arm not in (*SELECTION_ARMS, "none"):
+        raise bad("token_selection", arm, f"not an arm; choose one of {', '.join(SELECTION_ARMS)}")
+    checks = [("selection_scope", getattr(t, "selection_scope", "batch"), lambda v: v in SCOPES,
+               f"choose one of {', '.join(SCOPES)}"),
+              ("selection_normalizer", getattr(t, "selection_normalizer", "all"), lambda v: v in NORMALIZERS,
+               f"choose one of {', '.join(NORMALIZERS)}"),
+              ("diagnostics_every", getattr(t, "diagnostics_every", 0), lambda v: v >= 0,
+               "must be 0 (off) or a number of steps"),
+              ("diagnostics_tokens", getattr(t, "diagnostics_tokens", 64), lambda v: v >= 1, "must be >= 1"),
+              ("max_completion_length", t.max_completion_length, lambda v: v is None or v >= 1,
+               "the completion budget must be >= 1 token"),
+              ("train_problems", script_args.train_problems, lambda v: v >= 1, "must be >= 1"),
+              ("eval_problems", script_args.eval_problems, lambda v: v >= 0, "must be >= 0"),
+              ("difficulty", script_args.difficulty, lambda v: v in (None, 1, 2), "must be 1 or 2 (default: both)"),
+              ("threads", script_args.threads, lambda v: v is None or v >= 1, "must be >= 1")]
+    rho = getattr(t, "selection_rho", 1.0)
+    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and 0.0 < rho <= 1.0):
+        raise bad("selection_rho", rho, "the fraction of tokens kept must be in (0, 1], e.g. 0.2")
+    for flag, value, ok, rule in checks:
+        if not ok(value):
+            raise bad(flag, value, rule)
+
+
+def move_run_aside(output_dir: str | os.PathLike) -> Path:
+    """Rename ``output_dir`` whole to ``OUTPUT_DIR.replaced-<UTC time>`` beside it (one rename: the old run
+    is entirely in one place or the other) and return the new name."""
+    import time
+
+    out = Path(os.path.abspath(output_dir))
+    if Path.cwd() == out or out in Path.cwd().parents:
+        raise GmtsError(f"--output_dir {output_dir}: --restart cannot move aside the folder this command runs in; "
+                        "run it from outside that folder")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    dest = out.with_name(f"{out.name}.replaced-{stamp}")
+    i = 1
+    while dest.exists():
+        dest, i = out.with_name(f"{out.name}.replaced-{stamp}-{i}"), i + 1
+    try:
+        os.rename(out, dest)
+    except OSError as e:
+        raise GmtsError(f"{out}: cannot be moved aside to {dest.name} for --restart ({e.strerror}); move or delete "
+                        "it yourself, or use another --output_dir") from None
+    return dest
+
+
+def _looks_like_a_run(out: Path) -> bool:
+    return out.is_dir() and ((out / SCRIPT_ARGS_FILE).exists() or bool(_step_dirs(out)))
+
+
+def _check_same_problems(out: Path, rec: dict) -> None:
+    prev = out / SCRIPT_ARGS_FILE
+    if not prev.is_file():
+        return
+    try:
+        old = json.loads(prev.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise GmtsError(f"{prev}: not readable JSON ({e}); pass --restart to start over") from None
+    old.setdefault("examples", "fixed")  # written before the option existed
+    moved = [k for k in ("model_name_or_path", "train_problems", "problem_seed", "eval_problems", "eval_seed",
+                         "difficulty", "exclude_problems", "examples") if old.get(k) != rec.get(k)]
+    if moved:
+        raise GmtsError(f"{prev}: this output_dir was trained with other script arguments ({', '.join(moved)}); "
+                        "use another output_dir, or pass --restart to move this run aside and start over")
+
+
+#: transformers' messages of deprecated ``gradient_checkpointing*`` names: TRL 1.16 reads
+#: ``model.is_gradient_checkpointing`` and calls ``gradient_checkpointing_disable/enable`` around every
+#: generation, and ``GRPOConfig`` defaults ``gradient_checkpointing=True`` (transformers 5 renamed them
+#: ``activation_checkpointing*``); nothing the script's user can change
+_DEPRECATED_CHECKPOINTING = (r"`(is_)?gradient_checkpointing(_enable|_disable|_kwargs)?` is deprecated and will be "
+                             r"removed in v6")
+
+
+def quiet_known_warnings() -> None:
+    """Filter exactly the FutureWarnings of :data:`_DEPRECATED_CHECKPOINTING` (every other warning shows)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=_DEPRECATED_CHECKPOINTING, category=FutureWarning)
+
+
+def _tied_aliases(model: Any) -> dict[str, set[str]]:
+    """Each parameter name of ``model`` that shares its tensor with another name -> the other names."""
+    groups: dict[int, list[str]] = {}
+    for name, prm in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(prm), []).append(name)
+    return {n: set(g) - {n} for g in groups.values() if len(g) > 1 for n in g}
+
+
+class _TiedKeysFilter(logging.Filter):
+    """Drops transformers' "There were missing keys in the checkpoint model loaded: [...]" on resuming when
+    every missing key is a tied weight whose twin was loaded (SmolLM2's ``lm_head.weight`` is its
+    ``embed_tokens.weight``: a checkpoint stores it once, and loading the twin restores both)."""
+
+    PREFIX = "There were missing keys in the checkpoint model loaded:"
+
+    def __init__(self, model: Any):
+        super().__init__()
+        self.model = model
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        import ast
+
+        msg = record.getMessage()
+        if not msg.startswith(self.PREFIX):
+            return True
+        try:
+            missing = set(ast.literal_eval(msg[len(self.PREFIX):].strip().rstrip(".")))
+        except (ValueError, SyntaxError):
+            return True
+        alias = _tied_aliases(self.model)
+        if missing and all(k in alias and alias[k] - missing for k in missing):
+            log.debug("resume: %s tied to %s, restored with it", sorted(missing),
+                      sorted(set().union(*(alias[k] for k in missing))))
+            return False
+        return True
 
 
 def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
@@ -275,49 +558,148 @@ def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_
 
 
 def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
-    """Build the trainer and train, resuming from the newest resumable checkpoint of ``output_dir`` (when
-    ``training_args.resume_from_checkpoint`` is unset); records the script's arguments in
-    ``output_dir/gmts_script_args.json`` (the series audit reads the held-out problems from it). Returns the
-    trainer."""
+    """Build the trainer and train; returns the trainer, or ``None`` when the run in ``output_dir`` is already
+    finished (logged: "finished at step N of N; nothing to do").
+
+    Before anything is loaded or written: the options are checked (:func:`check_arguments`), and where to start
+    is read from the folder (:func:`plan_resume`, when ``training_args.resume_from_checkpoint`` is unset): the
+    newest checkpoint that can resume (newer ones that cannot are named in a warning), refused when the resume
+    state is gone but checkpoints exist; every pickled file resuming reads is checked
+    (:func:`check_resume_files`). ``script_args.restart`` first moves an earlier run aside
+    (:func:`move_run_aside`). Records the script's arguments in ``output_dir/gmts_script_args.json`` (the
+    series audit reads the held-out problems from it) and the training arguments in
+    ``output_dir/gmts_training_args.json`` (:func:`write_training_args`)."""
+    check_arguments(script_args, training_args)
+    quiet_known_warnings()
+    out = Path(training_args.output_dir)
+    if script_args.restart:
+        with training_args.main_process_first(local=False, desc="--restart"):  # the others wait: one rename
+            if training_args.process_index == 0 and _looks_like_a_run(out):
+                log.warning("--restart: moved the earlier run aside to %s (delete it when it is no longer "
+                            "needed)", move_run_aside(out))
+    _check_same_problems(out, asdict(script_args))
+    resume = training_args.resume_from_checkpoint
+    if resume is None:
+        plan = plan_resume(out, int(training_args.max_steps))
+        if plan.finished is not None:
+            step, target = plan.finished
+            log.warning("%s; nothing to do (%s; to train on, raise --max_steps; to train again from step 0, pass "
+                        "--restart)", f"finished at step {step} of {target}" if step is not None else
+                        "finished (its final model is saved)", plan.checkpoint)
+            return None
+        for why in plan.skipped:
+            log.warning("skipping %s: resuming from %s instead (the steps after it are trained again, the "
+                        "folder rewritten)", why, plan.checkpoint.name if plan.checkpoint else "step 0")
+        resume = str(plan.checkpoint) if plan.checkpoint else None
+    elif not Path(resume).is_dir() or _missing_for_resume(Path(resume)):
+        raise GmtsError(f"--resume_from_checkpoint {resume}: not a checkpoint that can resume (needs "
+                        f"{', '.join(_missing_for_resume(Path(resume))) if Path(resume).is_dir() else 'a folder'})")
+    if resume:
+        check_resume_files(resume)
     import torch
 
     if script_args.threads:
         torch.set_num_threads(int(script_args.threads))
-    out = Path(training_args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rec = {**asdict(script_args), "model_path": trainable_checkpoint(script_args.model_name_or_path)}
-    prev = out / SCRIPT_ARGS_FILE
-    if prev.is_file():
-        old = json.loads(prev.read_text(encoding="utf-8"))
-        old.setdefault("examples", "fixed")  # written before the option existed
-        moved = [k for k in ("model_name_or_path", "train_problems", "problem_seed", "eval_problems", "eval_seed",
-                             "difficulty", "exclude_problems", "examples") if old.get(k) != rec.get(k)]
-        if moved:
-            raise GmtsError(f"{prev}: this output_dir was trained with other script arguments ({', '.join(moved)}); "
-                            "use another output_dir")
+    rec.pop("restart")
     train_rows, held = script_splits(script_args)
     from gmts_analysis.integrations.rollout_log import write_rows
 
+    out.mkdir(parents=True, exist_ok=True)
     write_rows(out / TRAIN_PROBLEMS, train_rows)
     write_rows(out / HELDOUT_PROBLEMS, held)
-    _write_json(prev, rec)
+    _write_json(out / SCRIPT_ARGS_FILE, rec)
+    write_training_args(out, training_args)
     trainer = build_trainer(script_args, training_args, reward_funcs)
-    resume = training_args.resume_from_checkpoint
-    if resume is None:
-        resume = resumable_checkpoint(out)
     if resume:
         log.warning("resuming from %s", resume)
-    trainer.train(resume_from_checkpoint=resume)
+    tied = _TiedKeysFilter(trainer.model)
+    tlog = logging.getLogger("transformers.trainer")
+    tlog.addFilter(tied)
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except pickle.UnpicklingError as e:
+        raise GmtsError(f"{resume}: a resume file was refused by torch.load(weights_only=True) "
+                        f"({str(e).splitlines()[0][:200]}); nothing in it ran; pass --restart to start over") from None
+    finally:
+        tlog.removeFilter(tied)
     return trainer
 
 
-def main(argv: list[str] | None = None) -> int:
-    """The example script's entry: ``TrlParser((WordProblemArguments, SelectiveGRPOConfig))``."""
+def _one_line(text: Any) -> str:
+    return " ".join(x.strip() for x in str(text).strip().splitlines() if x.strip())[:800]
+
+
+def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments, Any]:
+    """``TrlParser((WordProblemArguments, SelectiveGRPOConfig))`` on ``argv``, ``--logging_steps`` 1 unless given
+    (on the command line or in a ``--config`` file; TRL's default, 10, leaves a short run without per-step
+    metrics), then :func:`check_arguments`. Any refusal is a :class:`GmtsError` of one line naming the flag
+    (argparse's own included), raised before anything is loaded or written."""
     from trl import TrlParser
 
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
 
+    quiet_known_warnings()  # GRPOConfig's gradient_checkpointing default warns as it is built
     parser = TrlParser((WordProblemArguments, SelectiveGRPOConfig))
-    script_args, training_args = parser.parse_args_and_config(args=argv)
-    train(script_args, training_args)
+    parser.set_defaults(logging_steps=1)
+
+    def error(message: str) -> None:
+        raise GmtsError(_one_line(message))
+
+    parser.error = error  # argparse: one line, not the usage of TRL's hundreds of flags
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        script_args, training_args = parser.parse_args_and_config(args=args)
+    except (ValueError, TypeError, OSError) as e:  # the configs' own checks (__post_init__), a --config file
+        if "--config" in args:  # parse_args_and_config has set the file's values as defaults
+            i = args.index("--config")
+            del args[i:i + 2]
+        raw = parser.parse_known_args(args)[0]  # the values as given, no __post_init__: name the flag if ours
+        check_arguments(raw, raw)
+        raise GmtsError(f"bad arguments: {_one_line(e)}") from None
+    check_arguments(script_args, training_args)
+    return script_args, training_args
+
+
+class _Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a line is logged."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+@contextmanager
+def _log_to_stderr() -> Iterator[None]:
+    """The package's log lines (resuming, skipped checkpoints, a finished run) on stderr, while it lasts (the
+    package's logger as it was afterwards)."""
+    pkg = logging.getLogger("gmts_analysis")
+    h, level = _Stderr(), pkg.level
+    h.setFormatter(logging.Formatter(f"{PROG}: %(message)s"))
+    pkg.addHandler(h)
+    pkg.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        pkg.removeHandler(h)
+        pkg.setLevel(level)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The example script's entry: :func:`parse_arguments`, then :func:`train`. Bad input (an option, a run
+    folder that cannot resume, a refused resume file) is one line on stderr and exit status 2; a finished run
+    exits 0 without training."""
+    quiet_known_warnings()
+    with _log_to_stderr():
+        try:
+            train(*parse_arguments(argv))
+        except GmtsError as e:
+            print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            return 130
     return 0
