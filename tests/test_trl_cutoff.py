@@ -1,0 +1,196 @@
+"""The drop-in's two cut-off rules (docs/definitions.md section 5) and TRL's own.
+
+``selection_cutoff="quantile"`` is TRL's ``top_entropy_quantile`` rule for every arm: with the entropy arm at
+batch scope the drop-in trains bit for bit as ``GRPOConfig(top_entropy_quantile=rho)``, also when tied
+entropies (the first tokens of one prompt's answers) sit on the cut-off, where the exact-k ``top_k`` rule
+keeps fewer of them and trains differently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+trl = pytest.importorskip("trl")
+from test_rl_trl import _args, _losses, _train  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+from gmts_analysis.core.rank import n_keep  # noqa: E402
+from gmts_analysis.core.selection import select_tokens  # noqa: E402
+from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer  # noqa: E402
+
+_ONE_PROCESS = SimpleNamespace(pad_across_processes=lambda x, dim=0, pad_index=0: x, gather=lambda x: x)
+
+
+def _trl_mask(entropies, mask, rho):
+    """TRL 1.16's own get_high_entropy_mask, called unbound on one process."""
+    return GRPOTrainer.get_high_entropy_mask(SimpleNamespace(accelerator=_ONE_PROCESS), entropies, mask, 1 - rho)
+
+
+def test_rho_03_n4_trl_keeps_1_top_k_keeps_2():
+    scores = torch.tensor([[0.4, 0.1, 0.3, 0.2]])
+    mask = torch.ones_like(scores)
+    q = select_tokens(scores, mask, 0.3, cutoff="quantile")
+    k = select_tokens(scores, mask, 0.3, cutoff="top_k")
+    assert int(q.sum()) == 1 and int(k.sum()) == 2
+    assert torch.equal(q, _trl_mask(scores, mask, 0.3))
+
+
+def test_counts_differ_for_rho_not_1_over_m():
+    """rho = 0.3: the two rules keep different counts for 80 of n = 1..400 distinct scores; rho = 1/5: never."""
+    def differ(rho):
+        out = 0
+        for n in range(1, 401):
+            s = torch.arange(n, dtype=torch.float32)[None] / n
+            m = torch.ones_like(s)
+            kept = select_tokens(s, m, rho, cutoff="quantile")
+            assert torch.equal(kept, _trl_mask(s, m, rho))
+            out += int(kept.sum()) != n_keep(rho, n)
+        return out
+
+    assert differ(0.3) == 80
+    assert differ(0.2) == 0
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_quantile_rule_is_trl_rule_with_ties_and_padding(seed):
+    g = torch.Generator().manual_seed(seed)
+    ent = torch.randint(0, 6, (5, 7), generator=g).float() / 3  # many ties
+    mask = (torch.rand(5, 7, generator=g) < 0.8).long()
+    for rho in (0.05, 0.2, 0.3, 0.5, 0.77, 1.0):
+        ours = select_tokens(ent.double(), mask, rho, "batch", cutoff="quantile")
+        assert torch.equal(ours, _trl_mask(ent, mask, rho)), rho
+
+
+def test_group_scope_quantile_is_the_rule_per_group():
+    g = torch.Generator().manual_seed(0)
+    s = torch.rand(6, 5, generator=g, dtype=torch.float64)
+    mask = torch.ones(6, 5, dtype=torch.long)
+    groups = torch.tensor([0, 0, 1, 1, 2, 2])
+    ours = select_tokens(s, mask, 0.3, "group", groups, cutoff="quantile")
+    for c in range(3):
+        rows = groups == c
+        assert torch.equal(ours[rows], _trl_mask(s[rows].float(), mask[rows], 0.3))
+
+
+class _RecordTRL(GRPOTrainer):
+    """Stock TRL, keeping the entropies and the mask of each call of its entropy mask."""
+
+    records: list = []
+
+    def get_high_entropy_mask(self, entropies, mask, threshold):
+        out = super().get_high_entropy_mask(entropies, mask, threshold)
+        type(self).records.append((entropies.detach().clone(), mask.clone(), out.clone()))
+        return out
+
+
+def _rho_on_a_tie(entropies, mask):
+    """A rho whose interpolated cut-off falls between the last two of >= 3 bit-identical entropies, so TRL keeps
+    the whole tie while the exact-k rule keeps only part of it."""
+    v = torch.sort(entropies[mask.bool()].float()).values
+    n = v.numel()
+    for j in range(n - 1, 1, -1):
+        if v[j] == v[j - 1] == v[j - 2]:
+            q = (j - 0.5) / (n - 1)
+            return 1 - q, n
+    pytest.fail("no three-way tie among the first micro-batch's entropies")
+
+
+def test_quantile_cutoff_trains_bit_for_bit_as_top_entropy_quantile_with_a_tie_on_the_cutoff(tmp_path):
+    # the first micro-batch's entropies (before any update, so the same whatever rho), to place the cut-off
+    _RecordTRL.records = []
+    _train(_RecordTRL, _args(tmp_path / "probe", cls=GRPOConfig, top_entropy_quantile=0.5, max_steps=1))
+    ent, mask, _ = _RecordTRL.records[0]
+    rho, n = _rho_on_a_tie(ent, mask)
+
+    _RecordTRL.records = []
+    stock = _train(_RecordTRL, _args(tmp_path / "trl", cls=GRPOConfig, top_entropy_quantile=rho))
+    first = _RecordTRL.records[0][2]
+    assert int(first.sum()) > n_keep(rho, n)  # the tie at the cut-off: TRL keeps more than ceil(rho n)
+    ours = _train(SelectiveGRPOTrainer, _args(tmp_path / "q", token_selection="entropy", selection_rho=rho,
+                                              selection_cutoff="quantile"))
+    assert len(_losses(stock)) == 2 and _losses(ours) == _losses(stock)
+    for a, b in zip(stock.model.parameters(), ours.model.parameters()):
+        assert torch.equal(a, b)
+    # the exact-k rule keeps part of the tie and trains differently: the comparison above can fail
+    top_k = _train(SelectiveGRPOTrainer, _args(tmp_path / "k", token_selection="entropy", selection_rho=rho))
+    assert any(not torch.equal(a, b) for a, b in zip(stock.model.parameters(), top_k.model.parameters()))
+    # and the run says which cut-off ran
+    logged = [h["gmts/selection/cutoff_quantile"] for h in ours.state.log_history
+              if "gmts/selection/cutoff_quantile" in h]
+    assert logged and set(logged) == {1.0}
+    assert {h["gmts/selection/cutoff_quantile"] for h in top_k.state.log_history
+            if "gmts/selection/cutoff_quantile" in h} == {0.0}
+
+
+@pytest.mark.parametrize("arm", ["gmts", "random"])
+def test_quantile_cutoff_for_other_arms_keeps_at_or_above_the_quantile(tmp_path, arm):
+    seen = []
+
+    class Rec(SelectiveGRPOTrainer):
+        def _selection_scores(self, inputs, entropies, logps, lgn, mask):
+            s = super()._selection_scores(inputs, entropies, logps, lgn, mask)
+            seen.append({"s": s.detach().clone(), "mask": mask.clone()})
+            return s
+
+        def _selection_mask(self, inputs, entropies, logps, lgn, mask):
+            out = super()._selection_mask(inputs, entropies, logps, lgn, mask)
+            seen[-1]["out"] = out.detach().clone()
+            return out
+
+    _train(Rec, _args(tmp_path, token_selection=arm, selection_rho=0.3, selection_cutoff="quantile", max_steps=1))
+    for rec in seen:
+        want = _trl_mask(rec["s"].float(), rec["mask"], 0.3)
+        assert torch.equal(rec["out"].bool(), want)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("selection_rho", 0.0), ("selection_rho", 1.5), ("selection_rho", math.nan), ("selection_scope", "prompt"),
+    ("selection_cutoff", "quantiles"), ("token_selection", "bogus"), ("selection_normalizer", "kept"),
+    ("diagnostics_every", -1), ("diagnostics_tokens", -2),
+])
+def test_config_checks_itself_one_line_naming_the_field(tmp_path, field, value):
+    with pytest.raises(ValueError) as e:
+        _args(tmp_path, **{field: value})
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(field)
+
+
+def test_config_keeps_the_old_name_and_refuses_undefined_normalizer(tmp_path):
+    assert _args(tmp_path, token_selection="none").token_selection == "all"
+    with pytest.raises(ValueError, match="loss_type 'dr_grpo'"):
+        _args(tmp_path, token_selection="entropy", selection_normalizer="selected", loss_type="dr_grpo")
+    with pytest.raises(ValueError, match="entropy bonus"):
+        _args(tmp_path, token_selection="entropy", selection_normalizer="selected", entropy_coef=0.01)
+    assert isinstance(_args(tmp_path), SelectiveGRPOConfig)
+
+
+def test_the_selection_enters_through_one_override():
+    """No TRL entropy-mask hook, no tensors parked on the trainer between methods."""
+    import inspect
+
+    from gmts_analysis.integrations.trl import trainer
+
+    src = inspect.getsource(trainer)
+    assert "get_high_entropy_mask" not in src and "top_entropy_quantile =" not in src
+    assert "self._sel_" not in src
+    overridden = {k for k, v in vars(SelectiveGRPOTrainer).items() if callable(v) and k in vars(GRPOTrainer)}
+    assert overridden == {"__init__", "_compute_loss", "_generate_and_score_completions"}
+
+
+def test_selection_metrics_of_log_selection():
+    from gmts_analysis.integrations.trl import selection
+
+    batch = selection.GatheredBatch(
+        scores=torch.tensor([[3.0, 2.0, 1.0]], dtype=torch.float64), mask=torch.tensor([[1, 1, 1]]),
+        entropy=torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64), zero_adv=torch.tensor([[True, False, False]]),
+        groups=torch.tensor([0]), mine=torch.tensor([0]))
+    kept, by_ent = selection.select(batch, 1 / 3, "batch", "top_k")
+    m = defaultdict(list)
+    selection.log_selection(m, batch, kept, by_ent, "top_k")
+    assert m["gmts/selection/frac_selected"] == [1 / 3] and m["gmts/selection/overlap_entropy"] == [0.0]
+    assert m["gmts/selection/frac_selected_zero_adv"] == [1.0] and m["gmts/selection/cutoff_quantile"] == [0.0]
