@@ -194,3 +194,73 @@ def test_selection_metrics_of_log_selection():
     selection.log_selection(m, batch, kept, by_ent, "top_k")
     assert m["gmts/selection/frac_selected"] == [1 / 3] and m["gmts/selection/overlap_entropy"] == [0.0]
     assert m["gmts/selection/frac_selected_zero_adv"] == [1.0] and m["gmts/selection/cutoff_quantile"] == [0.0]
+
+
+class _TwoProcesses:
+    """Accelerate's collectives for process ``index`` of 2, replayed: a first pass records what each process
+    hands to ``gather`` (after padding to the sizes both processes agree on), a second returns their concatenation."""
+
+    def __init__(self, index, sizes, recorded=None):
+        self.process_index, self.num_processes = index, 2
+        self.sizes, self.recorded, self.sent = sizes, recorded, []
+
+    def pad_across_processes(self, x, dim=0, pad_index=0):
+        n = self.sizes.get((dim, x.dim(), x.dtype), self.sizes.get((dim, x.dim())))
+        if n is None or x.shape[dim] == n:
+            return x
+        pad = list(x.shape)
+        pad[dim] = n - x.shape[dim]
+        return torch.cat([x, torch.full(pad, pad_index, dtype=x.dtype)], dim=dim)
+
+    def gather(self, x):
+        self.sent.append(x)
+        if self.recorded is None:  # the first pass: the right size, contents unused
+            return torch.cat([x, x], dim=0)
+        k = len(self.sent) - 1
+        return torch.cat([self.recorded[0][k], self.recorded[1][k]], dim=0)
+
+
+def _replay(fn, sizes, per_process):
+    first = [_TwoProcesses(i, sizes) for i in range(2)]
+    for acc, args in zip(first, per_process):
+        fn(acc, *args)
+    recorded = [acc.sent for acc in first]
+    return [fn(_TwoProcesses(i, sizes, recorded), *args) for i, args in enumerate(per_process)]
+
+
+@pytest.mark.parametrize("cutoff", ["top_k", "quantile"])
+def test_two_processes_select_over_both_micro_batches(cutoff):
+    """The selection ranks the micro-batches of both processes together (rows of different lengths and counts):
+    each process's mask is its rows of the selection of the union; under the quantile cut-off it is TRL's own
+    entropy mask of each process."""
+    from gmts_analysis.integrations.trl import selection
+
+    g = torch.Generator().manual_seed(3)
+    shapes = [(4, 6), (3, 9)]  # process 0: 4 rows of 6 positions; process 1: 3 rows of 9
+    ents, masks, rows = [], [], []
+    for p, (B, T) in enumerate(shapes):
+        ents.append((torch.randint(0, 5, (B, T), generator=g).float() / 4))  # ties
+        masks.append((torch.arange(T)[None] < torch.randint(1, T + 1, (B, 1), generator=g)).long())
+        rows.append(torch.arange(B) + 4 * p)
+    adv = [torch.ones(B) for B, _ in shapes]
+
+    def ours(acc, ent, mask, row, a):
+        batch = selection.gather_rows(acc, ent.double() * mask, mask, ent, a, row, num_generations=2)
+        kept, _ = selection.select(batch, 0.3, "batch", cutoff)
+        return selection.local_mask(batch, kept, mask)
+
+    sizes = {(1, 2): 9, (0, 2): 4}  # every (B, T) part padded to 9 positions and 4 rows
+    got = _replay(ours, sizes, [(ents[p], masks[p], rows[p], adv[p]) for p in range(2)])
+    # the union, rows in global order, padded to 9 positions
+    pad = [torch.nn.functional.pad(x, (0, 9 - x.shape[1])) for x in ents]
+    padm = [torch.nn.functional.pad(x, (0, 9 - x.shape[1])) for x in masks]
+    union = select_tokens(torch.cat(pad).double() * torch.cat(padm), torch.cat(padm), 0.3, cutoff=cutoff)
+    assert torch.equal(got[0], union[:4, :6]) and torch.equal(got[1], union[4:, :9])
+    if cutoff == "quantile":
+        n_valid = [int(m.sum()) for m in masks]
+
+        def trl(acc, ent, mask):
+            return GRPOTrainer.get_high_entropy_mask(SimpleNamespace(accelerator=acc), ent, mask, 1 - 0.3)
+
+        want = _replay(trl, {(0, 1, torch.float32): max(n_valid)}, [(ents[p], masks[p]) for p in range(2)])
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
