@@ -17,7 +17,9 @@ by (row index, position) ascending, i.e. among equal scores the earlier token in
 row-major order wins; this is docs/definitions.md section 5's ``(answer_id, position)`` rule with rows
 standing for answers (order the rows by answer id to reproduce a table's selection
 exactly). NaN scores rank below every real score. ``k`` is :func:`gmts_analysis.core.rank.n_keep`,
-the one top-k count of the toolkit.
+the one top-k count of the toolkit. That is the cut-off ``top_k``; ``select_tokens(..., cutoff="quantile")``
+keeps instead every token at or above the scope's interpolated ``1 - rho`` quantile, TRL's
+``top_entropy_quantile`` rule (:func:`keep_at_or_above_quantile`; docs/definitions.md section 5).
 
 Scores (:func:`token_scores`): every selection arm of the registry
 :mod:`gmts_analysis.core.scores` (:data:`SELECTIONS`), computed by the arm's one function on the
