@@ -264,3 +264,43 @@ def test_two_processes_select_over_both_micro_batches(cutoff):
 
         want = _replay(trl, {(0, 1, torch.float32): max(n_valid)}, [(ents[p], masks[p]) for p in range(2)])
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("kw", [
+    dict(loss_type="grpo"), dict(loss_type="bnpo"), dict(loss_type="dr_grpo"), dict(loss_type="cispo"),
+    dict(loss_type="sapo"), dict(loss_type="vespo"), dict(loss_type="luspo", importance_sampling_level="sequence"),
+    dict(entropy_coef=0.01), dict(num_iterations=2, epsilon_high=0.28),
+], ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_quantile_cutoff_equals_top_entropy_quantile_for_every_loss(tmp_path, kw):
+    """TRL's loss, as the drop-in runs it (integrations/trl/loss.py), is TRL's for every loss type,
+    the entropy bonus and off-policy ratios: the same parameters after 2 steps."""
+    stock = _train(GRPOTrainer, _args(tmp_path / "trl", cls=GRPOConfig, top_entropy_quantile=0.3, **kw))
+    ours = _train(SelectiveGRPOTrainer, _args(tmp_path / "q", token_selection="entropy", selection_rho=0.3,
+                                              selection_cutoff="quantile", **kw))
+    assert _losses(ours) == _losses(stock)
+    for a, b in zip(stock.model.parameters(), ours.model.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_quantile_cutoff_equals_top_entropy_quantile_with_the_kl_term(tmp_path):
+    """beta > 0: TRL loads a reference model by path, so the tiny model is saved first."""
+    from test_rl_trl import _dataset, _model, char_sum_reward
+
+    model, tok = _model()
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+
+    def train(cls, args):
+        tr = cls(model=str(tmp_path / "m"), reward_funcs=char_sum_reward, args=args, train_dataset=_dataset(),
+                 processing_class=tok)
+        tr.train()
+        return tr
+
+    kw = dict(loss_type="grpo", beta=0.04, bf16=False)
+    stock = train(GRPOTrainer, _args(tmp_path / "trl", cls=GRPOConfig, top_entropy_quantile=0.3, **kw))
+    ours = train(SelectiveGRPOTrainer, _args(tmp_path / "q", token_selection="entropy", selection_rho=0.3,
+                                             selection_cutoff="quantile", **kw))
+    assert any(k == "kl" for h in stock.state.log_history for k in h)
+    assert _losses(ours) == _losses(stock)
+    for a, b in zip(stock.model.parameters(), ours.model.parameters()):
+        assert torch.equal(a, b)
