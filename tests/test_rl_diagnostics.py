@@ -257,3 +257,65 @@ def test_selective_trainer_option_and_gmts_lgn(tmp_path):
     assert all(0.0 <= h[PREFIX + "overlap/gmts_gmts_lgn"] <= 1.0 for h in logs)
     sel = [h["gmts/selection/frac_selected"] for h in tr.state.log_history if "gmts/selection/frac_selected" in h]
     assert sel and all(0.0 < f <= 1.0 for f in sel)  # the trainer's own metric, in the gmts/ namespace
+
+
+def test_grad_seconds_covers_the_whole_diagnostic(tmp_path, monkeypatch):
+    """gmts/grad/seconds is everything the callback adds to a step: a slow no-grad forward (outside the
+    gradient part) is counted in it."""
+    import time
+
+    from trl import GRPOConfig, GRPOTrainer
+
+    from gmts_analysis.integrations import diagnostics
+
+    slow = 0.4
+    real = diagnostics.completion_quantities
+
+    def slow_forward(*a, **k):
+        time.sleep(slow)
+        return real(*a, **k)
+
+    monkeypatch.setattr(diagnostics, "completion_quantities", slow_forward)
+    model, tok, ds, reward, base = _trl_setup(tmp_path, GRPOConfig, max_steps=1)
+    tr = GRPOTrainer(model=model, reward_funcs=reward, args=GRPOConfig(**base), train_dataset=ds,
+                     processing_class=tok)
+    cb = diagnostics.GmtsDiagnosticsCallback(every=1, rho=0.2, max_tokens=4).attach(tr)
+    tr.train()
+    (_, m), = cb.history
+    assert m[PREFIX + "grad/seconds"] >= slow
+    logged = [h[PREFIX + "grad/seconds"] for h in tr.state.log_history if PREFIX + "grad/seconds" in h]
+    assert logged == [pytest.approx(m[PREFIX + "grad/seconds"])]
+
+
+def test_diagnosed_steps_are_1_then_every_nth_and_off_by_default(tmp_path):
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig, SelectiveGRPOTrainer
+
+    model, tok, ds, reward, base = _trl_setup(tmp_path, SelectiveGRPOConfig, max_steps=3, max_completion_length=8)
+    args = SelectiveGRPOConfig(**base, token_selection="entropy", selection_cutoff="quantile", diagnostics_every=2,
+                               diagnostics_tokens=0)
+    tr = SelectiveGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=ds, processing_class=tok)
+    tr.train()
+    assert [s for s, _ in tr.diagnostics.history] == [0, 2]  # global_step before the update
+    logged = [h for h in tr.state.log_history if PREFIX + "selection_waste/entropy" in h]
+    assert [h["step"] for h in logged] == [1, 3]  # as TRL logs them
+    assert all(h[PREFIX + "cutoff_quantile"] == 1.0 for h in logged)
+    assert all(PREFIX + "grad/seconds" in h for h in logged)  # the cost is logged, gradient part or not
+    # off unless set
+    model, tok, ds, reward, base = _trl_setup(tmp_path, SelectiveGRPOConfig, max_steps=1, max_completion_length=8)
+    plain = SelectiveGRPOTrainer(model=model, reward_funcs=reward, args=SelectiveGRPOConfig(**base), train_dataset=ds,
+                                 processing_class=tok)
+    assert plain.args.diagnostics_every == 0 and plain.diagnostics is None
+
+
+def test_diagnostics_cutoff_quantile_selects_as_trl():
+    ent, lgn, adv, mask, groups = _batch()
+    omega = adv[:, None].double() * mask
+    from gmts_analysis.core.selection import select_tokens
+
+    d = selection_diagnostics(ent, omega, mask, rho=0.3, cutoff="quantile")
+    sel = select_tokens(ent, mask, 0.3, cutoff="quantile")
+    assert d[PREFIX + "selection_waste/entropy"] == float((sel & (omega == 0)).sum()) / int(sel.sum())
+    with pytest.raises(ValueError, match="cutoff"):
+        from gmts_analysis.integrations.diagnostics import GmtsDiagnosticsCallback
+
+        GmtsDiagnosticsCallback(cutoff="exact")

@@ -80,14 +80,28 @@ def test_selection_none_equals_stock_trl(tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(fresh.parameters(), ours.model.parameters()))
 
 
+def test_inherited_top_entropy_quantile_with_the_default_arm_equals_stock_trl(tmp_path):
+    """TRL's own entropy mask, set on a SelectiveGRPOConfig with the default arm, is TRL's bit for bit."""
+    from trl import GRPOConfig, GRPOTrainer
+
+    stock = _train(GRPOTrainer, _args(tmp_path / "a", cls=GRPOConfig, top_entropy_quantile=0.3))
+    ours = _train(SelectiveGRPOTrainer, _args(tmp_path / "b", top_entropy_quantile=0.3))
+    plain = _train(GRPOTrainer, _args(tmp_path / "c", cls=GRPOConfig))
+    assert len(_losses(stock)) == 2 and _losses(ours) == _losses(stock)
+    for a, b in zip(stock.model.parameters(), ours.model.parameters()):
+        assert torch.equal(a, b)
+    # the mask is not a no-op here: without it TRL trains differently
+    assert any(not torch.equal(a, b) for a, b in zip(stock.model.parameters(), plain.model.parameters()))
+
+
 class Recording(SelectiveGRPOTrainer):
-    """Keeps what TRL passed in and what the selection returned, for independent checks."""
+    """Keeps what TRL's forward gave the selection and the mask it returned, for independent checks."""
 
     records: list
 
-    def get_high_entropy_mask(self, entropies, mask, threshold):
-        out = super().get_high_entropy_mask(entropies, mask, threshold)
-        rec = {k: self._sel_inputs[k].detach().clone() for k in ("advantages", "selection_row_ids")}
+    def _selection_mask(self, inputs, entropies, logps, lgn, mask):
+        out = super()._selection_mask(inputs, entropies, logps, lgn, mask)
+        rec = {k: inputs[k].detach().clone() for k in ("advantages", "selection_row_ids")}
         rec.update(entropies=entropies.detach().clone(), mask=mask.clone(), out=out.detach().clone())
         type(self).records.append(rec)
         return out
@@ -132,10 +146,10 @@ def test_selected_normalizer_scales_the_mask(tmp_path):
 
 
 def test_conflicting_settings_raise(tmp_path):
-    with pytest.raises(ValueError):
-        _train(SelectiveGRPOTrainer, _args(tmp_path, token_selection="gmts", top_entropy_quantile=0.2))
-    with pytest.raises(ValueError):
-        _train(SelectiveGRPOTrainer, _args(tmp_path, token_selection="bogus"))
+    with pytest.raises(ValueError, match="top_entropy_quantile"):
+        _args(tmp_path, token_selection="gmts", top_entropy_quantile=0.2)
+    with pytest.raises(ValueError, match="token_selection"):
+        _args(tmp_path, token_selection="bogus")
     from gmts_analysis.errors import GmtsError
 
     with pytest.raises(GmtsError, match="cispo"):  # omega of a loss it does not model: refused for gmts

@@ -167,11 +167,10 @@ def test_new_score_in_the_trl_trainer(entropy_sq, tmp_path):
     class Recording(SelectiveGRPOTrainer):
         records: list = []
 
-        def get_high_entropy_mask(self, entropies, mask, threshold):
-            out = super().get_high_entropy_mask(entropies, mask, threshold)
-            if self._sel_inputs is not None:
-                Recording.records.append({"out": out, "ent": entropies.detach(), "mask": mask,
-                                          "rows": self._sel_inputs["selection_row_ids"]})
+        def _selection_mask(self, inputs, entropies, logps, lgn, mask):
+            out = super()._selection_mask(inputs, entropies, logps, lgn, mask)
+            Recording.records.append({"out": out, "ent": entropies.detach(), "mask": mask,
+                                      "rows": inputs["selection_row_ids"]})
             return out
 
     tr = _train(Recording, _args(tmp_path, token_selection=NEW, selection_rho=0.25, max_steps=1))

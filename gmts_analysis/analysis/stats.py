@@ -115,7 +115,7 @@ from gmts_analysis.analysis.stats_types import (
 from gmts_analysis.core.estimators import available
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, per_cluster_spearman, spearman  # noqa: F401
 from gmts_analysis.core.selection import RHOS
-from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, MIN_GROUPS
+from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, MIN_GROUPS, check_rho
 
 __all__ = [
     "MIN_TOKENS", "STATS_VERSION", "Statistics", "TARGET", "TARGET_WITHIN", "compute_statistics", "compute_stats",
@@ -254,8 +254,7 @@ def _check_inputs(tokens: pd.DataFrame, n_boot: int, rho: float, uncertain_below
         raise GmtsError(f"tokens table lacks column(s) {', '.join(missing)}")
     if n_boot < 0:
         raise GmtsError(f"n_boot must be >= 0, got {n_boot}")
-    if not 0.0 < float(rho) <= 1.0:
-        raise GmtsError(f"--rho must be in (0, 1], got {rho}")
+    check_rho(rho, "--rho", error=GmtsError)
     if not 0.0 < float(uncertain_below) <= 1.0:
         raise GmtsError(f"--uncertain-below must be in (0, 1], got {uncertain_below}")
 

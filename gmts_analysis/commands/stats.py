@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW
+from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, check_rho
 from gmts_analysis.options import checks
 from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
 from gmts_analysis.options.fields import opt
@@ -144,8 +144,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     manifest = read_json(run_dir / "manifest.json") if (run_dir / "manifest.json").exists() else {}
     below = args.uncertain_below if args.uncertain_below is not None else manifest_uncertain_below(manifest)
-    if args.rho is not None and not 0.0 < args.rho <= 1.0:
-        raise GmtsError(f"--rho must be in (0, 1], got {args.rho}")
+    if args.rho is not None:
+        check_rho(args.rho, "--rho", error=GmtsError)
     rho = args.rho if args.rho is not None else manifest_rho(manifest)
     stats = compute_statistics(tokens, answers, seed=args.seed, n_boot=args.n_boot, rho=rho,
                                uncertain_below=below, **kept_fidelity(old))

@@ -17,7 +17,9 @@ by (row index, position) ascending, i.e. among equal scores the earlier token in
 row-major order wins; this is docs/definitions.md section 5's ``(answer_id, position)`` rule with rows
 standing for answers (order the rows by answer id to reproduce a table's selection
 exactly). NaN scores rank below every real score. ``k`` is :func:`gmts_analysis.core.rank.n_keep`,
-the one top-k count of the toolkit.
+the one top-k count of the toolkit. That is the cut-off ``top_k``; ``select_tokens(..., cutoff="quantile")``
+keeps instead every token at or above the scope's interpolated ``1 - rho`` quantile, TRL's
+``top_entropy_quantile`` rule (:func:`keep_at_or_above_quantile`; docs/definitions.md section 5).
 
 Scores (:func:`token_scores`): every selection arm of the registry
 :mod:`gmts_analysis.core.scores` (:data:`SELECTIONS`), computed by the arm's one function on the
@@ -48,7 +50,7 @@ from torch import Tensor
 
 from gmts_analysis.core.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
 from gmts_analysis.core.scores import MASKED_ARMS, SELECTION_ARMS, get_score
-from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
+from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, NORMALIZERS, SCOPES
 
 #: the selection arms (live view of the registry :mod:`gmts_analysis.core.scores`)
 SELECTIONS = SELECTION_ARMS
@@ -87,6 +89,21 @@ def keep_first(order: Tensor, scope: Tensor, rho: float) -> Tensor:
     return out
 
 
+def keep_at_or_above_quantile(scores: Tensor, scope: Tensor, rho: float) -> Tensor:
+    """``(n,)`` bool: TRL's ``top_entropy_quantile`` rule in each scope of 1-D ``scores``. A token is kept when
+    its score, as float32, is ``>=`` the scope's ``torch.quantile(scores.float(), 1 - rho)`` (linear
+    interpolation), exactly as TRL 1.16's ``GRPOTrainer.get_high_entropy_mask`` computes it, so every token tied
+    with the cut-off is kept and the count can differ from ``ceil(rho n)``. A NaN score makes the quantile
+    NaN and its scope keeps nothing (TRL's behaviour). ``scope`` holds one code per token."""
+    s = scores.detach().float()
+    keep = torch.zeros(s.numel(), dtype=torch.bool, device=s.device)
+    q = 1 - rho  # TRL: get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+    for code in torch.unique(scope).tolist():
+        members = scope == code
+        keep[members] = s[members] >= torch.quantile(s[members], q)
+    return keep
+
+
 def group_codes(group_ids: Tensor | Sequence, batch_size: int, device: torch.device | None = None) -> Tensor:
     """``(B,)`` int64 codes, equal for equal labels, numbered in order of first appearance."""
     if isinstance(group_ids, Tensor):
@@ -108,11 +125,14 @@ def select_tokens(
     rho: float,
     scope: str = "batch",
     group_ids: Tensor | Sequence | None = None,
+    cutoff: str = "top_k",
 ) -> Tensor:
     """Boolean ``(B, T)`` mask of the top-``rho`` tokens of each scope (see module docstring).
 
     scores: ``(B, T)`` float, higher is kept. mask: ``(B, T)`` 0/1 or bool. rho in [0, 1].
     scope ``group`` needs ``group_ids`` ``(B,)``; a group never lends its quota to another.
+    cutoff (:data:`~gmts_analysis.core.vocabulary.CUTOFFS`): ``top_k`` keeps exactly ``ceil(rho n)`` tokens per
+    scope; ``quantile`` keeps those at or above the scope's quantile (:func:`keep_at_or_above_quantile`).
     Works on any device; no gradient flows through the result.
     """
     if scores.dim() != 2 or scores.shape != mask.shape:
@@ -121,6 +141,8 @@ def select_tokens(
         raise ValueError(f"selection fraction rho must be in [0, 1], got {rho}")
     if scope not in TENSOR_SCOPES:
         raise ValueError(f"unknown selection scope {scope!r}; choose from {TENSOR_SCOPES}")
+    if cutoff not in CUTOFFS:
+        raise ValueError(f"unknown selection cutoff {cutoff!r}; choose from {CUTOFFS}")
     B, T = scores.shape
     device = scores.device
     valid = mask.bool().reshape(-1)
@@ -136,7 +158,10 @@ def select_tokens(
     else:
         gcode_row = torch.zeros(B, dtype=torch.int64, device=device)
     gcode = gcode_row[flat_idx // T]
-    out[flat_idx[keep_first(scope_order(s, gcode), gcode, rho)]] = True
+    if cutoff == "quantile":
+        out[flat_idx[keep_at_or_above_quantile(s, gcode, rho)]] = True
+    else:
+        out[flat_idx[keep_first(scope_order(s, gcode), gcode, rho)]] = True
     return out.view(B, T)
 
 

@@ -5,7 +5,8 @@
   (the uncertain-token view), :data:`DEFAULT_N_BOOT` (the statistics' bootstrap resamples),
   :data:`SCOPES` (docs/definitions.md section 5), :data:`NORMALIZERS` (loss
   normalizer after selection: ``all`` counts the dropped tokens as zeros, ``selected`` divides by
-  the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`);
+  the kept ones only; :func:`gmts_analysis.core.selection_tensor.aggregate_loss`), :data:`CUTOFFS` (exact
+  ``k`` or TRL's quantile), :func:`check_rho` (the one check of a keep fraction's domain (0, 1]);
 - the loss (docs/definitions.md sections 3 and 4, :mod:`gmts_analysis.core.objective`):
   :data:`ADVANTAGE_MODES`, :data:`LOSS_AGGS`, :data:`TRL_AGGREGATION` (each TRL 1.16 ``loss_type``'s aggregation),
   :data:`REFUSED_LOSS_TYPES`, :data:`LOSS_TYPES`, :data:`IS_LEVELS`, :data:`VLLM_IS_MODES`.
@@ -28,6 +29,24 @@ DEFAULT_N_BOOT = 1000
 SCOPES = ("batch", "group")
 #: loss normalizer after selection: ``all`` (dropped tokens count as zeros) | ``selected``
 NORMALIZERS = ("all", "selected")
+#: where a top-``rho`` selection cuts (docs/definitions.md section 5): ``top_k`` keeps exactly ``ceil(rho n)``
+#: tokens per scope (ties broken by row, then position; the 80/20 authors' ``topk``), ``quantile`` keeps every
+#: token whose score is at least the scope's interpolated ``1 - rho`` quantile (TRL's ``top_entropy_quantile``)
+CUTOFFS = ("top_k", "quantile")
+
+
+def check_rho(value: object, field: str = "rho", *, error: type[Exception] = ValueError) -> float:
+    """``value`` as a float keep fraction, or ``error`` naming ``field`` when it is not in (0, 1].
+
+    The one statement of the domain of every keep fraction ``rho`` (a selection keeps at least one token
+    and at most all of them)."""
+    try:
+        rho = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise error(f"{field} must be a number in (0, 1], got {value!r}") from None
+    if not 0.0 < rho <= 1.0:
+        raise error(f"{field} must be in (0, 1], got {value}")
+    return rho
 
 #: fewer groups than this: a bootstrap interval over them is not trusted. A block of the statistics with fewer
 #: *informative* groups writes no interval and states no win (``meta.min_groups``); a table row or run with

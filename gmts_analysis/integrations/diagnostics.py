@@ -14,7 +14,8 @@ Cheap part (:func:`selection_diagnostics`, tensors only, no model call):
   (:data:`gmts_analysis.core.scores.DIAGNOSTIC_SCORES`: entropy, gmts, and gmts_lgn when the
   logit-gradient norms are known; a score is logged when its quantities are, and a warning names each
   one left out for want of a quantity): the share of the top-``rho`` selection by ``s`` (exact ``k = ceil(rho n)``
-  per scope, :func:`gmts_analysis.core.selection.select_tokens`) made of omega = 0 tokens
+  per scope, or TRL's quantile rule with ``cutoff="quantile"``,
+  :func:`gmts_analysis.core.selection.select_tokens`) made of omega = 0 tokens
   (``selection_waste.<scope>.<s>.<rho>`` of ``stats.json``);
 - ``gmts/overlap/<a>_<b>`` = |S_a ∩ S_b| / |S_b| for every pair of logged diagnostic scores, ``a``
   registered before ``b`` (:func:`gmts_analysis.core.scores.diagnostic_pairs`: ``entropy_gmts``,
@@ -30,14 +31,21 @@ which is exact for a causal LM: a token's gradient depends only on its prefix):
 - ``gmts/grad/cross_answer_informative/<s>``: Spearman(s, grad_norm) pooled over the sampled
   tokens with omega != 0, ``grad_norm = |omega| * grad_norm_logp``
   (:func:`gmts_analysis.core.rank.spearman`);
-- ``gmts/grad/n_tokens``, ``gmts/grad/n_answers``, ``gmts/grad/seconds`` (its wall time).
+- ``gmts/grad/n_tokens``, ``gmts/grad/n_answers``, ``gmts/grad/seconds``: the wall time in seconds of the
+  whole diagnostic at its entry point (for TRL, everything :class:`GmtsDiagnosticsCallback` adds to the
+  diagnosed step: the no-grad forward, omega, the cheap part and the gradient part; for
+  :func:`diagnose_batch` and :func:`verl_diagnostics`, the call).
+
+TRL also gets ``gmts/cutoff_quantile``: 1 when the selections were cut at TRL's quantile
+(``cutoff="quantile"``), 0 for the exact ``top_k``.
 
 Cost: the cheap part is a few sorts of the micro-batch's scores (negligible next to a forward).
-The gradient part is bounded by ``max_tokens``: about one forward and one batched backward of
-each sampled answer's prefix (the exact engine), i.e. on the order of ``max_tokens / n_tokens``
-of a training step's backward plus per-answer overhead; ``gmts/grad/seconds`` logs it.
-The TRL paths also run one no-grad forward of the diagnosed micro-batch (entropy and the
-logit-gradient norm of ``softmax(z / tau)``, which TRL's fused head does not return).
+The gradient part is bounded by ``max_tokens``: one forward and one backward through each sampled answer's
+prompt and prefix per token (the exact engine), so it grows with the prompt length, not only with
+``max_tokens``. The TRL paths also run one no-grad forward of the diagnosed micro-batch (entropy and the
+logit-gradient norm of ``softmax(z / tau)``, which TRL's fused head does not return). On a real model this
+is not small next to a step: ``gmts/grad/seconds`` logs each diagnosed step's cost (docs/rl.md gives measured
+figures).
 
 Entry points: :func:`diagnose_batch` (both parts on ``(B, T)`` tensors), :class:`GmtsDiagnosticsCallback`
 (stock TRL ``GRPOTrainer``; ``SelectiveGRPOTrainer(diagnostics_every=N)`` uses the same),
@@ -60,7 +68,7 @@ from torch import Tensor
 
 from gmts_analysis.core.scores import DIAGNOSTIC_SCORES, diagnostic_pairs, get_score, times_abs_omega
 from gmts_analysis.core.seeding import derive_seed
-from gmts_analysis.core.vocabulary import DEFAULT_RHO, SCOPES
+from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, SCOPES, check_rho
 from gmts_analysis.errors import GmtsError
 
 PREFIX = "gmts/"
@@ -122,12 +130,24 @@ def selection_diagnostics(
     group_ids: Tensor | Sequence | None = None,
     logit_grad_norm: Tensor | None = None,
     logprob: Tensor | None = None,
+    cutoff: str = "top_k",
 ) -> dict[str, float]:
     """The cheap metrics of the module docstring on ``(B, T)`` tensors.
 
-    omega: ``(B, T)`` per-token coefficient (:func:`gmts_analysis.core.selection.token_omega`), 0 on
-    padding; mask: ``(B, T)`` 1 on response tokens; group_ids ``(B,)`` (needed for scope
-    ``group``; gives ``zero_advantage/group_share`` whatever the scope).
+    Args:
+        entropy: ``(B, T)`` per-token entropy in nats, 0 on padding.
+        omega: ``(B, T)`` per-token coefficient (:func:`gmts_analysis.core.selection.token_omega`), 0 on padding.
+        mask: ``(B, T)`` 1 on response tokens.
+        rho: keep fraction of the selections, in (0, 1].
+        scope: ``batch`` or ``group``.
+        group_ids: ``(B,)`` group labels (needed for scope ``group``; gives ``zero_advantage/group_share``
+            whatever the scope).
+        logit_grad_norm: ``(B, T)`` logit-gradient norms (adds the ``gmts_lgn`` score), or None.
+        logprob: ``(B, T)`` log-probs of the sampled tokens, or None.
+        cutoff: ``top_k`` (exactly ``ceil(rho n)`` per scope) or ``quantile`` (TRL's rule).
+
+    Returns:
+        ``{"gmts/<metric>": value}``: shares in [0, 1] (NaN where undefined).
     """
     from gmts_analysis.core.selection import select_tokens, selection_overlap
 
@@ -148,7 +168,7 @@ def selection_diagnostics(
         g_tok = torch.zeros(n_groups, device=m.device).index_add_(0, codes, has_tok.float()) > 0
         out[PREFIX + "zero_advantage/group_share"] = _share((g_tok & ~g_inf).sum(), g_tok.sum())
     scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm, logprob)
-    sels = {k: select_tokens(v, mask, rho, scope, group_ids) for k, v in scores.items()}
+    sels = {k: select_tokens(v, mask, rho, scope, group_ids, cutoff=cutoff) for k, v in scores.items()}
     for k, sel in sels.items():
         out[PREFIX + f"selection_waste/{k}"] = _share((sel & ~informative).sum(), sel.sum())
     for a, b in diagnostic_pairs(list(sels)):
@@ -250,15 +270,19 @@ def diagnose_batch(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     seed: int = 0,
     temperature: float = 1.0,
+    cutoff: str = "top_k",
 ) -> dict[str, float]:
     """:func:`selection_diagnostics`, plus :func:`gradient_diagnostics` when ``model`` and
-    ``sequences`` are given and ``max_tokens > 0``."""
+    ``sequences`` are given and ``max_tokens > 0``; then ``gmts/grad/seconds`` is the wall time of this
+    whole call."""
+    t0 = time.perf_counter()
     out = selection_diagnostics(entropy, omega, mask, rho=rho, scope=scope, group_ids=group_ids,
-                                logit_grad_norm=logit_grad_norm, logprob=logprob)
+                                logit_grad_norm=logit_grad_norm, logprob=logprob, cutoff=cutoff)
     if model is not None and sequences is not None and max_tokens > 0:
         picks = sample_answers(omega, mask, max_tokens, seed)
         scores = diagnostic_scores(entropy, omega, mask, logit_grad_norm, logprob)
         out.update(gradient_diagnostics(model, sequences, picks, scores, omega, temperature=temperature))
+        out[PREFIX + "grad/seconds"] = time.perf_counter() - t0
     return out
 
 
@@ -310,7 +334,7 @@ def unwrapped_without_amp(accelerator: Any, model: torch.nn.Module) -> Iterator[
 
 
 def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *, rho: float, scope: str = "batch",
-                          max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0) -> dict[str, float]:
+                          max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, cutoff: str = "top_k") -> dict[str, float]:
     """The metrics on one TRL ``GRPOTrainer`` micro-batch (``inputs`` of ``_compute_loss``).
 
     omega of the loss TRL trains (:func:`gmts_analysis.core.objective.trl_loss_settings` of
@@ -324,11 +348,11 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
     """
     with unwrapped_without_amp(trainer.accelerator, model) as unwrapped:
         return _trl_batch_diagnostics(trainer, unwrapped, inputs, rho=rho, scope=scope, max_tokens=max_tokens,
-                                      seed=seed)
+                                      seed=seed, cutoff=cutoff)
 
 
 def _trl_batch_diagnostics(trainer: Any, unwrapped: torch.nn.Module, inputs: dict, *, rho: float, scope: str,
-                           max_tokens: int, seed: int) -> dict[str, float]:
+                           max_tokens: int, seed: int, cutoff: str) -> dict[str, float]:
     from gmts_analysis.core.objective import trl_loss_settings
     from gmts_analysis.core.selection import token_omega
 
@@ -352,7 +376,7 @@ def _trl_batch_diagnostics(trainer: Any, unwrapped: torch.nn.Module, inputs: dic
     seqs = trl_sequences(inputs["prompt_ids"], pm, inputs["completion_ids"], cm) if max_tokens > 0 else None
     return diagnose_batch(ent, omega, cm, rho=rho, scope=scope, group_ids=groups, logit_grad_norm=lgn, logprob=lp,
                           model=unwrapped if max_tokens > 0 else None, sequences=seqs, max_tokens=max_tokens,
-                          seed=seed, temperature=float(trainer.temperature))
+                          seed=seed, temperature=float(trainer.temperature), cutoff=cutoff)
 
 
 try:  # the callback needs transformers (always installed with the toolkit)
@@ -362,8 +386,8 @@ except ImportError:  # pragma: no cover
 
 
 class GmtsDiagnosticsCallback(TrainerCallback):
-    """Diagnostics for a stock TRL ``GRPOTrainer`` every ``every`` optimizer steps, logged through
-    TRL's own metrics (``trainer._metrics[mode]["gmts/..."]``), so every ``report_to`` gets them.
+    """Live diagnostics for a TRL ``GRPOTrainer``, logged through TRL's own metrics
+    (``trainer._metrics["train"]["gmts/..."]``), so every ``report_to`` gets them.
 
     Usage::
 
@@ -371,30 +395,65 @@ class GmtsDiagnosticsCallback(TrainerCallback):
         GmtsDiagnosticsCallback(every=10, rho=0.2).attach(trainer)
         trainer.train()
 
+    Which steps: the first micro-batch of every ``every``-th optimizer step, counted from the first, i.e.
+    ``state.global_step`` 0, N, 2N, ... before the update, which TRL logs as steps 1, 1 + N, 1 + 2N, ...
+    (1, 11, 21, ... for ``every=10``). Nothing runs unless a callback is attached (``SelectiveGRPOTrainer``
+    attaches one only when ``diagnostics_every`` is set; its default 0 is off). The diagnosed micro-batch is
+    measured before its loss is computed, without changing it: training is bit for bit the same.
+
     ``attach`` registers the callback and wraps two methods of this trainer instance:
     ``_generate_and_score_completions`` (records each row's index in the generation batch as
-    ``gmts_row_ids`` before TRL shuffles it, for the group labels) and ``_compute_loss`` (the
-    first micro-batch of every ``every``-th step, steps 0, N, 2N, ... by ``state.global_step``
-    before the update, is diagnosed before its loss is computed).
-    ``history`` keeps ``(global_step, metrics)`` for inspection.
+    ``gmts_row_ids`` before TRL shuffles it, for the group labels) and ``_compute_loss`` (runs :meth:`run` on
+    a due micro-batch).
+
+    Args:
+        every: diagnose every this many optimizer steps (>= 1).
+        rho: keep fraction of the selections compared, in (0, 1].
+        scope: ``batch`` (the micro-batch on this process) or ``group`` (the answers to one prompt).
+        max_tokens: at most this many completion tokens get exact per-token gradient norms per diagnosed step
+            (0: the cheap part only).
+        seed: seeds the choice of the answers whose gradients are computed (with the step).
+        cutoff: ``top_k`` (exactly ``ceil(rho n)`` tokens per scope) or ``quantile`` (TRL's
+            ``top_entropy_quantile`` rule); logged as ``gmts/cutoff_quantile`` (1 or 0).
+
+    Attributes:
+        history: ``[(global_step, metrics)]``, ``global_step`` before the update (0, N, ...) and the metrics
+            :meth:`run` logged.
+
+    Raises:
+        ValueError: a parameter out of its domain (one line naming it).
     """
 
     def __init__(self, every: int = 10, rho: float = DEFAULT_RHO, scope: str = "batch",
-                 max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0):
+                 max_tokens: int = DEFAULT_MAX_TOKENS, seed: int = 0, cutoff: str = "top_k"):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
-        if not 0.0 < rho <= 1.0:
-            raise ValueError(f"rho must be in (0, 1], got {rho}")
+        rho = check_rho(rho, "rho")
         if scope not in SCOPES:
             raise ValueError(f"scope must be {' or '.join(SCOPES)}, got {scope!r}")
+        if cutoff not in CUTOFFS:
+            raise ValueError(f"cutoff must be {' or '.join(CUTOFFS)}, got {cutoff!r}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
         self.every, self.rho, self.scope, self.max_tokens, self.seed = every, rho, scope, max_tokens, seed
+        self.cutoff = cutoff
         self._due = False
         self.history: list[tuple[int, dict[str, float]]] = []
         self.trainer: Any = None
 
     def attach(self, trainer: Any) -> GmtsDiagnosticsCallback:
-        """Hook into ``trainer`` (see the class docstring); refuses (GmtsError) TRL settings whose
-        omega the toolkit does not model, before training starts."""
+        """Hook into ``trainer`` (see the class docstring).
+
+        Args:
+            trainer: a TRL ``GRPOTrainer`` (or subclass), before ``train()``.
+
+        Returns:
+            this callback, for chaining.
+
+        Raises:
+            gmts_analysis.errors.GmtsError: TRL settings whose omega the toolkit does not model (before
+                training starts).
+        """
         from gmts_analysis.core.objective import trl_loss_settings
 
         trl_loss_settings(trainer, what="gmts diagnostics")
@@ -423,16 +482,30 @@ class GmtsDiagnosticsCallback(TrainerCallback):
         return self
 
     def run(self, model: torch.nn.Module, inputs: dict) -> dict[str, float]:
+        """Diagnose one micro-batch and append its metrics to the trainer's.
+
+        Args:
+            model: the model ``_compute_loss`` received (possibly wrapped by accelerate).
+            inputs: the micro-batch of ``_compute_loss`` (TRL's dict of ``(B, T)`` tensors).
+
+        Returns:
+            the ``gmts/...`` metrics (module docstring); ``gmts/grad/seconds`` is the wall time in seconds of
+            all of this call's work, i.e. everything the diagnostics add to the step.
+        """
+        t0 = time.perf_counter()
         tr = self.trainer
         step = int(tr.state.global_step)
-        metrics = trl_batch_diagnostics(tr, model, inputs, rho=self.rho, scope=self.scope,
+        metrics = trl_batch_diagnostics(tr, model, inputs, rho=self.rho, scope=self.scope, cutoff=self.cutoff,
                                         max_tokens=self.max_tokens, seed=derive_seed(self.seed, "rl-diag-answers", step))
+        metrics[PREFIX + "cutoff_quantile"] = 1.0 if self.cutoff == "quantile" else 0.0
+        metrics[PREFIX + "grad/seconds"] = time.perf_counter() - t0
         for k, v in metrics.items():
             tr._metrics["train"][k].append(float(v))
         self.history.append((step, metrics))
         return metrics
 
     def on_step_begin(self, args, state, control, **kwargs):
+        """Marks the step due when ``state.global_step`` (before the update) is a multiple of ``every``."""
         if state.global_step % self.every == 0:
             self._due = True
         return control

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gmts_analysis.core.scores import DEFAULT_ARMS, MASKED_ARMS, SELECTION_ARMS  # noqa: F401 - live views
-from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES
+from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES, check_rho
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.config import OFFLINE_HELP, QUIET_HELP
@@ -59,8 +59,7 @@ class RLConfig:
         for d in self.domains:
             if d not in DOMAINS:
                 raise GmtsError(f"domains: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
-        if not 0.0 < self.rho <= 1.0:
-            raise GmtsError(f"rho={self.rho}: must be in (0, 1]")
+        check_rho(self.rho, f"rho={self.rho}:", error=GmtsError)
         if self.scope not in SCOPES:
             raise GmtsError(f"scope={self.scope}: must be {' or '.join(SCOPES)}")
         if self.normalizer not in NORMALIZERS:

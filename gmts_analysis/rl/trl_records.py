@@ -5,7 +5,10 @@ per-step metrics in ``trainer_state.json``; :func:`trl_run_record` turns them, a
 its checkpoints, into the same record, so that one tool reports the toy and the real studies:
 
 - ``config``: the plan's fields (``selection``, ``seed``, ``steps``, ``domains`` = ``["word"]``, ``rho``, ``scope``,
-  ``group_size``, ``dynamic_sampling`` false, ``lr``, ...) and ``trainer: "trl"``;
+  ``group_size``, ``dynamic_sampling`` false, ``lr``, ...) and ``trainer: "trl"``; ``selection_cutoff``
+  (``top_k`` | ``quantile``, :class:`~gmts_analysis.integrations.trl.config.SelectiveGRPOConfig`) when the run
+  logged which cut-off its selection used (``gmts/selection/cutoff_quantile`` or the diagnostics'
+  ``gmts/cutoff_quantile``; runs from before that field record none, as before);
 - ``steps``: one entry per optimizer step from TRL's ``log_history``: ``reward_mean`` (TRL ``reward``),
   ``frac_groups_zero_std`` (``frac_reward_zero_std``), ``frac_tokens_zero_adv`` and ``frac_selected_zero_adv``
   (the drop-in's ``gmts/...`` metrics: the mechanism's zero-advantage shares and the selection's waste),
@@ -61,6 +64,36 @@ def trl_steps(log_history: list[dict]) -> list[dict]:
     return out
 
 
+#: logged flags saying the quantile cut-off ran (1) or the exact top_k (0): the drop-in's and the diagnostics'
+CUTOFF_KEYS = ("gmts/selection/cutoff_quantile", "gmts/cutoff_quantile")
+
+
+def logged_cutoff(log_history: list[dict], where: str = "the run") -> str | None:
+    """``"quantile"`` or ``"top_k"``: the selection cut-off a TRL run logged (:data:`CUTOFF_KEYS`), ``None``
+    when it logged none (the keep-all arm, or a run from before the flag). A run that logged both is refused."""
+    seen = {_num(h[k]) for h in log_history for k in CUTOFF_KEYS if k in h}
+    if not seen:
+        return None
+    if seen == {1.0}:
+        return "quantile"
+    if seen == {0.0}:
+        return "top_k"
+    raise GmtsError(f"{where}: its log says both selection cut-offs ran ({', '.join(CUTOFF_KEYS)}: {sorted(seen)})")
+
+
+def record_config(config: dict, log_history: list[dict], where: str = "the run") -> dict:
+    """The record's ``config``: the plan's fields, ``domains``, ``trainer: "trl"`` and the ``selection_cutoff``
+    the run logged (:func:`logged_cutoff`; one the plan states must agree with it)."""
+    out = {**config, "domains": [DOMAIN], "trainer": "trl"}
+    cutoff = logged_cutoff(log_history, where)
+    if cutoff is not None:
+        if config.get("selection_cutoff", cutoff) != cutoff:
+            raise GmtsError(f"{where}: the plan says selection_cutoff={config['selection_cutoff']!r}, "
+                            f"the run logged {cutoff!r}")
+        out["selection_cutoff"] = cutoff
+    return out
+
+
 def eval_entry(step: int, ev: dict) -> dict:
     """An ``evals`` entry from :func:`gmts_analysis.run.heldout.evaluate_pass1`'s result."""
     return {"step": int(step), "pass1": {DOMAIN: ev["pass1"]}, "pass1_mean": ev["pass1"], "n": ev["n_answers"],
@@ -79,7 +112,8 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
 
     out = read_trl_output(output_dir, base=None)
     newest = out.checkpoints[-1][1]
-    steps = trl_steps(trainer_log(newest))
+    log = trainer_log(newest)
+    steps = trl_steps(log)
     if not evals:
         raise GmtsError(f"{output_dir}: no held-out evaluation to record")
     if config.get("steps") is not None and steps and steps[-1]["step"] != int(config["steps"]):
@@ -87,7 +121,7 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
     ev = [eval_entry(s, evals[s]) for s in sorted(evals)]
     final = ev[-1]
     return {
-        "config": {**config, "domains": [DOMAIN], "trainer": "trl"},
+        "config": record_config(config, log, str(output_dir)),
         "steps": steps,
         "evals": ev,
         "final_pass1": dict(final["pass1"]),
