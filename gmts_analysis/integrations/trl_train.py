@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import pickle
 import sys
@@ -416,7 +415,7 @@ def check_arguments(script_args: WordProblemArguments, training_args: Any) -> No
     """Every token-selection, budget and problem option in its domain, before anything is loaded or written;
     raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1])."""
     from gmts_analysis.core.scores import SELECTION_ARMS
-    from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES
+    from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES, check_rho
 
     t = training_args
 
@@ -440,8 +439,10 @@ def check_arguments(script_args: WordProblemArguments, training_args: Any) -> No
               ("difficulty", script_args.difficulty, lambda v: v in (None, 1, 2), "must be 1 or 2 (default: both)"),
               ("threads", script_args.threads, lambda v: v is None or v >= 1, "must be >= 1")]
     rho = getattr(t, "selection_rho", 1.0)
-    if not (isinstance(rho, (int, float)) and math.isfinite(rho) and 0.0 < rho <= 1.0):
-        raise bad("selection_rho", rho, "the fraction of tokens kept must be in (0, 1], e.g. 0.2")
+    try:
+        check_rho(rho, "the fraction of tokens kept")
+    except ValueError as e:
+        raise bad("selection_rho", rho, f"{e}, e.g. 0.2") from None
     for flag, value, ok, rule in checks:
         if not ok(value):
             raise bad(flag, value, rule)
