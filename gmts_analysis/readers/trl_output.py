@@ -62,6 +62,48 @@ class TrlOutput:
         return p if p.is_file() else None
 
 
+#: the files of a checkpoint's weights that transformers reads (safetensors; a ``.bin`` is read by transformers
+#: with ``torch.load(weights_only=True)``, which builds tensors only)
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+#: the training arguments as JSON (``training_args.to_dict()``), written by the example script at the top of the
+#: output directory; read before any ``training_args.bin``
+TRAINING_ARGS_JSON = "gmts_training_args.json"
+TRAINING_ARGS_BIN = "training_args.bin"
+
+
+def checkpoint_dirs(path: str | os.PathLike, complete: bool = True) -> list[tuple[int, Path]]:
+    """``[(step, path)]`` of the ``checkpoint-N`` folders of the TRL output directory ``path``, by step (none when
+    ``path`` is not a directory). ``complete``: only those with a config.json (one without is a checkpoint cut
+    short). Two folders of one step (``checkpoint-2`` beside ``checkpoint-02``) are refused, naming both."""
+    d = Path(path)
+    found: dict[int, Path] = {}
+    if not d.is_dir():
+        return []
+    for c in sorted(d.iterdir()):
+        m = CHECKPOINT_RE.match(c.name)
+        if not (m and c.is_dir()) or (complete and not (c / "config.json").is_file()):
+            continue
+        step = int(m.group(1))
+        if step in found:
+            raise GmtsError(f"{path}: {found[step].name} and {c.name} are both step {step}; keep one of them "
+                            "(move the other out of the folder)")
+        found[step] = c
+    return sorted(found.items())
+
+
+def has_weights(checkpoint: str | os.PathLike) -> bool:
+    """Whether ``checkpoint`` holds a config.json and model weights (:data:`WEIGHT_FILES`)."""
+    c = Path(checkpoint)
+    return (c / "config.json").is_file() and any((c / w).is_file() for w in WEIGHT_FILES)
+
+
+def is_resumable(checkpoint: str | os.PathLike) -> bool:
+    """Whether ``checkpoint`` holds what resuming needs: weights, trainer state and optimizer."""
+    c = Path(checkpoint)
+    return has_weights(c) and (c / "trainer_state.json").is_file() and (c / "optimizer.pt").is_file()
+
+
 def is_trl_output(path: str | os.PathLike) -> bool:
     """A directory holding at least one TRL ``checkpoint-N`` folder with a config.json."""
     p = Path(path)
@@ -73,7 +115,7 @@ def _script_args(root: Path) -> dict:
     f = root / SCRIPT_ARGS_FILE
     if not f.is_file():
         return {}
-    from gmts_analysis.util.io import read_json_object
+    from gmts_analysis.util.files import read_json_object
 
     return read_json_object(f)
 
@@ -81,21 +123,17 @@ def _script_args(root: Path) -> dict:
 def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutput:
     """The checkpoints of the TRL output directory ``path`` by step (files at its top, such as the final
     model's ``config.json``, are not checkpoints), with the base model as step 0: ``base`` when given, else the
-    model the example script recorded; without either, the series starts at the first checkpoint (logged)."""
+    model the example script recorded; without either, the series starts at the first checkpoint (logged).
+    A ``checkpoint-N`` without a config.json is skipped (logged); two folders of one step are refused."""
     root = Path(path)
     if not root.is_dir():
         raise GmtsError(f"{path}: not a directory (a TRL output_dir with checkpoint-N folders)")
-    ckpts = []
-    for c in root.iterdir():
-        m = CHECKPOINT_RE.match(c.name)
-        if m and c.is_dir():
-            if not (c / "config.json").is_file():
-                log.warning("%s: no config.json (a checkpoint cut short?): skipped", c)
-                continue
-            ckpts.append((int(m.group(1)), str(c)))
+    for c in sorted(root.iterdir()):
+        if CHECKPOINT_RE.match(c.name) and c.is_dir() and not (c / "config.json").is_file():
+            log.warning("%s: no config.json (a checkpoint cut short?): skipped", c)
+    ckpts = [(st, str(c)) for st, c in checkpoint_dirs(root)]
     if not ckpts:
         raise GmtsError(f"{path}: no checkpoint-N folders with a config.json (TRL saves them every save_steps)")
-    ckpts.sort()
     args = _script_args(root)
     src = None
     if base is None and args.get("model_path"):
@@ -120,33 +158,44 @@ def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutp
 
 
 def training_args(path: str | os.PathLike) -> Any:
-    """The ``GRPOConfig`` a checkpoint was trained with (its ``training_args.bin``; needs TRL installed).
+    """The trainer arguments a checkpoint (or a TRL output directory) was trained with, as
+    :class:`~gmts_analysis.readers.saved_args.SavedArgs` (the fields as attributes; ``saved_class``).
 
-    The file is a pickle that TRL wrote: it is read with ``torch.load(weights_only=False)``, as transformers'
-    Trainer reads it; read only output directories you trust."""
-    f = Path(path) / "training_args.bin"
+    Read from :data:`TRAINING_ARGS_JSON` when the output directory holds one (``path`` itself, or the folder
+    above a ``checkpoint-N``), else from ``path``'s ``training_args.bin`` by the restricted unpickler of
+    :func:`~gmts_analysis.readers.saved_args.read_training_args_bin`: nothing in the file is run (a file naming
+    any type but the arguments' own is refused in one line). Needs neither TRL nor torch."""
+    from gmts_analysis.readers.saved_args import read_training_args_bin, read_training_args_json
+
+    p = Path(path)
+    root = p.parent if CHECKPOINT_RE.match(p.name) else p
+    if (root / TRAINING_ARGS_JSON).is_file():
+        return read_training_args_json(root / TRAINING_ARGS_JSON)
+    f = p / TRAINING_ARGS_BIN
     if not f.is_file():
         raise GmtsError(f"{f}: missing (TRL writes it into every checkpoint)")
-    import torch
-
-    try:
-        import trl  # noqa: F401  (the pickled class)
-    except ImportError:
-        raise GmtsError(f"{f}: reading the trainer's arguments needs TRL: pip install 'gmts_analysis[trl]'") from None
-    try:
-        return torch.load(f, weights_only=False, map_location="cpu")
-    except Exception as e:  # a pickle of another TRL version, a truncated file
-        raise GmtsError(f"{f}: cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})"
-                        ) from None
+    return read_training_args_bin(f)
 
 
-def probe_loss_options(args: Any) -> dict[str, Any]:
+#: the ``GRPOConfig`` fields that set the trained loss (:func:`probe_loss_options` reads them; a plain
+#: ``TrainingArguments`` has none of them, and TRL's defaults stand in)
+LOSS_FIELDS = ("loss_type", "epsilon", "epsilon_high", "beta", "importance_sampling_level", "temperature",
+               "max_completion_length")
+
+
+def defaulted_loss_fields(args: Any) -> list[str]:
+    """The :data:`LOSS_FIELDS` ``args`` does not hold (TRL's defaults stand in for them)."""
+    return [f for f in LOSS_FIELDS if not hasattr(args, f)]
+
+
+def probe_loss_options(args: Any, where: str | os.PathLike | None = None) -> dict[str, Any]:
     """The probe options (``ProbeOptions`` fields) of the loss a ``GRPOConfig`` trained, through
-    :func:`gmts_analysis.core.objective.trl_loss_settings` (which refuses what omega does not model): loss type,
-    clipping, KL, importance-sampling level, the sampling temperature and the completion budget."""
+    :func:`gmts_analysis.core.objective.trl_loss_settings` (which refuses what omega does not model, naming
+    ``where``: the file or folder being read): loss type, clipping, KL, importance-sampling level, the sampling
+    temperature and the completion budget."""
     from gmts_analysis.core.objective import trl_loss_settings
 
-    s = trl_loss_settings(args, what=f"training_args of {getattr(args, 'output_dir', '?')}")
+    s = trl_loss_settings(args, what=f"training arguments of {where if where is not None else '?'}")
     return {
         "loss_type": getattr(args, "loss_type", "dapo"), "clip_low": s.clip_low, "clip_high": s.clip_high,
         "kl_beta": s.kl_beta, "kl_bias_correction": "on" if s.kl_bias_correction else "off",

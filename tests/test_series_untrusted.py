@@ -1,0 +1,148 @@
+"""A training run's folder is untrusted input (issue 46): nothing in it runs code (a planted pickle in every file
+that could be unpickled never writes its marker), ``gmts series`` owns its ``--out`` as every writer does, and
+nothing is silently wrong (unscorable answers counted, defaulted loss said, few prompts cautioned).
+
+The run folder is made by hand as TRL leaves it (tiny random llama checkpoints, ``training_args.bin`` saved by
+``torch.save`` as transformers' Trainer saves it), so the tests need no training; one thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from _adversarial import assert_one_line_error, run_cli
+
+from gmts_analysis.errors import GmtsError
+
+pytest.importorskip("trl")
+
+FAST = ["--num-prompts", "2", "--num-generations", "2", "--token-answers", "0", "--max-completion-length", "3",
+        "--grad-norm", "exact", "--threads", "1", "--no-figures", "--fidelity", "off"]
+
+
+class Plant:
+    """A pickle that writes a marker file when unpickled (the attack)."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _grpo(out: Path, **kw):
+    from trl import GRPOConfig
+
+    return GRPOConfig(output_dir=str(out), report_to="none", use_cpu=True, max_completion_length=3, **kw)
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    """A TRL output directory as TRL and the example script leave it: base model recorded, two checkpoints with
+    weights, trainer state, training_args.bin and resume state, held-out problems."""
+    from gmts_analysis.toy.testing import save_tiny_model
+
+    root = tmp_path_factory.mktemp("trlrun")
+    base = save_tiny_model("llama", root / "base", seed=0)
+    run = root / "run"
+    run.mkdir()
+    for step in (1, 2):
+        c = save_tiny_model("llama", run / f"checkpoint-{step}", seed=step)
+        torch.save(_grpo(run), c / "training_args.bin")
+        (c / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": []}))
+    (run / "gmts_script_args.json").write_text(json.dumps({"model_path": str(base)}))
+    (run / "problems_heldout.jsonl").write_text("".join(
+        json.dumps({"prompt": f"{a}+{a}=", "solution": str(2 * a)}) + "\n" for a in (1, 2, 3)))
+    return run
+
+
+def _copy(run: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(run, dst)
+    return dst
+
+
+def test_real_training_args_read_without_unpickling(run_dir, tmp_path):
+    """A real TRL-saved training_args.bin of each arguments class reads back its fields; no class is built."""
+    from transformers import TrainingArguments
+
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
+    from gmts_analysis.readers.saved_args import read_training_args_bin
+    from gmts_analysis.readers.trl_output import defaulted_loss_fields, probe_loss_options, training_args
+
+    a = training_args(run_dir / "checkpoint-2")
+    assert a.saved_class == "trl.trainer.grpo_config.GRPOConfig" and a.loss_type == "dapo"
+    assert a.max_completion_length == 3 and a.lr_scheduler_type == "linear" and not defaulted_loss_fields(a)
+    assert probe_loss_options(a)["max_completion_length"] == 3
+    for cls, kw in ((SelectiveGRPOConfig, {"token_selection": "gmts", "selection_rho": 0.5}), (TrainingArguments, {})):
+        torch.save(cls(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kw), tmp_path / "a.bin")
+        b = read_training_args_bin(tmp_path / "a.bin")
+        assert b.saved_class.endswith(cls.__name__) and b.output_dir == str(tmp_path)
+    assert b.saved_class.endswith("TrainingArguments") and "loss_type" in defaulted_loss_fields(b)
+    torch.save(SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, token_selection="gmts",
+                                   selection_rho=0.5), tmp_path / "a.bin")
+    assert read_training_args_bin(tmp_path / "a.bin").selection_rho == 0.5
+
+
+@pytest.mark.parametrize("how", ["reduce", "inside", "plain_pickle", "tensor"])
+def test_planted_training_args_never_run(run_dir, tmp_path, how):
+    """Each crafted training_args.bin is refused in one line naming the file; its marker never appears."""
+    from gmts_analysis.readers.trl_output import training_args
+
+    run = _copy(run_dir, tmp_path)
+    marker = tmp_path / "MARKER"
+    f = run / "checkpoint-2" / "training_args.bin"
+    if how == "reduce":
+        torch.save(Plant(marker), f)
+    elif how == "inside":  # the attack hidden in a field of a real GRPOConfig
+        a = _grpo(run)
+        a.run_name = Plant(marker)
+        torch.save(a, f)
+    elif how == "plain_pickle":
+        import pickle
+
+        f.write_bytes(pickle.dumps(Plant(marker)))
+    else:
+        torch.save({"x": torch.zeros(2)}, f)
+    with pytest.raises(GmtsError, match="training_args.bin") as e:
+        training_args(run / "checkpoint-2")
+    assert "\n" not in str(e.value) and not marker.exists()
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), *FAST])
+    assert_one_line_error(rc, err, "training_args.bin")
+    assert not marker.exists() and not (tmp_path / "audit" / "series.json").exists()
+
+
+def test_json_training_args_are_read_first(run_dir, tmp_path):
+    """gmts_training_args.json (the example script's) is read before training_args.bin, which is then not
+    opened at all (a planted one never runs)."""
+    from gmts_analysis.readers.trl_output import training_args
+
+    run = _copy(run_dir, tmp_path)
+    marker = tmp_path / "MARKER"
+    torch.save(Plant(marker), run / "checkpoint-2" / "training_args.bin")
+    (run / "gmts_training_args.json").write_text(json.dumps(_grpo(run, loss_type="dr_grpo").to_dict()))
+    a = training_args(run / "checkpoint-2")
+    assert a.loss_type == "dr_grpo" and a.saved_class is None and not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["optimizer.pt", "scheduler.pt", "rng_state.pth", "pytorch_model.bin"])
+def test_planted_checkpoint_files_never_run(run_dir, tmp_path, name):
+    """Resume state files are never read by the audit; a weights .bin is read by transformers with
+    weights_only=True (a crafted one is refused in one line). The marker never appears."""
+    run = _copy(run_dir, tmp_path)
+    marker = tmp_path / "MARKER"
+    c = run / "checkpoint-1"
+    torch.save(Plant(marker), c / name)
+    if name == "pytorch_model.bin":
+        (c / "model.safetensors").unlink()
+    for argv in (["series", str(run), "--out", str(tmp_path / "audit"), "--steps", "1", *FAST],
+                 ["probe", "--model", str(c), "--rollouts", str(run / "problems_heldout.jsonl"),
+                  "--out", str(tmp_path / "p"), "--threads", "1", "-q", "--no-figures"]):
+        rc, err = run_cli(argv)
+        assert "Traceback" not in err and not marker.exists(), err[-2000:]
+        if name == "pytorch_model.bin" and argv[0] == "series":
+            assert_one_line_error(rc, err, "checkpoint-1")
