@@ -146,3 +146,96 @@ def test_planted_checkpoint_files_never_run(run_dir, tmp_path, name):
         assert "Traceback" not in err and not marker.exists(), err[-2000:]
         if name == "pytorch_model.bin" and argv[0] == "series":
             assert_one_line_error(rc, err, "checkpoint-1")
+
+
+@pytest.mark.parametrize("where", ["run", "checkpoint", "rollouts", "link", "foreign", "foreign_series"])
+def test_series_refuses_an_out_that_is_not_its_own(run_dir, tmp_path, where):
+    """--out inside the run (directly or through a link) or a folder of someone else's: one line, nothing
+    written there, the user's files intact."""
+    run = _copy(run_dir, tmp_path)
+    (run / "rollouts").mkdir()
+    (run / "rollouts" / "rollouts_rank0_00001.jsonl").write_text("{}\n")
+    out = {"run": run / "audit", "checkpoint": run / "checkpoint-1" / "audit", "rollouts": run / "rollouts" / "a",
+           "link": tmp_path / "link" / "audit", "foreign": tmp_path / "mine", "foreign_series": tmp_path / "mine"}[where]
+    if where == "link":
+        (tmp_path / "link").symlink_to(run)
+    if where == "foreign":
+        out.mkdir()
+        (out / "notes.txt").write_text("mine")
+    if where == "foreign_series":  # names a series writes, but not written by gmts
+        (out / "samples").mkdir(parents=True)
+        (out / "series.json").write_text('{"mine": 1}')
+        (out / "samples" / "step-00000.jsonl").write_text("mine\n")
+    before = sorted(str(p) for p in run.rglob("*"))
+    rc, err = run_cli(["series", str(run), "--out", str(out), *FAST])
+    line = assert_one_line_error(rc, err, f"--out {out}")
+    assert "choose" in line
+    assert sorted(str(p) for p in run.rglob("*")) == before
+    if where.startswith("foreign"):
+        assert (out / ("notes.txt" if where == "foreign" else "series.json")).read_text() in ("mine", '{"mine": 1}')
+        assert where == "foreign" or (out / "samples" / "step-00000.jsonl").read_text() == "mine\n"
+
+
+def test_duplicate_steps_and_cispo_name_their_folder(run_dir, tmp_path):
+    run = _copy(run_dir, tmp_path)
+    shutil.copytree(run / "checkpoint-2", run / "checkpoint-02")
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "a"), *FAST])
+    assert_one_line_error(rc, err, "checkpoint-02 and checkpoint-2 are both step 2")
+    shutil.rmtree(run / "checkpoint-02")
+    torch.save(_grpo(tmp_path / "elsewhere", loss_type="cispo"), run / "checkpoint-2" / "training_args.bin")
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "a"), *FAST])
+    line = assert_one_line_error(rc, err, str(run / "checkpoint-2" / "training_args.bin"), "cispo")
+    assert "elsewhere" not in line
+    assert not (tmp_path / "a").exists()
+
+
+def test_series_records_what_it_could_not_know_and_resumes(run_dir, tmp_path, caplog):
+    """Unscorable answers counted (pass@1 refused, not 0.0), a plain TrainingArguments' defaulted loss said and
+    recorded, few prompts cautioned, the cost said first; no empty folders; the same command resumes (nothing
+    sampled again) and --overwrite is a fix that exists."""
+    import logging
+
+    from transformers import TrainingArguments
+
+    run = _copy(run_dir, tmp_path)
+    (run / "problems_heldout.jsonl").write_text("".join(
+        json.dumps({"prompt": f"{a}+{a}=", "solution": [a]}) + "\n" for a in (1, 2)))  # a solution of the wrong type
+    for st in (1, 2):
+        torch.save(TrainingArguments(output_dir=str(run), report_to="none", use_cpu=True),
+                   run / f"checkpoint-{st}" / "training_args.bin")
+    out = tmp_path / "audit"
+    argv = ["series", str(run), "--out", str(out), "--steps", "0,2", *FAST]
+    with caplog.at_level(logging.INFO):
+        rc, err = run_cli(argv)
+    assert rc == 0, err[-3000:]
+    text = caplog.text + err
+    assert "estimated cost: 2 checkpoints" in text and "--max-completion-length" in text
+    assert text.index("estimated cost") < text.index("step-00000")
+    assert "not a GRPO configuration" in text and "loss_type" in text
+    rec = json.loads((out / "series.json").read_text())
+    assert "loss_type" in rec["loss_defaulted"] and rec["loss_source"].endswith("training_args.bin")
+    for c in rec["checkpoints"]:
+        assert c["n_unscorable"] == 4 and c["pass1"] is None and c["ci_low"] is None
+        assert "could be scored" in c["pass1_refused"] and c["caution"].startswith("too small: 2 prompts")
+    assert not (out / "batches").exists() and not (out / "exact_subset").exists()
+    assert not [d for d in out.rglob("*") if d.is_dir() and not any(d.iterdir())]
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()}
+    rc, err = run_cli(argv)
+    assert rc == 0 and {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == stamps
+    rc, err = run_cli(argv[:-len(FAST)] + ["--seed", "1"] + FAST)  # another sampling: the sub-run's message
+    assert_one_line_error(rc, err, "--overwrite")
+    rc, err = run_cli(argv + ["--seed", "1", "--overwrite"])
+    assert rc == 0, err[-3000:]
+
+
+def test_pass1_counts_unscorable_and_keeps_its_value_otherwise():
+    from gmts_analysis.run.heldout import MIN_PASS1_PROMPTS, pass_at_1
+
+    rows = [{"group_id": f"g{i // 2}", "reward": float(i % 3 == 0)} for i in range(60)]
+    a = pass_at_1(rows)
+    assert a["n_unscorable"] == 0 and "caution" not in a and a["n_prompts"] == 30 >= MIN_PASS1_PROMPTS
+    assert a["pass1"] == pytest.approx(sum(r["reward"] for r in rows) / 60)
+    rows[0]["unscorable"] = True
+    rows[0]["reward"] = 0.0
+    b = pass_at_1(rows)
+    assert b["n_unscorable"] == 1 and b["pass1"] == pytest.approx(sum(r["reward"] for r in rows[1:]) / 59)

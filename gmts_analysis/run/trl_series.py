@@ -1,7 +1,7 @@
 """``gmts series``: audit a TRL training run across its checkpoints.
 
 Given a TRL output directory as TRL leaves it (:mod:`gmts_analysis.readers.trl_output`: ``checkpoint-N`` folders
-by step, the base model as step 0, the loss the trainer trained read from its own ``training_args.bin``), and a
+by step, the base model as step 0, the loss the trainer trained read from its own arguments, never unpickled), and a
 fixed set of held-out prompts, for every checkpoint:
 
 1. **sample** ``num_generations`` answers to each held-out prompt with that checkpoint (the same seed at every
@@ -296,8 +296,9 @@ def estimated_cost(s: SeriesSettings, ser: _Series) -> str:
     if params:
         threads = s.threads or os.cpu_count() or 1
         sec = tokens * EXACT_THREAD_SECONDS_PER_TOKEN_1E8 * params / 1e8 / threads
-        line += (f"; the exact probe of a {params / 1e6:.0f}M-parameter model on {threads} CPU thread(s): up to "
-                 f"~{sec / 3600:.1f} h (rough; a GPU is far faster, the sketch cheaper for long answers)")
+        when = f"{sec / 3600:.1f} h" if sec >= 3600 else f"{sec / 60:.1f} min" if sec >= 60 else f"{sec:.0f} s"
+        line += (f"; the exact probe of a {params:,}-parameter model on {threads} CPU thread(s): up to ~{when} "
+                 "(rough; a GPU is far faster, the sketch cheaper for long answers)")
     return line + ("; to cut it: fewer --num-prompts / --num-generations / --token-answers, a smaller "
                    "--max-completion-length, fewer --steps, or --grad-norm sketch")
 
