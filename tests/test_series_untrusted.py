@@ -139,13 +139,25 @@ def test_planted_checkpoint_files_never_run(run_dir, tmp_path, name):
     torch.save(Plant(marker), c / name)
     if name == "pytorch_model.bin":
         (c / "model.safetensors").unlink()
-    for argv in (["series", str(run), "--out", str(tmp_path / "audit"), "--steps", "1", *FAST],
-                 ["probe", "--model", str(c), "--rollouts", str(run / "problems_heldout.jsonl"),
-                  "--out", str(tmp_path / "p"), "--threads", "1", "-q", "--no-figures"]):
-        rc, err = run_cli(argv)
-        assert "Traceback" not in err and not marker.exists(), err[-2000:]
-        if name == "pytorch_model.bin" and argv[0] == "series":
-            assert_one_line_error(rc, err, "checkpoint-1")
+    (run / "rollouts").mkdir()
+    (run / "rollouts" / "rollouts_rank0_00002.jsonl").write_text("".join(json.dumps(
+        {"prompt_ids": [1, 5, 6], "response_ids": [7, 8], "reward": float(i), "group_id": "0", "answer_id": f"a{i}"})
+        + "\n" for i in range(2)))
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), "--steps", "1", *FAST])
+    assert "Traceback" not in err and not marker.exists(), err[-2000:]
+    if name == "pytorch_model.bin":
+        assert_one_line_error(rc, err, "checkpoint-1")
+    else:
+        assert rc == 0, err[-2000:]
+    # gmts probe --rollouts OUTPUT_DIR on the same folder, its training_args.bin planted too
+    torch.save(Plant(marker), run / "checkpoint-2" / "training_args.bin")
+    rc, err = run_cli(["probe", "--model", str(run / "checkpoint-2"), "--rollouts", str(run), "--out",
+                       str(tmp_path / "p"), "--threads", "1", "-q", "--no-figures", "--fidelity", "off"])
+    assert rc == 0 and not marker.exists(), err[-2000:]
+    rc, err = run_cli(["probe", "--model", str(c), "--rollouts", str(run), "--out", str(tmp_path / "p1"),
+                       "--threads", "1", "-q", "--no-figures", "--fidelity", "off"])
+    assert "Traceback" not in err and not marker.exists(), err[-2000:]
+    assert rc == 0 or name == "pytorch_model.bin"
 
 
 @pytest.mark.parametrize("where", ["run", "checkpoint", "rollouts", "link", "foreign", "foreign_series"])
