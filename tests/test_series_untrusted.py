@@ -234,6 +234,10 @@ def test_series_records_what_it_could_not_know_and_resumes(run_dir, tmp_path, ca
     stamps = {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()}
     rc, err = run_cli(argv)
     assert rc == 0 and {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == stamps
+    (out / ".gmts-owner").unlink()  # a series made before folders were marked: its series.json proves it ours
+    rc, err = run_cli(argv)
+    assert rc == 0 and (out / ".gmts-owner").is_file(), err[-3000:]
+    assert {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == stamps
     rc, err = run_cli(argv[:-len(FAST)] + ["--seed", "1"] + FAST)  # another sampling: the sub-run's message
     assert_one_line_error(rc, err, "--overwrite")
     rc, err = run_cli(argv + ["--seed", "1", "--overwrite"])
