@@ -235,6 +235,7 @@ def test_series_records_what_it_could_not_know_and_resumes(run_dir, tmp_path, ca
     rc, err = run_cli(argv)
     assert rc == 0 and {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == stamps
     (out / ".gmts-owner").unlink()  # a series made before folders were marked: its series.json proves it ours
+    (out / ".step-00000.gmts-lock").write_text("")  # left by a killed run: gmts's own, not a foreign file
     rc, err = run_cli(argv)
     assert rc == 0 and (out / ".gmts-owner").is_file(), err[-3000:]
     assert {p: p.stat().st_mtime_ns for p in (out / "samples").iterdir()} == stamps
@@ -255,3 +256,30 @@ def test_pass1_counts_unscorable_and_keeps_its_value_otherwise():
     rows[0]["reward"] = 0.0
     b = pass_at_1(rows)
     assert b["n_unscorable"] == 1 and b["pass1"] == pytest.approx(sum(r["reward"] for r in rows[1:]) / 59)
+
+
+def test_pass1_figure_says_too_small_and_skips_unscored_steps():
+    from gmts_analysis.run.heldout import pass_at_1
+    from gmts_analysis.views.token_moves import fig_pass1
+
+    rows = [{"group_id": f"g{i // 2}", "reward": float(i % 2)} for i in range(6)]
+    ok = {"step": 0, **pass_at_1(rows)}
+    none = {"step": 5, **pass_at_1([{**r, "unscorable": True} for r in rows])}
+    fig = fig_pass1([ok, none])
+    ax = fig.axes[0]
+    assert "too small: 3 prompts" in ax.get_title() and list(ax.get_xticks()) == [0, 5]
+
+
+def test_truncate_is_a_fix_that_exists(tmp_path):
+    """Answers longer than the model's context: the message's fix (--truncate) is an option of gmts series."""
+    from gmts_analysis.toy.testing import save_tiny_model
+
+    run = tmp_path / "run"
+    c = save_tiny_model("llama", run / "checkpoint-1", seed=1, max_len=12)
+    torch.save(_grpo(run), c / "training_args.bin")
+    (run / "problems_heldout.jsonl").write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
+    argv = ["series", str(run), "--out", str(tmp_path / "a"), *FAST, "--max-completion-length", "12"]
+    rc, err = run_cli(argv)
+    assert_one_line_error(rc, err, "longer than the model's context", "pass --truncate")
+    rc, err = run_cli(argv + ["--truncate"])
+    assert rc == 0, err[-3000:]

@@ -151,7 +151,7 @@ def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutp
             raise GmtsError(f"{path}: has a checkpoint-0 and a base model ({base}); give one step 0")
         ckpts.insert(0, (0, base))
     else:
-        log.warning("%s: no base model known (pass --base MODEL for step 0); the series starts at step %d",
+        log.warning("%s: no base model known (gmts series --base MODEL gives step 0); the series starts at step %d",
                     path, ckpts[0][0])
     rollouts = None
     for cand in ([Path(args["rollouts_dir"])] if args.get("rollouts_dir") else []) + [root / "rollouts"]:

@@ -28,6 +28,8 @@ SERIES_ROLE = "series"
 SERIES_ENTRIES = frozenset({SERIES_FILE, "samples", "tokens", "exact_subset", "batches", "compare", "pass1.png"})
 _RUN_NAME = re.compile(r"^step-\d{5,}$")
 _TMP_NAME = re.compile(r"^\..+\.tmp$")
+#: what gmts leaves beside an entry of the series (a lock a killed run left, a staging or backup directory)
+_BESIDE = re.compile(r"^\.(step-\d{5,}|compare|tokens|samples|batches|exact_subset|series\.json)\.")
 
 
 def _is_series_record(d: Path) -> bool:
@@ -69,7 +71,7 @@ def check_series_out(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
     if resolved.is_dir() and any(resolved.iterdir()):
         foreign = sorted(c.name for c in resolved.iterdir()
                          if c.name not in SERIES_ENTRIES and c.name != OWNER_MARKER and not _RUN_NAME.match(c.name)
-                         and not _TMP_NAME.match(c.name) and not c.name.startswith(".gmts"))
+                         and not _TMP_NAME.match(c.name) and not _BESIDE.match(c.name))
         if foreign:
             more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
             raise GmtsError(f"--out {out}: holds files that gmts did not write ({', '.join(foreign[:3])}{more}); "
