@@ -283,3 +283,59 @@ def test_truncate_is_a_fix_that_exists(tmp_path):
     assert_one_line_error(rc, err, "longer than the model's context", "pass --truncate")
     rc, err = run_cli(argv + ["--truncate"])
     assert rc == 0, err[-3000:]
+
+
+def _tamper(run: Path, how: str) -> str:
+    """Tamper a copy of the run folder; returns what the one-line refusal must name."""
+    ta = run / "checkpoint-2" / "training_args.bin"
+    if how == "args_fifo":
+        ta.unlink()
+        os.mkfifo(ta)
+        return "training_args.bin"
+    if how == "args_link_to_device":
+        ta.unlink()
+        ta.symlink_to("/dev/zero")
+        return "training_args.bin"
+    if how == "args_zip_bomb":
+        import zipfile
+
+        ta.unlink()
+        with zipfile.ZipFile(ta, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            z.writestr("archive/data.pkl", b"\0" * (8 << 20))
+        return "too large"
+    if how == "args_truncated":
+        ta.write_bytes(ta.read_bytes()[:200])
+        return "training_args.bin"
+    if how == "args_json_not_object":
+        (run / "gmts_training_args.json").write_text("[1, 2]")
+        return "gmts_training_args.json"
+    if how == "args_json_broken":
+        (run / "gmts_training_args.json").write_text("{loss_type")
+        return "gmts_training_args.json"
+    if how == "script_args_broken":
+        (run / "gmts_script_args.json").write_text("not json")
+        return "gmts_script_args.json"
+    if how == "base_missing":
+        (run / "gmts_script_args.json").write_text(json.dumps({"model_path": str(run / "nope")}))
+        return "nope"
+    if how == "weights_missing":
+        (run / "checkpoint-1" / "model.safetensors").unlink()
+        return "checkpoint-1"
+    if how == "config_broken":
+        (run / "checkpoint-1" / "config.json").write_text("{")
+        return "checkpoint-1"
+    if how == "heldout_broken":
+        (run / "problems_heldout.jsonl").write_text("{no\n")
+        return "problems_heldout.jsonl"
+    raise AssertionError(how)
+
+
+@pytest.mark.parametrize("how", ["args_fifo", "args_link_to_device", "args_zip_bomb", "args_truncated",
+                                 "args_json_not_object", "args_json_broken", "script_args_broken", "base_missing",
+                                 "weights_missing", "config_broken", "heldout_broken"])
+def test_tampered_run_folder_is_refused_in_one_line(run_dir, tmp_path, how):
+    run = _copy(run_dir, tmp_path)
+    needle = _tamper(run, how)
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), *FAST])
+    assert_one_line_error(rc, err, needle)
+    assert not (tmp_path / "audit" / "series.json").exists()

@@ -104,6 +104,18 @@ def has_weights(checkpoint: str | os.PathLike) -> bool:
     return (c / "config.json").is_file() and any((c / w).is_file() for w in WEIGHT_FILES)
 
 
+def check_checkpoint(checkpoint: str | os.PathLike) -> None:
+    """Refuse (one line naming it) a checkpoint whose config.json is not a JSON object or that holds no model
+    weights (:data:`WEIGHT_FILES`): a checkpoint cut short or tampered with, found before anything is loaded."""
+    from gmts_analysis.util.files import read_json_object
+
+    c = Path(checkpoint)
+    read_json_object(c / "config.json")
+    if not has_weights(c):
+        raise GmtsError(f"{c}: no model weights ({', '.join(WEIGHT_FILES[:1] + WEIGHT_FILES[2:3])}): a checkpoint "
+                        "cut short? leave its step out with --steps, or move the folder out of the run")
+
+
 def is_resumable(checkpoint: str | os.PathLike) -> bool:
     """Whether ``checkpoint`` holds what resuming needs: weights, trainer state and optimizer."""
     c = Path(checkpoint)

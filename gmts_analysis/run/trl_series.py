@@ -132,8 +132,10 @@ def _series_inputs(s: SeriesSettings) -> _Series:
     the run's ``gmts_training_args.json``, else the newest checkpoint's ``training_args.bin``, never unpickled)
     and the held-out prompts; check that ``--out`` is the series' own (:mod:`gmts_analysis.run.series_dir`)."""
     from gmts_analysis.readers.trl_output import (
+        CHECKPOINT_RE,
         TRAINING_ARGS_BIN,
         TRAINING_ARGS_JSON,
+        check_checkpoint,
         defaulted_loss_fields,
         probe_loss_options,
         read_trl_output,
@@ -165,6 +167,9 @@ def _series_inputs(s: SeriesSettings) -> _Series:
     inputs = {"OUTPUT_DIR": s.output_dir, "--prompts": prompts,
               **({"the run's rollouts": str(trl.rollouts_dir)} if trl.rollouts_dir is not None else {}),
               **{f"checkpoint {st}": p for st, p in trl.checkpoints if Path(p).exists()}}
+    for st, p in trl.checkpoints:  # every checkpoint checked before anything is loaded or written
+        if st in steps and Path(p).is_dir() and CHECKPOINT_RE.match(Path(p).name):
+            check_checkpoint(p)
     out = check_series_out(s.out, inputs, overwrite=s.overwrite)
     ser = _Series(trl=trl, ckpts=[(st, p) for st, p in trl.checkpoints if st in steps],
                   rows=read_prompts(prompts, limit=s.num_prompts), prompts=str(prompts), loss=loss,
