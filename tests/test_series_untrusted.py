@@ -339,3 +339,34 @@ def test_tampered_run_folder_is_refused_in_one_line(run_dir, tmp_path, how):
     rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), *FAST])
     assert_one_line_error(rc, err, needle)
     assert not (tmp_path / "audit" / "series.json").exists()
+
+
+def test_layout_checkpoints_by_step_completeness_and_resume(run_dir, tmp_path):
+    """readers/trl_output.py, the one home of the layout: checkpoints by step, duplicates named, the newest
+    resumable checkpoint with the newer incomplete ones it passed over."""
+    from gmts_analysis.readers import trl_output as t
+
+    run = _copy(run_dir, tmp_path)
+    assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and t.CHECKPOINT_RE.match("checkpoint-7")
+    assert t.newest_resumable(run) == (None, [run / "checkpoint-2", run / "checkpoint-1"])  # no optimizer.pt
+    (run / "checkpoint-1" / "optimizer.pt").write_bytes(b"x")
+    (run / "checkpoint-3").mkdir()  # cut short: no config.json
+    assert t.newest_resumable(run) == (run / "checkpoint-1", [run / "checkpoint-3", run / "checkpoint-2"])
+    assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and len(t.checkpoint_dirs(run, complete=False)) == 3
+    shutil.copytree(run / "checkpoint-1", run / "checkpoint-001")
+    with pytest.raises(GmtsError, match="checkpoint-001 and checkpoint-1 are both step 1"):
+        t.checkpoint_dirs(run)
+
+
+def test_a_crafted_pickle_cannot_hide_what_the_reader_says(tmp_path):
+    """A field named like the reader's own attributes is dropped (it cannot pose as another class)."""
+    from transformers import TrainingArguments
+
+    from gmts_analysis.readers.saved_args import read_training_args_bin
+
+    a = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    a.__dict__["saved_class"] = "trl.trainer.grpo_config.GRPOConfig"
+    a.__dict__["fields"] = 1
+    torch.save(a, tmp_path / "training_args.bin")
+    b = read_training_args_bin(tmp_path / "training_args.bin")
+    assert b.saved_class == "transformers.training_args.TrainingArguments" and callable(b.fields)

@@ -62,13 +62,18 @@ class SavedArgs:
         if isinstance(state, tuple) and len(state) == 2:  # (dict state, slot state)
             state = {**(state[0] or {}), **(state[1] or {})}
         if isinstance(state, dict):
-            self.__dict__.update({k: v for k, v in state.items() if isinstance(k, str) and not k.startswith("__")})
+            self.__dict__.update({k: v for k, v in state.items()
+                                  if isinstance(k, str) and not k.startswith("_") and k not in _RESERVED})
 
     def fields(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
 
     def __repr__(self) -> str:
         return f"SavedArgs({self.saved_class})"
+
+
+#: names a saved field may not take (they would hide what the reader itself says about the file)
+_RESERVED = frozenset(n for n in dir(SavedArgs) if not n.startswith("__"))
 
 
 def _value(*args: Any) -> Any:

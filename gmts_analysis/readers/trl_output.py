@@ -21,7 +21,8 @@ not in the folder; :func:`read_trl_output` takes it from ``--base``, else from w
 (``gmts_script_args.json``).
 
 This module is the one home of the layout: :func:`checkpoint_dirs` (by step, two folders of one step refused),
-:func:`has_weights` and :func:`is_resumable` (completeness), :func:`read_trl_output` (with the base model and the
+:func:`has_weights`, :func:`check_checkpoint`, :func:`is_resumable` and :func:`newest_resumable`
+(completeness), :func:`read_trl_output` (with the base model and the
 rollouts), :func:`training_args`.
 """
 
@@ -120,6 +121,18 @@ def is_resumable(checkpoint: str | os.PathLike) -> bool:
     """Whether ``checkpoint`` holds what resuming needs: weights, trainer state and optimizer."""
     c = Path(checkpoint)
     return has_weights(c) and (c / "trainer_state.json").is_file() and (c / "optimizer.pt").is_file()
+
+
+def newest_resumable(path: str | os.PathLike) -> tuple[Path | None, list[Path]]:
+    """``(checkpoint, skipped)``: the newest checkpoint of the output directory ``path`` that
+    :func:`is_resumable` (weights, trainer state, optimizer), or ``None``, and the newer ``checkpoint-N`` folders
+    passed over because they lack one of those (a checkpoint cut short: the caller warns)."""
+    skipped: list[Path] = []
+    for _, c in reversed(checkpoint_dirs(path, complete=False)):
+        if is_resumable(c):
+            return c, skipped
+        skipped.append(c)
+    return None, skipped
 
 
 def is_trl_output(path: str | os.PathLike) -> bool:
