@@ -370,3 +370,24 @@ def test_a_crafted_pickle_cannot_hide_what_the_reader_says(tmp_path):
     torch.save(a, tmp_path / "training_args.bin")
     b = read_training_args_bin(tmp_path / "training_args.bin")
     assert b.saved_class == "transformers.training_args.TrainingArguments" and callable(b.fields)
+
+
+def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_dir, tmp_path):
+    """The example script records the shipped name it was given (smollm2, tiny, small) beside the path it resolved
+    to on the training machine: the series uses the name (no machine path in its manifests); a series made with
+    the path goes on with it (it resumes)."""
+    from gmts_analysis.readers.trl_output import read_trl_output
+    from gmts_analysis.run.trl_series import SeriesSettings, _keep_recorded_base
+
+    run = _copy(run_dir, tmp_path)
+    (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "tiny",
+                                                           "model_path": "/elsewhere/policies/tiny"}))
+    t = read_trl_output(run)
+    assert t.checkpoints[0] == (0, "tiny") and "model_name_or_path" in t.base_source
+    out = tmp_path / "audit"
+    out.mkdir()
+    (out / "series.json").write_text(json.dumps({"checkpoints": [{"step": 0, "checkpoint": "/elsewhere/policies/tiny"}]}))
+    _keep_recorded_base(SeriesSettings(output_dir=str(run), out=str(out)), t)
+    assert t.checkpoints[0] == (0, "/elsewhere/policies/tiny")
+    (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "./my-model", "model_path": "/abs/m"}))
+    assert read_trl_output(run).checkpoints[0] == (0, "/abs/m")

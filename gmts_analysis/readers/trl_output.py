@@ -151,10 +151,23 @@ def _script_args(root: Path) -> dict:
     return read_json_object(f)
 
 
+def script_base(args: dict) -> tuple[str, str]:
+    """``(base model, where from)`` of the example script's recorded arguments: the shipped name the user gave
+    (``model_name_or_path``: ``smollm2``, ``tiny``, ``small``; it loads the same weights on any machine) rather
+    than the path it resolved to on the training machine (``model_path``, a conversion cache), else
+    ``model_path``."""
+    from gmts_analysis.readers.models import ALIASES, REAL_MODELS
+
+    given = args.get("model_name_or_path")
+    if isinstance(given, str) and given in REAL_MODELS + ALIASES:
+        return given, f"{SCRIPT_ARGS_FILE} model_name_or_path"
+    return str(args["model_path"]), f"{SCRIPT_ARGS_FILE} model_path"
+
+
 def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutput:
     """The checkpoints of the TRL output directory ``path`` by step (files at its top, such as the final
     model's ``config.json``, are not checkpoints), with the base model as step 0: ``base`` when given, else the
-    model the example script recorded; without either, the series starts at the first checkpoint (logged).
+    model the example script recorded (:func:`script_base`); without either, the series starts at the first checkpoint (logged).
     A ``checkpoint-N`` without a config.json is skipped (logged); two folders of one step are refused."""
     root = Path(path)
     if not root.is_dir():
@@ -168,7 +181,7 @@ def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutp
     args = _script_args(root)
     src = None
     if base is None and args.get("model_path"):
-        base, src = str(args["model_path"]), f"{SCRIPT_ARGS_FILE} model_path"
+        base, src = script_base(args)
     elif base is not None:
         src = "--base"
     if base is not None:

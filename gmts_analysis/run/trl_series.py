@@ -127,6 +127,23 @@ class _Series:
     defaulted: list = dataclasses.field(default_factory=list)
 
 
+def _keep_recorded_base(s: SeriesSettings, trl: Any) -> None:
+    """A series made when step 0 was the training machine's ``model_path`` (before :func:`script_base` preferred
+    the shipped name) goes on with that path, so that it resumes instead of probing step 0 again."""
+    from gmts_analysis.util.files import read_json_object
+
+    path = trl.script_args.get("model_path")
+    if s.base is not None or not trl.checkpoints or trl.checkpoints[0][0] != 0 or not path:
+        return
+    try:
+        old = read_json_object(Path(s.out) / SERIES_FILE).get("checkpoints") or []
+    except GmtsError:
+        return
+    if old and isinstance(old[0], dict) and old[0].get("step") == 0 and old[0].get("checkpoint") == str(path):
+        trl.checkpoints[0] = (0, str(path))
+        trl.base_source = "gmts_script_args.json model_path (as this series recorded it)"
+
+
 def _series_inputs(s: SeriesSettings) -> _Series:
     """Read the TRL output directory, the trained loss (:func:`~gmts_analysis.readers.trl_output.training_args`:
     the run's ``gmts_training_args.json``, else the newest checkpoint's ``training_args.bin``, never unpickled)
@@ -145,6 +162,7 @@ def _series_inputs(s: SeriesSettings) -> _Series:
     from gmts_analysis.sampling.generate import read_prompts
 
     trl = read_trl_output(s.output_dir, s.base)
+    _keep_recorded_base(s, trl)
     steps = _steps_wanted(s.steps, trl.steps)
     newest = next((p for st, p in reversed(trl.checkpoints) if st > 0), None)
     if newest is None:
