@@ -391,3 +391,25 @@ def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_di
     assert t.checkpoints[0] == (0, "/elsewhere/policies/tiny")
     (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "./my-model", "model_path": "/abs/m"}))
     assert read_trl_output(run).checkpoints[0] == (0, "/abs/m")
+
+
+def test_planted_parquet_extension_type_never_runs(run_dir, tmp_path):
+    """A parquet rollouts file whose field claims arrow.py_extension_type with a pickle as its metadata
+    (CVE-2023-47248): pyarrow >= 14.0.1 never unpickles it; gmts probe reads the column as text."""
+    import pickle
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    marker = tmp_path / "MARKER"
+    evil = pa.field("completion", pa.string(), metadata={b"ARROW:extension:name": b"arrow.py_extension_type",
+                                                       b"ARROW:extension:metadata": pickle.dumps(Plant(marker))})
+    schema = pa.schema([pa.field("step", pa.int64()), pa.field("prompt", pa.string()), evil,
+                        pa.field("acc", pa.float64())])
+    pq.write_table(pa.table({"step": [1, 1], "prompt": ["1+1=", "1+1="], "completion": ["2", "3"], "acc": [1.0, 0.0]},
+                            schema=schema), tmp_path / "completions_00001.parquet")
+    rc, err = run_cli(["probe", "--model", str(run_dir / "checkpoint-1"), "--rollouts",
+                       str(tmp_path / "completions_00001.parquet"), "--out", str(tmp_path / "p"), "--threads", "1",
+                       "-q", "--no-figures", "--fidelity", "off"])
+    assert "Traceback" not in err and not marker.exists(), err[-2000:]
+    assert rc == 0, err[-2000:]
