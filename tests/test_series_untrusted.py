@@ -86,6 +86,12 @@ def test_real_training_args_read_without_unpickling(run_dir, tmp_path):
     torch.save(SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, token_selection="gmts",
                                    selection_rho=0.5), tmp_path / "a.bin")
     assert read_training_args_bin(tmp_path / "a.bin").selection_rho == 0.5
+    # the rarer fields a real run may set: FSDP options, debug options, a dtype object, a device
+    a = _grpo(tmp_path, fsdp="full_shard", debug="underflow_overflow", model_init_kwargs={"dtype": torch.bfloat16})
+    torch.save(a, tmp_path / "a.bin")
+    b = read_training_args_bin(tmp_path / "a.bin")
+    assert b.fsdp == a.fsdp and b.debug == [getattr(x, "value", x) for x in a.debug] == ["underflow_overflow"]
+    assert b.model_init_kwargs == {"dtype": "torch.bfloat16"}
 
 
 @pytest.mark.parametrize("how", ["reduce", "inside", "plain_pickle", "tensor"])

@@ -28,7 +28,8 @@ from gmts_analysis.errors import GmtsError
 MAX_PICKLE_BYTES = 4 << 20
 
 #: the arguments' classes: ``module.name`` -> kind (``args``: the arguments object and the dataclasses it
-#: holds, kept as :class:`SavedArgs`; ``value``: an enum or ``torch.device``, kept as its value)
+#: holds, kept as :class:`SavedArgs`; ``value``: an enum or ``torch.device``, kept as its value; ``constant``: a
+#: torch dtype, kept as its name)
 ALLOWED: dict[str, str] = {
     "trl.trainer.grpo_config.GRPOConfig": "args",
     "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig": "args",
@@ -44,6 +45,8 @@ ALLOWED: dict[str, str] = {
     "transformers.training_args.OptimizerNames": "value",
     "transformers.debug_utils.DebugOption": "value",
     "torch.device": "value",
+    # a dtype object in model_init_kwargs (``{"dtype": torch.bfloat16}``): kept as its name
+    **{f"torch.{d}": "constant" for d in ("float32", "float16", "bfloat16", "float64")},
 }
 #: the classes whose object is a GRPO configuration (its loss fields are the run's, not defaults)
 GRPO_CLASSES = ("trl.trainer.grpo_config.GRPOConfig", "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig")
@@ -89,6 +92,8 @@ _STUBS: dict[str, type] = {}
 def _stub(name: str) -> Any:
     if ALLOWED[name] == "value":
         return _value
+    if ALLOWED[name] == "constant":
+        return name
     if name not in _STUBS:
         _STUBS[name] = type(name.rsplit(".", 1)[1], (SavedArgs,), {"saved_class": name})
     return _STUBS[name]
