@@ -6,7 +6,7 @@ fixed set of held-out prompts, for every checkpoint:
 
 1. **sample** ``num_generations`` answers to each held-out prompt with that checkpoint (the same seed at every
    checkpoint: common random numbers), scored by the verifier (``math_boxed`` by default);
-2. **probe** them (:func:`gmts_analysis.run.job.run_probe`: a full run directory ``step-NNNNN/``, resumable) with
+2. **probe** them (:func:`gmts_analysis.run.job.run_probe`: a run directory ``step-NNNNN/`` without figures or report.html, resumable) with
    the trained loss, by the exact engine or the sketch (``auto`` chooses from the answers' lengths,
    :func:`gmts_analysis.engine.choice.choose_method`, and says why); where the sketch carries a checkpoint, an
    exact subset (``exact_subset`` answers) is probed too and their agreement recorded;
