@@ -249,6 +249,18 @@ def test_series_records_what_it_could_not_know_and_resumes(run_dir, tmp_path, ca
     assert_one_line_error(rc, err, "--overwrite")
     rc, err = run_cli(argv + ["--seed", "1", "--overwrite"])
     assert rc == 0, err[-3000:]
+    # a checkpoint replaced in place: its probe refuses (--overwrite named), and --overwrite samples it again
+    from gmts_analysis.toy.testing import save_tiny_model
+
+    shutil.rmtree(run / "checkpoint-2")
+    save_tiny_model("llama", run / "checkpoint-2", seed=7)
+    torch.save(TrainingArguments(output_dir=str(run), report_to="none", use_cpu=True),
+               run / "checkpoint-2" / "training_args.bin")
+    rc, err = run_cli(argv + ["--seed", "1"])
+    assert_one_line_error(rc, err, "step-00002", "--overwrite")
+    before = (out / "samples" / "step-00002.jsonl").stat().st_mtime_ns
+    rc, err = run_cli(argv + ["--seed", "1", "--overwrite"])
+    assert rc == 0 and (out / "samples" / "step-00002.jsonl").stat().st_mtime_ns != before, err[-3000:]
 
 
 def test_pass1_counts_unscorable_and_keeps_its_value_otherwise():
