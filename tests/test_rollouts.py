@@ -116,6 +116,10 @@ def test_vocab_and_context_checks(tmp_path, tok):
         validate_against_model(ans, 100, 3, False)
     assert validate_against_model(ans, 100, 3, True) == 1
     assert ans[0].response_ids == [3]
+    # a prompt that alone fills the context: --truncate (which cuts responses) is not offered
+    with pytest.raises(GmtsError, match=r"its prompt alone has 2 tokens.*longer context") as e:
+        validate_against_model(read_rollouts(p, tok), 100, 2, True)
+    assert "--truncate" not in str(e.value)
 
 
 # ---------------------------------------------------------------- adversarial inputs (issue: never a traceback)

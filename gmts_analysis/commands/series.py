@@ -1,12 +1,14 @@
 """``gmts series OUTPUT_DIR``: audit a TRL training run across its checkpoints.
 
 Reads a TRL output directory as TRL leaves it (``checkpoint-N`` folders by step, the base model as step 0, the
-loss from the trainer's own ``training_args.bin``), samples each checkpoint's answers to a fixed set of held-out
-prompts (the same seed at every checkpoint), probes them (``step-NNNNN/``, full run directories), probes one
-fixed set of answers with every checkpoint for the token view (``tokens/``), optionally each checkpoint on the
-batch it generated in training (``--own-batches``), and writes ``compare/`` (``gmts compare`` of the series),
-``series.json`` (pass@1 with its 95% CI, the method that ran and why, seconds) and figures of the trends.
-Killed, the same command resumes.
+loss from the trainer's own arguments, read without unpickling anything: nothing in a run folder runs code),
+samples each checkpoint's answers to a fixed set of held-out prompts (the same seed at every checkpoint), probes
+them (``step-NNNNN/``: run directories without figures; ``gmts figures`` draws one), probes one fixed set of
+answers with every checkpoint for the token view (``tokens/``), optionally each checkpoint on the batch it
+generated in training (``--own-batches``), and writes ``compare/`` (``gmts compare`` of the series),
+``series.json`` (pass@1 with its 95% CI, unscorable answers counted, the method that ran and why, seconds) and
+figures of the trends. It says its estimated cost first. ``--out`` must be a new folder or a series of gmts
+outside the run. Killed, the same command resumes.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ class SeriesOptions:
     seed: int = opt(0, "sampling seed (the same at every checkpoint) and the sketch's", group="run control",
                     metavar="INT", check=checks.seed)
     no_figures: bool = opt(False, "skip figures", group="output")
+    overwrite: bool = opt(False, "redo the runs of an existing series of gmts (default: resume it, reusing its "
+                          "finished samples and runs); someone else's folder is refused whatever this says",
+                          group="output")
+    truncate: bool = opt(False, "cut answers that do not fit the model's context instead of failing",
+                         group="inputs")
+    fidelity: str = opt("auto", "update fidelity of each checkpoint's probe (needs its gradients in memory): auto = "
+                        "on under 100k tokens when they fit", choices=("auto", "on", "off"), group="output")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -92,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
                        verifier=args.verifier, grad_norm=args.grad_norm, probes=args.probes,
                        exact_subset=args.exact_subset, own_batches=args.own_batches,
                        token_answers=args.token_answers, steps=args.steps, seed=args.seed, threads=args.threads,
-                       quiet=args.quiet, figures=not args.no_figures)
+                       quiet=args.quiet, figures=not args.no_figures, overwrite=args.overwrite,
+                       truncate=args.truncate, fidelity=args.fidelity)
     out = audit_series(s)
     logging.getLogger("gmts").info("series audit written to %s (series.json, compare/, tokens/)", out)
     return 0

@@ -157,10 +157,11 @@ def load_model(
         check_model_dir(name_or_path, Path(path))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype)
-    kw = {"local_files_only": no_download}
+    kw = {"local_files_only": no_download, "trust_remote_code": False}  # a checkpoint's own code never runs
     try:
-        with quiet_transformers():
-            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dt, output_loading_info=True, **kw)
+        with quiet_transformers():  # weights: safetensors, or a .bin through torch.load(weights_only=True)
+            model, info = AutoModelForCausalLM.from_pretrained(path, dtype=dt, output_loading_info=True,
+                                                               weights_only=True, **kw)
     except GmtsError:
         raise
     except Exception as e:  # OSError, SafetensorError, ValueError, UnpicklingError, ...

@@ -571,7 +571,13 @@ def validate_against_model(answers: Sequence[Answer], vocab_size: int, max_len: 
                 )
         total = len(a.prompt_ids) + len(a.response_ids)
         if max_len is not None and total > max_len:
-            if not truncate or len(a.prompt_ids) >= max_len:
+            if len(a.prompt_ids) >= max_len:  # cutting the response cannot help
+                raise GmtsError(
+                    f"{a.where}: answer '{a.answer_id}': its prompt alone has {len(a.prompt_ids)} tokens, as many "
+                    f"as the model's context ({max_len}) or more; leave this prompt out or use a model with a longer "
+                    "context"
+                )
+            if not truncate:
                 raise GmtsError(
                     f"{a.where}: answer '{a.answer_id}' has {total} tokens, longer than the model's context "
                     f"({max_len}); pass --truncate to cut responses to fit"

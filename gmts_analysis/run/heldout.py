@@ -105,24 +105,45 @@ def answer_audit(rows: list[dict]) -> dict:
     return {k: audit[k] for k in ANSWER_AUDIT_KEYS}
 
 
+#: below this many prompts a pass@1 carries :data:`SMALL_CAUTION`: at pass@1 = 0.5 its 95% CI's half-width
+#: (1.96 x sqrt(0.25 / prompts)) exceeds 0.2, too wide to tell checkpoints apart
+MIN_PASS1_PROMPTS = 25
+SMALL_CAUTION = ("too small: {n} prompts (fewer than {m}); at pass@1 0.5 the 95% CI is wider than +-0.2, so "
+                 "checkpoints cannot be told apart (more --num-prompts)")
+
+
 def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     """pass@1 (mean reward of binary-scored answers) with a 95% percentile CI from ``n_boot`` resamples of the
     prompts (the answers of one prompt resampled together), the binomial SE, the share of prompts whose
     answers all got the same reward (``zero_variance_groups``; 1.0 when each prompt has one answer), and the
-    answers' :func:`answer_audit` (``boxed_share``, ``truncated_share``, the modal answer's shares)."""
+    answers' :func:`answer_audit` (``boxed_share``, ``truncated_share``, the modal answer's shares).
+
+    Answers the verifier could not score (``unscorable``) are counted (``n_unscorable``) and left out of pass@1;
+    where none can be scored, pass@1 and its CI are ``None`` with ``pass1_refused`` saying why (never 0.0).
+    Fewer than :data:`MIN_PASS1_PROMPTS` prompts add a ``caution``."""
     from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
 
-    groups = sorted({r["group_id"] for r in rows})
-    index = {g: i for i, g in enumerate(groups)}
-    codes = np.array([index[r["group_id"]] for r in rows])
-    v = np.array([float(r.get("reward", 0.0)) for r in rows])
-    counts = multiplicities(len(groups), n_boot, block_rng(seed, "heldout-pass1"))
-    lo, hi = quantile_ci(resampled_means(v, codes, counts))
-    same = sum(1 for g in range(len(groups)) if np.ptp(v[codes == g]) == 0)
-    p = float(v.mean())
-    return {"pass1": p, "ci_low": float(lo), "ci_high": float(hi), "se": float(np.sqrt(p * (1 - p) / len(v))),
-            "n_answers": len(rows), "n_prompts": len(groups), "zero_variance_groups": same / len(groups),
-            **answer_audit(rows)}
+    n_unscorable = sum(1 for r in rows if r.get("unscorable") is True)
+    scored = [r for r in rows if r.get("unscorable") is not True]
+    groups = sorted({r["group_id"] for r in scored})
+    n_prompts = len({r["group_id"] for r in rows})
+    extra: dict[str, Any] = {"n_unscorable": n_unscorable}
+    if not scored:
+        p = lo = hi = se = same = None
+        extra["pass1_refused"] = f"none of the {len(rows)} answers could be scored by the verifier"
+    else:
+        index = {g: i for i, g in enumerate(groups)}
+        codes = np.array([index[r["group_id"]] for r in scored])
+        v = np.array([float(r.get("reward", 0.0)) for r in scored])
+        counts = multiplicities(len(groups), n_boot, block_rng(seed, "heldout-pass1"))
+        lo, hi = (float(x) for x in quantile_ci(resampled_means(v, codes, counts)))
+        same = sum(1 for g in range(len(groups)) if np.ptp(v[codes == g]) == 0) / len(groups)
+        p = float(v.mean())
+        se = float(np.sqrt(p * (1 - p) / len(v)))
+    if n_prompts < MIN_PASS1_PROMPTS:
+        extra["caution"] = SMALL_CAUTION.format(n=n_prompts, m=MIN_PASS1_PROMPTS)
+    return {"pass1": p, "ci_low": lo, "ci_high": hi, "se": se, "n_answers": len(rows), "n_prompts": n_prompts,
+            "zero_variance_groups": same, **answer_audit(rows), **extra}
 
 
 def evaluate_pass1(model_path: str, rows: list[dict], *, temperature: float, max_new_tokens: int, seed: int,

@@ -1,12 +1,12 @@
 """``gmts series``: audit a TRL training run across its checkpoints.
 
 Given a TRL output directory as TRL leaves it (:mod:`gmts_analysis.readers.trl_output`: ``checkpoint-N`` folders
-by step, the base model as step 0, the loss the trainer trained read from its own ``training_args.bin``), and a
+by step, the base model as step 0, the loss the trainer trained read from its own arguments, never unpickled), and a
 fixed set of held-out prompts, for every checkpoint:
 
 1. **sample** ``num_generations`` answers to each held-out prompt with that checkpoint (the same seed at every
    checkpoint: common random numbers), scored by the verifier (``math_boxed`` by default);
-2. **probe** them (:func:`gmts_analysis.run.job.run_probe`: a full run directory ``step-NNNNN/``, resumable) with
+2. **probe** them (:func:`gmts_analysis.run.job.run_probe`: a run directory ``step-NNNNN/`` without figures or report.html, resumable) with
    the trained loss, by the exact engine or the sketch (``auto`` chooses from the answers' lengths,
    :func:`gmts_analysis.engine.choice.choose_method`, and says why); where the sketch carries a checkpoint, an
    exact subset (``exact_subset`` answers) is probed too and their agreement recorded;
@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.run.heldout import pass_at_1, read_jsonl, sample_answers, write_jsonl
+from gmts_analysis.run.heldout import key_path, pass_at_1, read_jsonl, sample_answers, write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,9 @@ class SeriesSettings:
     threads: int | None = None
     quiet: bool = False
     figures: bool = True
+    overwrite: bool = False
+    truncate: bool = False
+    fidelity: str = "auto"
 
 
 def _steps_wanted(spec: str | None, have: list[int]) -> list[int]:
@@ -86,7 +89,8 @@ def _probe(s: SeriesSettings, model: str, rollouts: Path, out: Path, method: str
     # the runs of a series draw no figures of their own (a report of a real model's run is megabytes): the
     # comparison, the token view and pass@1 are drawn; `gmts figures RUN` draws any one run's
     cfg = ProbeConfig(model=model, rollouts=str(rollouts), out=str(out), grad_norm=method, probes=s.probes,
-                      seed=s.seed, threads=s.threads, quiet=s.quiet, figures=False, **loss)
+                      seed=s.seed, threads=s.threads, quiet=s.quiet, figures=False, overwrite=s.overwrite,
+                      truncate=s.truncate, fidelity=s.fidelity, **loss)
     return run_probe(cfg, extra={"step": step, "checkpoint": model, "job": "gmts series", **(extra or {})})
 
 
@@ -119,30 +123,78 @@ class _Series:
     loss: dict
     max_new: int
     out: Path
+    loss_source: str = ""
+    defaulted: list = dataclasses.field(default_factory=list)
+
+
+def _keep_recorded_base(s: SeriesSettings, trl: Any) -> None:
+    """A series made when step 0 was the training machine's ``model_path`` (before :func:`script_base` preferred
+    the shipped name) goes on with that path, so that it resumes instead of probing step 0 again."""
+    from gmts_analysis.util.files import read_json_object
+
+    path = trl.script_args.get("model_path")
+    if s.base is not None or not trl.checkpoints or trl.checkpoints[0][0] != 0 or not path:
+        return
+    try:
+        old = read_json_object(Path(s.out) / SERIES_FILE).get("checkpoints") or []
+    except GmtsError:
+        return
+    if old and isinstance(old[0], dict) and old[0].get("step") == 0 and old[0].get("checkpoint") == str(path):
+        trl.checkpoints[0] = (0, str(path))
+        trl.base_source = "gmts_script_args.json model_path (as this series recorded it)"
 
 
 def _series_inputs(s: SeriesSettings) -> _Series:
-    """Read the TRL output directory, the trained loss (newest checkpoint's ``training_args.bin``) and the
-    held-out prompts; make the output folders."""
-    from gmts_analysis.readers.trl_output import probe_loss_options, read_trl_output, training_args
+    """Read the TRL output directory, the trained loss (:func:`~gmts_analysis.readers.trl_output.training_args`:
+    the run's ``gmts_training_args.json``, else the newest checkpoint's ``training_args.bin``, never unpickled)
+    and the held-out prompts; check that ``--out`` is the series' own (:mod:`gmts_analysis.run.series_dir`)."""
+    from gmts_analysis.readers.trl_output import (
+        CHECKPOINT_RE,
+        TRAINING_ARGS_BIN,
+        TRAINING_ARGS_JSON,
+        check_checkpoint,
+        defaulted_loss_fields,
+        probe_loss_options,
+        read_trl_output,
+        training_args,
+    )
+    from gmts_analysis.run.series_dir import check_series_out
     from gmts_analysis.sampling.generate import read_prompts
 
     trl = read_trl_output(s.output_dir, s.base)
+    _keep_recorded_base(s, trl)
     steps = _steps_wanted(s.steps, trl.steps)
-    newest = next(p for st, p in reversed(trl.checkpoints) if st > 0)
-    loss = probe_loss_options(training_args(newest))
+    newest = next((p for st, p in reversed(trl.checkpoints) if st > 0), None)
+    if newest is None:
+        raise GmtsError(f"{s.output_dir}: holds only a checkpoint-0; nothing was trained to audit")
+    src = (Path(s.output_dir) / TRAINING_ARGS_JSON if (Path(s.output_dir) / TRAINING_ARGS_JSON).is_file()
+           else Path(newest) / TRAINING_ARGS_BIN)
+    args = training_args(newest)
+    defaulted = defaulted_loss_fields(args)
+    loss = probe_loss_options(args, where=src)
+    if defaulted:
+        log.warning("%s: not a GRPO configuration (%s): the loss is TRL's defaults for %s; pass --temperature and "
+                    "--max-completion-length if the run used others", src,
+                    getattr(args, "saved_class", None) or "no loss fields", ", ".join(defaulted))
     if s.temperature is not None:
         loss["temperature"] = s.temperature  # the probe's log-probs at the sampling temperature
     prompts = s.prompts or (str(trl.heldout_prompts()) if trl.heldout_prompts() else None)
     if prompts is None:
         raise GmtsError(f"{s.output_dir}: no held-out prompts: pass --prompts FILE (the example script writes "
                         "problems_heldout.jsonl)")
-    out = Path(s.out)
-    for sub in ("samples", "tokens", "exact_subset", "batches"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    return _Series(trl=trl, ckpts=[(st, p) for st, p in trl.checkpoints if st in steps],
-                   rows=read_prompts(prompts, limit=s.num_prompts), prompts=str(prompts), loss=loss,
-                   max_new=s.max_completion_length or loss.get("max_completion_length") or 256, out=out)
+    inputs = {"OUTPUT_DIR": s.output_dir, "--prompts": prompts,
+              **({"the run's rollouts": str(trl.rollouts_dir)} if trl.rollouts_dir is not None else {}),
+              **{f"checkpoint {st}": p for st, p in trl.checkpoints if Path(p).exists()}}
+    for st, p in trl.checkpoints:  # every checkpoint checked before anything is loaded or written
+        if st in steps and Path(p).is_dir() and CHECKPOINT_RE.match(Path(p).name):
+            check_checkpoint(p)
+    out = check_series_out(s.out, inputs, overwrite=s.overwrite)
+    ser = _Series(trl=trl, ckpts=[(st, p) for st, p in trl.checkpoints if st in steps],
+                  rows=read_prompts(prompts, limit=s.num_prompts), prompts=str(prompts), loss=loss,
+                  max_new=s.max_completion_length or loss.get("max_completion_length") or 256, out=out)
+    ser.loss_source = str(src)
+    ser.defaulted = defaulted
+    return ser
 
 
 def _audit_checkpoint(s: SeriesSettings, ser: _Series, step: int, path: str) -> dict:
@@ -154,6 +206,9 @@ def _audit_checkpoint(s: SeriesSettings, ser: _Series, step: int, path: str) -> 
     t0 = time.perf_counter()
     tag = f"step-{step:05d}"
     sample = out / "samples" / f"{tag}.jsonl"
+    sample.parent.mkdir(parents=True, exist_ok=True)
+    if s.overwrite:  # the cached answers may be a changed checkpoint's (their key names its path, not its weights)
+        key_path(sample).unlink(missing_ok=True)
     answers = sample_answers(path, ser.rows, s.num_generations, temperature=loss["temperature"],
                              max_new_tokens=ser.max_new, seed=s.seed, verifier=s.verifier, batch_size=s.batch_size,
                              progress=not s.quiet, path=sample)
@@ -163,8 +218,15 @@ def _audit_checkpoint(s: SeriesSettings, ser: _Series, step: int, path: str) -> 
                                                                                    "as asked (--grad-norm)")
     log.info("%s (%s): %s", tag, path, why)
     _probe(s, path, sample, out / tag, method, loss, step)
+    p1 = pass_at_1(answers, seed=s.seed)
+    if p1["pass1"] is None:
+        log.warning("%s: none of the %d held-out answers could be scored (%s): pass@1 is not given", tag,
+                    p1["n_answers"], s.verifier)
+    elif p1["n_unscorable"]:
+        log.warning("%s: %d of %d held-out answers could not be scored (%s): pass@1 is over the other %d", tag,
+                    p1["n_unscorable"], p1["n_answers"], s.verifier, p1["n_answers"] - p1["n_unscorable"])
     entry: dict[str, Any] = {"step": step, "checkpoint": path, "run": tag, "method": method, "why": why,
-                             "mean_answer_tokens": float(np.mean(lengths)), **pass_at_1(answers, seed=s.seed),
+                             "mean_answer_tokens": float(np.mean(lengths)), **p1,
                              "seconds": {"sample": round(t_sample, 1)}}
     if method == "sketch" and s.exact_subset > 0:
         entry["sketch_vs_exact"] = _agreement(out / tag, _probe_subset(
@@ -183,7 +245,8 @@ def _probe_subset(s: SeriesSettings, path: str, answers: list[dict], run_dir: Pa
     """Probe ``answers`` (written once to ``rows_file``, default ``run_dir`` + ``.jsonl``: a file that exists is
     kept) into ``run_dir``; returns ``run_dir``."""
     rows_file = rows_file or run_dir.with_suffix(".jsonl")
-    if not rows_file.is_file():
+    if not rows_file.is_file() or s.overwrite:
+        rows_file.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(rows_file, answers)
     _probe(s, path, rows_file, run_dir, method, loss, step)
     return run_dir
@@ -200,7 +263,8 @@ def _probe_own_batch(s: SeriesSettings, ser: _Series, step: int, path: str, meth
         log.warning("%s: no training batch generated by this checkpoint was logged (rollouts_dir)", tag)
         return None
     bfile = ser.out / "batches" / f"{tag}.jsonl"
-    if not bfile.is_file():
+    if not bfile.is_file() or s.overwrite:
+        bfile.parent.mkdir(parents=True, exist_ok=True)
         write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
     _probe(s, path, bfile, ser.out / "batches" / tag, method, ser.loss, step, extra={"own_batch": str(files[0])})
     return f"batches/{tag}"
@@ -222,6 +286,48 @@ def _write_views(s: SeriesSettings, ser: _Series, record: dict) -> None:
         plot_pass1(record["checkpoints"], ser.out / "pass1.png")
 
 
+#: seconds per answer token of the exact probe per 1e8 parameters on one CPU thread: SmolLM2-135M's exact probe
+#: ran at 0.8 tokens/s on 2 cores (issue 46), 2 x 1.25 s / 1.35 = 1.85 (a rough figure; a GPU is far faster)
+EXACT_THREAD_SECONDS_PER_TOKEN_1E8 = 1.85
+
+
+def _parameters(model: str) -> int | None:
+    """A decoder's parameter count from its config.json (embeddings + layers of attention and MLP; no load), or
+    None when the config does not say."""
+    from gmts_analysis.util.files import read_json_object
+
+    try:
+        c = read_json_object(Path(model) / "config.json")
+        d, n, v = int(c["hidden_size"]), int(c["num_hidden_layers"]), int(c["vocab_size"])
+        ff = int(c.get("intermediate_size") or 4 * d)
+    except (GmtsError, KeyError, TypeError, ValueError, OSError):
+        return None
+    return v * d + n * (4 * d * d + 3 * d * ff)
+
+
+def estimated_cost(s: SeriesSettings, ser: _Series) -> str:
+    """One line, said before the audit starts: the answer tokens it samples and probes (at most: every answer at
+    the budget), a rough time of the exact probe (:data:`EXACT_THREAD_SECONDS_PER_TOKEN_1E8`), and the options
+    that cut it."""
+    import os
+
+    k = len(ser.ckpts)
+    answers = len(ser.rows) * s.num_generations
+    per = answers + min(s.token_answers, answers) + (min(s.exact_subset, answers) if s.grad_norm != "exact" else 0)
+    tokens = k * per * ser.max_new
+    line = (f"estimated cost: {k} checkpoints x ({answers} held-out answers + {min(s.token_answers, answers)} token-view"
+            f" answers) x up to {ser.max_new} tokens = up to {tokens:,} answer tokens sampled and probed")
+    params = _parameters(ser.ckpts[-1][1]) if ser.ckpts else None
+    if params:
+        threads = s.threads or os.cpu_count() or 1
+        sec = tokens * EXACT_THREAD_SECONDS_PER_TOKEN_1E8 * params / 1e8 / threads
+        when = f"{sec / 3600:.1f} h" if sec >= 3600 else f"{sec / 60:.1f} min" if sec >= 60 else f"{sec:.0f} s"
+        line += (f"; the exact probe of a {params:,}-parameter model on {threads} CPU thread(s): up to ~{when} "
+                 "(rough; a GPU is far faster, the sketch cheaper for long answers)")
+    return line + ("; to cut it: fewer --num-prompts / --num-generations / --token-answers, a smaller "
+                   "--max-completion-length, fewer --steps, or --grad-norm sketch")
+
+
 def audit_series(s: SeriesSettings) -> Path:
     """Run the audit (module docstring) into ``s.out``; returns ``s.out``."""
     from gmts_analysis.util.io import atomic_write_json
@@ -231,11 +337,13 @@ def audit_series(s: SeriesSettings) -> Path:
     log.info("series of %d checkpoints (steps %s; base from %s), %d held-out prompts x %d answers, loss %s, "
              "temperature %g, %d tokens", len(ser.ckpts), [c[0] for c in ser.ckpts], ser.trl.base_source or "none",
              len(ser.rows), s.num_generations, loss.get("loss_type"), loss["temperature"], ser.max_new)
+    log.info("%s", estimated_cost(s, ser))
     record: dict[str, Any] = {"output_dir": str(ser.trl.root), "base_source": ser.trl.base_source,
                               "prompts": ser.prompts, "num_prompts": len(ser.rows),
                               "num_generations": s.num_generations, "temperature": loss["temperature"],
                               "max_completion_length": ser.max_new, "seed": s.seed, "verifier": s.verifier,
-                              "loss": loss, "checkpoints": []}
+                              "loss": loss, "loss_source": ser.loss_source, "loss_defaulted": ser.defaulted,
+                              "checkpoints": []}
     for step, path in ser.ckpts:
         record["checkpoints"].append(_audit_checkpoint(s, ser, step, path))
         atomic_write_json(ser.out / SERIES_FILE, record)  # a killed audit keeps the finished checkpoints

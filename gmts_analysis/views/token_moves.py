@@ -146,16 +146,21 @@ def fig_pass1(checkpoints: Sequence[dict]):
     from matplotlib.figure import Figure
 
     xs = [c["step"] for c in checkpoints]
-    ys = [c["pass1"] for c in checkpoints]
-    lo = [c["pass1"] - c["ci_low"] for c in checkpoints]
-    hi = [c["ci_high"] - c["pass1"] for c in checkpoints]
+    scored = [c for c in checkpoints if c.get("pass1") is not None]  # none scorable: no point (series.json says)
+    ys = [c["pass1"] for c in scored]
+    lo = [c["pass1"] - c["ci_low"] for c in scored]
+    hi = [c["ci_high"] - c["pass1"] for c in scored]
     fig = Figure(figsize=(5, 3.2))
     ax = fig.subplots()
-    ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, color="#333333")
+    ax.errorbar([c["step"] for c in scored], ys, yerr=[lo, hi], marker="o", capsize=3, color="#333333")
     n = checkpoints[0].get("n_answers")
     ax.set_xlabel("step")
     ax.set_ylabel("pass@1 (95% CI over prompts)")
-    ax.set_title(f"held-out pass@1 ({n} answers per checkpoint)", fontsize=10)
+    caution = next((c["caution"] for c in checkpoints if c.get("caution")), None)
+    title = f"held-out pass@1 ({n} answers per checkpoint)"
+    if caution:  # few prompts: said on the figure, not only in series.json
+        title += f"\n{caution.split(';')[0]}: differences are within noise"
+    ax.set_title(title, fontsize=9, color="#333333" if not caution else "#b03a2e")
     ax.set_xticks(xs)
     fig.tight_layout()
     return fig
