@@ -422,3 +422,106 @@ def test_real_verl_legacy_trainer_insertion_points(verl_cfg):
     for name in ("_compute_old_log_prob", "_update_actor"):
         assert list(inspect.signature(getattr(RayPPOTrainer, name)).parameters) == ["self", "batch"]
         assert getattr(GmtsRayPPOTrainer, name) is not getattr(RayPPOTrainer, name)
+
+
+class _FakeActorWorkers:
+    """Stands in for verl's actor worker group (the Ray workers): ``compute_log_prob`` answers, for the unpadded
+    (nested) sequences verl sends, a log-prob and an entropy per token; ``update_actor`` keeps what it receives."""
+
+    def __init__(self):
+        self.updates = []
+
+    def compute_log_prob(self, td):
+        from verl.utils import tensordict_utils as tu
+
+        ids = td["input_ids"]
+        lp = torch.nested.nested_tensor_from_jagged(-(ids.values() % 7).float() / 3, offsets=ids.offsets())
+        ent = torch.nested.nested_tensor_from_jagged((ids.values() % 5).float() / 2, offsets=ids.offsets())
+        return tu.get_tensordict({"log_probs": lp, "entropy": ent}, non_tensor_dict={"metrics": {"mfu": 0.0}})
+
+    def update_actor(self, td):
+        from verl.utils import tensordict_utils as tu
+
+        self.updates.append(td)
+        return tu.get_tensordict({}, non_tensor_dict={"metrics": {"mfu": 0.0}})
+
+
+def test_real_verl_legacy_trainer_keeps_entropies_and_selects_before_the_update(verl_cfg):
+    """GmtsRayPPOTrainer through verl 0.9.1's own _compute_old_log_prob and _update_actor (their padding
+    conversions included, the workers faked): 'old_entropys' survive fit's pop, and the actor update receives
+    the recipe's masked advantages."""
+    from omegaconf import OmegaConf, open_dict
+
+    from gmts_analysis.integrations.verl_trainer import GmtsRayPPOTrainer
+
+    data = _real_verl_batch(9)
+    b = data.batch
+    bs, P = b["prompts"].shape
+    b["input_ids"] = torch.cat([b["prompts"], b["responses"]], 1)
+    b["position_ids"] = (b["attention_mask"].cumsum(-1) - 1).clamp(min=0)
+    trainer = GmtsRayPPOTrainer.__new__(GmtsRayPPOTrainer)
+    trainer.config = OmegaConf.merge(verl_cfg, {})
+    with open_dict(trainer.config):
+        trainer.config.gmts = {"selection": "gmts", "rho": 0.25, "scope": "group"}
+    trainer.actor_rollout_wg = _FakeActorWorkers()
+    old, _ = trainer._compute_old_log_prob(data)
+    torch.testing.assert_close(old.batch["old_entropys"], old.batch["entropys"], rtol=0, atol=0)
+    mask = b["response_mask"].bool()
+    T = b["responses"].shape[1]  # the model's output at the token before each response token (verl's shift)
+    want_ent = (b["input_ids"][:, P - 1:P - 1 + T] % 5).float() / 2
+    torch.testing.assert_close(old.batch["old_entropys"][mask], want_ent[mask], rtol=0, atol=0)
+    old.batch.pop("entropys")  # what fit does, then batch.union(old_log_prob)
+    data.batch.pop("old_log_probs"), data.batch.pop("old_entropys")  # the rollout batch has neither before
+    data = data.union(old)
+    data = _grpo(data, verl_cfg)
+    ref = data.select(deepcopy=True)
+    out = trainer._update_actor(data)
+    apply_token_selection(ref, selection="gmts", rho=0.25, scope="group", entropy_key="old_entropys",
+                          actor=verl_cfg.actor_rollout_ref.actor)
+    sent = trainer.actor_rollout_wg.updates[0]["advantages"]
+    torch.testing.assert_close(sent, ref.batch["advantages"], rtol=0, atol=0)
+    sel = ref.batch["token_selection_mask"]
+    assert 0 < int(sel.sum()) < int(mask.sum()) and (sent[mask & ~sel] == 0).all()
+    assert out.meta_info["metrics"]["gmts/selection/frac_selected"] == pytest.approx(int(sel.sum()) / int(mask.sum()))
+
+
+@pytest.mark.parametrize("loss_scale_factor", [None, 16])
+def test_real_verl_worker_loss_on_unpadded_answers_divides_by_the_longest(verl_cfg, loss_scale_factor):
+    """verl 0.9.1's worker loss (``workers/utils/losses.py`` ``ppo_loss``) on the V1 trainer's unpadded (nested)
+    answers: seq-mean-token-sum-norm divides by the micro-batch's longest answer when loss_scale_factor is unset
+    (why gmts_sync refuses that mode without it), by loss_scale_factor when set; omega matches the latter."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    from gmts_analysis.core.objective import answer_weights, verl_loss_settings
+
+    actor = _verl_actor(verl_cfg, "seq-mean-token-sum-norm", loss_scale_factor=loss_scale_factor)
+    P, lens = 3, [4, 7, 5]
+
+    def nest(xs):
+        return torch.nested.as_nested_tensor(xs, layout=torch.jagged)
+
+    g = torch.Generator().manual_seed(0)
+    full = [-torch.rand(P + n, generator=g) for n in lens]
+    data = tu.get_tensordict({
+        "prompts": nest([torch.ones(P, dtype=torch.long)] * 3),
+        "responses": nest([torch.ones(n, dtype=torch.long) for n in lens]),
+        "response_mask": nest([torch.ones(n) for n in lens]),
+        "old_log_probs": nest([lp[P - 1:P - 1 + n] for lp, n in zip(full, lens)]),  # ratio 1
+        "advantages": nest([torch.ones(n) for n in lens])},
+        non_tensor_dict={"dp_size": 1, "batch_num_tokens": sum(lens), "global_batch_size": 3})
+    leaf = torch.cat(full).requires_grad_(True)
+    offsets = torch.tensor([0] + [P + n for n in lens]).cumsum(0)
+    loss, _ = ppo_loss(actor, {"log_probs": torch.nested.nested_tensor_from_jagged(leaf, offsets=offsets)}, data)
+    (grad,) = torch.autograd.grad(loss, leaf)
+    got = sorted(set((-grad[grad != 0]).tolist()))
+    assert got == pytest.approx([1 / (3 * (loss_scale_factor or max(lens)))], rel=1e-6)
+    if loss_scale_factor:
+        s = verl_loss_settings(actor)
+        assert answer_weights(torch.tensor(lens), s.loss_agg, s.max_len).tolist() == pytest.approx([got[0]] * 3)
+    else:
+        from gmts_analysis.errors import GmtsError
+        from gmts_analysis.integrations.verl_trainer import _check_horizon
+
+        with pytest.raises(GmtsError, match="loss_scale_factor"):
+            _check_horizon(actor)
