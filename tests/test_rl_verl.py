@@ -402,6 +402,11 @@ def test_real_verl_v1_trainer_selects_after_its_own_advantages(verl_cfg, monkeyp
     from gmts_analysis.errors import GmtsError
     with pytest.raises(GmtsError, match="gmts.bogus"):
         trainer._compute_advantage(tq.KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), {})
+    with open_dict(trainer.config):
+        del trainer.config.gmts.bogus
+        trainer.config.algorithm.rollout_correction.bypass_mode = True  # no old-policy entropies then
+    with pytest.raises(GmtsError, match="bypass_mode"):
+        trainer._compute_advantage(tq.KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train"), {})
 
 
 def test_real_verl_legacy_trainer_insertion_points(verl_cfg):
@@ -525,3 +530,27 @@ def test_real_verl_worker_loss_on_unpadded_answers_divides_by_the_longest(verl_c
 
         with pytest.raises(GmtsError, match="loss_scale_factor"):
             _check_horizon(actor)
+
+
+def test_real_verl_gmts_sync_is_registered_in_the_task_runner_process(verl_cfg):
+    """The V1 registry lives in the Ray process of verl's task runner: GmtsTaskRunner (what the entry point hands
+    run_ppo) is one, and there verl's get_trainer_cls('gmts_sync') finds the recipe's trainer (a local Ray, 1 CPU)."""
+    import os
+
+    import ray
+
+    from gmts_analysis.integrations.verl_trainer import GmtsTaskRunner
+
+    def in_ray_process(self):  # local: Ray sends it by value (the tests are no module in that process)
+        import os
+
+        from verl.trainer.ppo.v1 import get_trainer_cls
+
+        return os.getpid(), get_trainer_cls("gmts_sync").__name__
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        pid, name = ray.get(GmtsTaskRunner.remote().__ray_call__.remote(in_ray_process), timeout=240)
+    finally:
+        ray.shutdown()
+    assert pid != os.getpid() and name == "GmtsPPOTrainerSync"

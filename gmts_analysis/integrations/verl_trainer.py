@@ -78,6 +78,13 @@ def _check_horizon(actor: Any) -> None:
                         "set it (e.g. to rollout.response_length) for one horizon")
 
 
+def _check_bypass(config: Any) -> None:
+    rc = config.algorithm.get("rollout_correction", None)
+    if rc is not None and rc.get("bypass_mode", False):
+        raise GmtsError("algorithm.rollout_correction.bypass_mode: verl then computes no old-policy entropies "
+                        "(it reuses the rollout's log-probs), which the selection ranks by; set it to false")
+
+
 def select_in_transfer_queue(batch: Any, config: Any, metrics: dict) -> Any:
     """Select the tokens of a V1 batch (``KVBatchMeta``) in the TransferQueue; returns verl's new batch meta.
 
@@ -86,6 +93,7 @@ def select_in_transfer_queue(batch: Any, config: Any, metrics: dict) -> Any:
     """
     actor = config.actor_rollout_ref.actor
     _check_horizon(actor)
+    _check_bypass(config)
     fields = ["entropy", "advantages", "response_mask", "old_log_probs", "uid"]
     if actor.get("use_kl_loss", False):
         fields.append("ref_log_prob")
@@ -122,6 +130,7 @@ class GmtsRayPPOTrainer(RayPPOTrainer):
         return old_log_prob, mfu
 
     def _update_actor(self, batch: DataProto) -> DataProto:
+        _check_bypass(self.config)
         gmts_metrics = apply_token_selection(batch, actor=self.config.actor_rollout_ref.actor,
                                              algorithm=self.config.algorithm, **gmts_options(self.config))
         out = super()._update_actor(batch)
