@@ -254,16 +254,26 @@ def _get(obj: Any, name: str, default: Any = None) -> Any:
         return getattr(obj, name, default)
 
 
-def verl_loss_settings(actor: Any, algorithm: Any = None) -> LossSettings:
+def verl_loss_settings(actor: Any, algorithm: Any = None, *, horizon: int | None = None) -> LossSettings:
     """:class:`LossSettings` of a verl actor config (``actor_rollout_ref.actor``; dict-like or attributes).
 
     Modelled: ``policy_loss.loss_mode`` vanilla (PPO clip with ``clip_ratio_low/high`` defaulting to
     ``clip_ratio`` and the dual clip ``clip_ratio_c``, default 3.0, verl's ``core_algos.
     compute_policy_loss_vanilla``), ``use_kl_loss`` with ``kl_loss_type`` low_var_kl / k3 (clamped as
-    verl clamps), ``loss_agg_mode`` token-mean, seq-mean-token-mean, seq-mean-token-sum and
-    seq-mean-token-sum-norm (verl's four; verl's ``agg_loss`` divides the last by
-    ``loss_scale_factor`` only, not by the number of answers, so our ``1 / (N L_max)`` is verl's weight
-    up to one constant per optimizer step: rankings and ratios exact, not the absolute scale).
+    verl clamps), ``loss_agg_mode`` token-mean, seq-mean-token-mean, seq-mean-token-sum,
+    seq-mean-token-sum-norm and token-sum.
+
+    ``seq-mean-token-sum-norm``: verl 0.9.1's ``agg_loss`` sums each answer's tokens, divides by the
+    number of answers (``global_batch_size``, the mini-batch's) and then by ``loss_scale_factor``, or, when
+    that is unset, by the padded response width ``loss_mask.shape[-1]`` (the horizon). Our weight
+    ``1 / (N L_max)`` takes ``L_max`` = the actor's ``loss_scale_factor`` when set, else ``horizon`` (the
+    padded response length of the batch the loss sees: ``data.batch["response_mask"].shape[-1]`` in
+    ``RayPPOTrainer``, i.e. ``rollout.response_length``); with neither it is refused, since the longest
+    answer is not verl's divisor unless an answer reaches the horizon. (verl's V1 trainer keeps answers
+    unpadded, so its horizon is each micro-batch's longest answer: set ``loss_scale_factor`` there.) ``N``
+    is the number of answers given, verl's is the mini-batch's: equal with one mini-batch per step, else
+    one constant per optimizer step.
+
     Refused (GmtsError naming it): any other loss mode, loss_agg_mode or KL type (the straight-through
     ``k3+``/``low_var_kl+`` included), an entropy bonus (``entropy_coeff != 0``), and rollout-correction
     weights (``algorithm.rollout_correction.rollout_is``; pass ``algorithm=`` the algorithm config).
@@ -293,7 +303,15 @@ def verl_loss_settings(actor: Any, algorithm: Any = None) -> LossSettings:
         if kt not in ("low_var_kl", "k3"):
             raise GmtsError(f"verl kl_loss_type='{kt}' is not modelled by omega (modelled: low_var_kl, k3)")
         beta = float(g("kl_loss_coef", 0.001))
-    return LossSettings(
+    max_len = None
+    if VERL_LOSS_AGG[agg] == "seq-mean-token-sum-norm":
+        lsf = g("loss_scale_factor")
+        max_len = int(lsf) if lsf is not None else horizon
+        if max_len is None:
+            raise GmtsError("verl loss_agg_mode='seq-mean-token-sum-norm' divides by the response horizon: set "
+                            "actor_rollout_ref.actor.loss_scale_factor (verl's constant divisor), or pass horizon= "
+                            "the padded response length (rollout.response_length)")
+    return LossSettings(max_len=max_len,
         loss_agg=VERL_LOSS_AGG[agg], clip_low=float(lo) if lo is not None else clip,
         clip_high=float(hi) if hi is not None else clip, clip_ratio_c=float(g("clip_ratio_c", 3.0)),
         kl_beta=beta, kl_bias_correction=False, log_ratio_clamp=20.0, kl_clamp=10.0 if beta else None,

@@ -544,10 +544,10 @@ def verl_diagnostics(
     from gmts_analysis.integrations.verl_recipe import verl_settings
 
     # the loss omega is computed under: verl's actor config, read as the recipe reads it
-    settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,
-                             entropy_coeff=entropy_coeff)
-    kl_beta = settings.kl_beta
     b = data.batch
+    settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,
+                             entropy_coeff=entropy_coeff, horizon=b["response_mask"].shape[-1])
+    kl_beta = settings.kl_beta
     keys = set(b.keys())
     ent, adv, mask = b[entropy_key], b["advantages"], b["response_mask"]
     ref = b["ref_log_prob"] if kl_beta and "ref_log_prob" in keys else None
