@@ -368,6 +368,8 @@ def test_layout_checkpoints_by_step_completeness_and_resume(run_dir, tmp_path):
     assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and t.CHECKPOINT_RE.match("checkpoint-7")
     assert t.newest_resumable(run) == (None, [run / "checkpoint-2", run / "checkpoint-1"])  # no optimizer.pt
     (run / "checkpoint-1" / "optimizer.pt").write_bytes(b"x")
+    assert t.missing_for_resume(run / "checkpoint-1") == ["scheduler.pt"]  # transformers would skip the optimizer
+    (run / "checkpoint-1" / "scheduler.pt").write_bytes(b"x")
     (run / "checkpoint-3").mkdir()  # cut short: no config.json
     assert t.newest_resumable(run) == (run / "checkpoint-1", [run / "checkpoint-3", run / "checkpoint-2"])
     assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and len(t.checkpoint_dirs(run, complete=False)) == 3
