@@ -293,3 +293,29 @@ def test_a_step_with_no_scorable_held_out_answer_is_refused_not_recorded_as_null
     assert e["n_unscorable"] == 1 and e["n"] == 4 and e["pass1_mean"] == pytest.approx(2 / 3)
     check_evals([e], ["word"], Path("rec.json"))
     assert "n_unscorable" not in eval_entry(3, {**pass_at_1(rows, n_boot=20), "mean_answer_tokens": 2.0})
+
+
+def test_driver_refusals_are_one_line_and_an_unscored_step_prints_why(tmp_path, monkeypatch, capsys):
+    """The driver turns the package's refusals (a step with no scorable answer, above) into its own one-line exit,
+    and its eval command prints a refused pass@1 as such (it formatted None as a number: a traceback)."""
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.run.heldout import pass_at_1
+
+    drv = _driver_module()
+
+    def refuse(*a, **k):
+        raise GmtsError("step 3: no held-out pass@1 to record")
+
+    monkeypatch.setattr(drv, "run_plan", refuse)
+    with pytest.raises(SystemExit, match="^step 3: no held-out pass@1 to record$"):
+        drv.main(["run", str(tmp_path / "plan.json"), "--runs-root", str(tmp_path / "runs"), "--threads", "1"])
+    rows = [{"group_id": g, "reward": 0.0, "unscorable": True, "truncated": False, "response_ids": [1]}
+            for g in range(2)]
+    ev = {**pass_at_1(rows, n_boot=10), "mean_answer_tokens": 1.0}
+    monkeypatch.setattr(drv, "eval_run", lambda *a, **k: {2: ev})
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
+    assert drv.main(["eval", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "--steps", "2",
+                     "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 2: pass@1 not given (none of the 2 answers could be scored by the verifier), 2 "
+                          "unscorable n=2"), out
