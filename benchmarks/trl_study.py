@@ -296,20 +296,37 @@ def main(argv: list[str] | None = None) -> int:
     # (subprocess.run), not left training into the run's folder beside the next driver's
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     torch.set_num_threads(a.threads)
-    if a.cmd == "run":
-        run_plan(a.plan, a.runs_root, set(a.only.split(",")) if a.only else None, a.threads)
-    else:
-        from gmts_analysis.sampling.generate import read_prompts
+    from gmts_analysis.errors import GmtsError
 
-        ev = {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "seed": a.seed,
-              "answers_per_problem": a.answers_per_problem}
-        steps = [int(x) for x in a.steps.split(",")]
-        res = eval_run(a.run_dir, read_prompts(a.prompts), steps, ev,
-                       base=_base_path(a.base) if a.base else None)
-        for s, v in res.items():
-            print(f"step {s}: pass@1 {v['pass1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}] n={v['n_answers']} "
-                  f"boxed {v['boxed_share']} truncated {v['truncated_share']:.3f} len {v['mean_answer_tokens']:.0f}")
+    try:
+        if a.cmd == "run":
+            run_plan(a.plan, a.runs_root, set(a.only.split(",")) if a.only else None, a.threads)
+        else:
+            from gmts_analysis.sampling.generate import read_prompts
+
+            ev = {"temperature": a.temperature, "max_new_tokens": a.max_new_tokens, "seed": a.seed,
+                  "answers_per_problem": a.answers_per_problem}
+            steps = [int(x) for x in a.steps.split(",")]
+            res = eval_run(a.run_dir, read_prompts(a.prompts), steps, ev,
+                           base=_base_path(a.base) if a.base else None)
+            for s, v in res.items():
+                print(eval_line(s, v))
+    except GmtsError as e:  # bad input (a run record refused, a file unreadable): one line, like the driver's own
+        raise SystemExit(str(e)) from None
     return 0
+
+
+def eval_line(step: int, v: dict) -> str:
+    """One evaluation (:func:`evaluate`'s result) as a line; a pass@1 refused (no answer could be scored) says
+    why instead of a number."""
+    if v["pass1"] is None:
+        p1 = f"pass@1 not given ({v.get('pass1_refused')})"
+    else:
+        p1 = f"pass@1 {v['pass1']:.3f} [{v['ci_low']:.3f}, {v['ci_high']:.3f}]"
+    if v.get("n_unscorable"):
+        p1 += f", {v['n_unscorable']} unscorable"
+    return (f"step {step}: {p1} n={v['n_answers']} boxed {v['boxed_share']} truncated {v['truncated_share']:.3f} "
+            f"len {v['mean_answer_tokens']:.0f}")
 
 
 if __name__ == "__main__":

@@ -77,3 +77,19 @@ def test_trained_loss_type_is_documented():
     if not trl.__version__.startswith("1.16"):
         pytest.skip(f"the docs describe TRL 1.16, installed {trl.__version__}")
     assert default == "dapo"
+
+
+def test_training_real_says_what_real_runs_says_of_a_run_folder():
+    """docs/training_real.md agrees with docs/real_runs.md (issue 46): nothing in a run folder is unpickled (the
+    JSON arguments first, training_args.bin only by the restricted reader), and a series' step folder is a run
+    directory without figures, not a "full run directory"."""
+    text = " ".join((ROOT / "docs" / "training_real.md").read_text(encoding="utf-8").split())
+    assert "full run director" not in text
+    assert "instead of unpickling" not in text
+    assert "real_runs.md#what-is-read-from-a-run-folder-and-how" in text
+    assert "run directory without figures" in text and "nothing in the file is unpickled" in text
+    assert "`n_unscorable`" in text
+    heads = {re.sub(r"[^a-z0-9 -]", "", h.lower()).strip().replace(" ", "-")
+             for h in re.findall(r"^#+ (.*)$", REAL_RUNS.read_text(encoding="utf-8"), flags=re.M)}
+    for anchor in re.findall(r"real_runs\.md#([\w-]+)", text):
+        assert anchor in heads, anchor

@@ -86,6 +86,17 @@ def test_real_training_args_read_without_unpickling(run_dir, tmp_path):
     torch.save(SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, token_selection="gmts",
                                    selection_rho=0.5), tmp_path / "a.bin")
     assert read_training_args_bin(tmp_path / "a.bin").selection_rho == 0.5
+    assert not defaulted_loss_fields(read_training_args_bin(tmp_path / "a.bin"))  # a GRPO configuration
+    # a run trained before the drop-in moved to integrations/trl/ saved its config under the old module name
+    old = SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, selection_rho=0.25)
+    module = SelectiveGRPOConfig.__module__
+    try:
+        SelectiveGRPOConfig.__module__ = "gmts_analysis.integrations.trl_trainer"
+        torch.save(old, tmp_path / "old.bin")
+    finally:
+        SelectiveGRPOConfig.__module__ = module
+    b = read_training_args_bin(tmp_path / "old.bin")
+    assert b.saved_class == "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig" and b.selection_rho == 0.25
     # the rarer fields a real run may set: FSDP options, debug options, a dtype object, a device
     a = _grpo(tmp_path, fsdp="full_shard", debug="underflow_overflow", model_init_kwargs={"dtype": torch.bfloat16})
     torch.save(a, tmp_path / "a.bin")
@@ -368,6 +379,8 @@ def test_layout_checkpoints_by_step_completeness_and_resume(run_dir, tmp_path):
     assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and t.CHECKPOINT_RE.match("checkpoint-7")
     assert t.newest_resumable(run) == (None, [run / "checkpoint-2", run / "checkpoint-1"])  # no optimizer.pt
     (run / "checkpoint-1" / "optimizer.pt").write_bytes(b"x")
+    assert t.missing_for_resume(run / "checkpoint-1") == ["scheduler.pt"]  # transformers would skip the optimizer
+    (run / "checkpoint-1" / "scheduler.pt").write_bytes(b"x")
     (run / "checkpoint-3").mkdir()  # cut short: no config.json
     assert t.newest_resumable(run) == (run / "checkpoint-1", [run / "checkpoint-3", run / "checkpoint-2"])
     assert [s for s, _ in t.checkpoint_dirs(run)] == [1, 2] and len(t.checkpoint_dirs(run, complete=False)) == 3

@@ -272,3 +272,50 @@ def test_cached_evaluations_are_reused_only_for_the_same_settings(tiny_dir, tmp_
         assert heldout.cached_key(out.with_suffix(".answers.jsonl"))["temperature"] == 1.0
     finally:
         heldout.evaluate_pass1 = real
+
+
+def test_a_step_with_no_scorable_held_out_answer_is_refused_not_recorded_as_null():
+    """A run record's pass@1 is a number (gmts rl-report's check_evals refuses null): a step whose held-out
+    answers were all unscorable is refused in one line naming the step and the fix; where only some were, the
+    record says how many (n_unscorable, as series.json does) and passes the readers' checks."""
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.rl.referee_records import check_evals
+    from gmts_analysis.rl.trl_records import eval_entry
+    from gmts_analysis.run.heldout import pass_at_1
+
+    rows = [{"group_id": g, "reward": float(g % 2), "response_ids": [1, 2]} for g in range(4)]
+    none = pass_at_1([{**r, "reward": 0.0, "unscorable": True} for r in rows], n_boot=20)
+    with pytest.raises(GmtsError, match=r"^step 3: no held-out pass@1 to record \(none of the 4 answers could be "
+                                        r"scored by the verifier\); .*solution"):
+        eval_entry(3, {**none, "mean_answer_tokens": 2.0})
+    some = pass_at_1([{**r, "unscorable": True, "reward": 0.0} if r["group_id"] == 0 else r for r in rows], n_boot=20)
+    e = eval_entry(3, {**some, "mean_answer_tokens": 2.0})
+    assert e["n_unscorable"] == 1 and e["n"] == 4 and e["pass1_mean"] == pytest.approx(2 / 3)
+    check_evals([e], ["word"], Path("rec.json"))
+    assert "n_unscorable" not in eval_entry(3, {**pass_at_1(rows, n_boot=20), "mean_answer_tokens": 2.0})
+
+
+def test_driver_refusals_are_one_line_and_an_unscored_step_prints_why(tmp_path, monkeypatch, capsys):
+    """The driver turns the package's refusals (a step with no scorable answer, above) into its own one-line exit,
+    and its eval command prints a refused pass@1 as such (it formatted None as a number: a traceback)."""
+    from gmts_analysis.errors import GmtsError
+    from gmts_analysis.run.heldout import pass_at_1
+
+    drv = _driver_module()
+
+    def refuse(*a, **k):
+        raise GmtsError("step 3: no held-out pass@1 to record")
+
+    monkeypatch.setattr(drv, "run_plan", refuse)
+    with pytest.raises(SystemExit, match="^step 3: no held-out pass@1 to record$"):
+        drv.main(["run", str(tmp_path / "plan.json"), "--runs-root", str(tmp_path / "runs"), "--threads", "1"])
+    rows = [{"group_id": g, "reward": 0.0, "unscorable": True, "truncated": False, "response_ids": [1]}
+            for g in range(2)]
+    ev = {**pass_at_1(rows, n_boot=10), "mean_answer_tokens": 1.0}
+    monkeypatch.setattr(drv, "eval_run", lambda *a, **k: {2: ev})
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "1+1=", "solution": "2"}) + "\n")
+    assert drv.main(["eval", str(tmp_path), "--prompts", str(tmp_path / "p.jsonl"), "--steps", "2",
+                     "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("step 2: pass@1 not given (none of the 2 answers could be scored by the verifier), 2 "
+                          "unscorable n=2"), out

@@ -214,6 +214,36 @@ def test_training_arguments_are_saved_as_sorted_json(run2):
     assert not list(out.glob(".*.tmp"))
 
 
+def test_the_file_the_script_writes_is_the_one_series_reads(run2):
+    """One name, one format: the script's gmts_training_args.json (flat to_dict()) is what readers.trl_output
+    reads before any training_args.bin, for the output dir and for each of its checkpoints."""
+    from gmts_analysis.readers import trl_output
+
+    out, _ = run2
+    assert trl_train.TRAINING_ARGS_FILE is trl_output.TRAINING_ARGS_JSON
+    j = json.loads((out / trl_output.TRAINING_ARGS_JSON).read_text())
+    for where in (out, out / "checkpoint-1"):
+        a = trl_output.training_args(where)
+        assert a.selection_rho == j["selection_rho"] == 0.5 and a.max_steps == 2 and a.loss_type == "dapo"
+
+
+def test_the_layout_is_defined_once_in_readers():
+    """The checkpoint regex, the weight files, the resume files and the training-arguments file name are stated
+    in readers/trl_output.py alone (issue 47: one home of a training output dir's layout); the training script
+    uses them."""
+    import gmts_analysis
+    from gmts_analysis.readers import trl_output
+
+    pkg = Path(gmts_analysis.__file__).parent
+    for needle in ('"gmts_training_args.json"', "checkpoint-(", '"model.safetensors", "model.safetensors.index.json"',
+                   '"scheduler.pt"'):
+        found = sorted(str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if needle in p.read_text(encoding="utf-8"))
+        assert found == ["readers/trl_output.py"], (needle, found)
+    assert trl_train.WEIGHT_FILES is trl_output.WEIGHT_FILES and trl_train.RESUME_FILES is trl_output.RESUME_FILES
+    assert trl_train.checkpoint_dirs is trl_output.checkpoint_dirs
+    assert not hasattr(trl_train, "_step_dirs") and not hasattr(trl_train, "_has_model")
+
+
 # -- 3. a finished run
 
 def test_a_finished_run_says_so_and_trains_nothing(run2, tiny_dir, tmp_path, caplog, no_load):
@@ -272,6 +302,15 @@ def test_where_a_run_starts_is_read_from_the_folder_alone(tmp_path, monkeypatch)
         trl_train.plan_resume(out, 4)
     (out / "checkpoint-01").mkdir()
     with pytest.raises(GmtsError, match="checkpoint-01 and checkpoint-1 are both step 1"):
+        trl_train.plan_resume(out, 4)
+    shutil.rmtree(out / "checkpoint-01")
+    # a checkpoint without scheduler.pt cannot resume: transformers then loads neither optimizer nor scheduler
+    (c1 / "trainer_state.json").write_text(json.dumps({"global_step": 1, "max_steps": 4}))
+    (c1 / "scheduler.pt").unlink()
+    from gmts_analysis.readers.trl_output import is_resumable, newest_resumable
+
+    assert not is_resumable(c1) and newest_resumable(out)[0] is None
+    with pytest.raises(GmtsError, match="none can resume"):
         trl_train.plan_resume(out, 4)
     # the final model saved at the top (save_model, save_state): finished unless more steps are asked for
     top = _fake_checkpoint(tmp_path / "final", 3, files=("config.json", "model.safetensors", "trainer_state.json"))

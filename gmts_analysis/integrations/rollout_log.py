@@ -37,20 +37,18 @@ verl: :func:`write_verl_batch` writes a ``DataProto`` after ``compute_advantage`
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from gmts_analysis.util.io import atomic_write_text
+from gmts_analysis.util.atomic import atomic_write_jsonl
 
 
 def write_rows(path: str | Path, rows: Sequence[dict]) -> Path:
-    """Write rollout rows as JSONL, atomically."""
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    return atomic_write_text(path, text)
+    """Write rollout rows as JSONL, atomically (:func:`~gmts_analysis.util.atomic.atomic_write_jsonl`)."""
+    return atomic_write_jsonl(path, rows)
 
 
 def _trim(row: torch.Tensor, n: int) -> list[float]:

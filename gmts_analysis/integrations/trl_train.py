@@ -42,21 +42,22 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.readers.trl_output import CHECKPOINT_RE, HELDOUT_PROBLEMS, SCRIPT_ARGS_FILE  # noqa: F401
+from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one home; re-exported for scripts)
+    HELDOUT_PROBLEMS,
+    RESUME_FILES,
+    RESUME_ONLY_FILES,
+    RESUME_ONLY_PREFIXES,
+    SCRIPT_ARGS_FILE,
+    WEIGHT_FILES,
+    checkpoint_dirs,
+    has_weights,
+    missing_for_resume,
+    newest_resumable,
+)
+from gmts_analysis.readers.trl_output import TRAINING_ARGS_JSON as TRAINING_ARGS_FILE
 
 log = logging.getLogger(__name__)
 
-#: files of a checkpoint that only resuming needs (the newest checkpoint keeps them)
-RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
-RESUME_ONLY_PREFIXES = ("rng_state",)
-#: what resuming needs besides the model: TRL restores the optimizer and the learning-rate schedule from these
-RESUME_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
-#: a checkpoint's model weights, in any of the forms transformers saves (one is enough)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.safetensors", "adapter_model.bin")
-#: the run's full training arguments as JSON (``training_args.to_dict()``), read instead of unpickling
-#: ``training_args.bin``
-TRAINING_ARGS_FILE = "gmts_training_args.json"
 #: the problems the script trained on, as ``gmts sample --prompts`` rows (the held-out ones: ``HELDOUT_PROBLEMS``)
 TRAIN_PROBLEMS = "problems_train.jsonl"
 #: the script's name in its one-line errors
@@ -175,47 +176,12 @@ def trl_dataset(rows: list[dict]) -> Any:
                               for r in rows])
 
 
-def _step_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``[(step, path)]`` of every ``checkpoint-N`` folder of ``output_dir``, complete or not, by step; two
-    folders of one step (``checkpoint-2`` beside ``checkpoint-02``) are refused, naming both."""
-    d = Path(output_dir)
-    found: dict[int, Path] = {}
-    if d.is_dir():
-        for p in d.iterdir():
-            m = CHECKPOINT_RE.match(p.name)
-            if m and p.is_dir():
-                step = int(m.group(1))
-                if step in found:
-                    a, b = sorted((found[step].name, p.name))
-                    raise GmtsError(f"{d}: {a} and {b} are both step {step}; move one of them out of the folder")
-                found[step] = p
-    return sorted(found.items())
-
-
-def checkpoint_dirs(output_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """``[(step, path)]`` of TRL's ``checkpoint-N`` folders in ``output_dir`` (each with a config.json), by step."""
-    return [(s, p) for s, p in _step_dirs(output_dir) if (p / "config.json").is_file()]
-
-
-def _has_model(p: Path) -> bool:
-    return any((p / f).is_file() for f in WEIGHT_FILES) and (
-        (p / "config.json").is_file() or (p / "adapter_config.json").is_file())
-
-
-def _missing_for_resume(p: Path) -> list[str]:
-    """What ``p`` lacks to resume from (the model, the trainer state, the optimizer or scheduler state)."""
-    miss = [] if _has_model(p) else ["its model (config.json and weights)"]
-    return miss + [f for f in RESUME_FILES if not (p / f).is_file()]
-
-
 def resumable_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The newest checkpoint of ``output_dir`` that holds what resuming needs (model, trainer state, optimizer
-    and scheduler states), or ``None``: a checkpoint cut short by a kill, or whose resume state was pruned, is
-    skipped."""
-    for _, p in reversed(_step_dirs(output_dir)):
-        if not _missing_for_resume(p):
-            return str(p)
-    return None
+    and scheduler states: :func:`~gmts_analysis.readers.trl_output.newest_resumable`), or ``None``: a checkpoint
+    cut short by a kill, or whose resume state was pruned, is skipped."""
+    c, _ = newest_resumable(output_dir)
+    return None if c is None else str(c)
 
 
 def _global_step(p: Path) -> tuple[int, int]:
@@ -252,10 +218,10 @@ def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
     - else refused (:class:`GmtsError`): the resume state is gone (pruned, or the newest checkpoint deleted)
       and starting over would rewrite the run's checkpoints; ``--restart`` does so on purpose."""
     out = Path(output_dir)
-    dirs = _step_dirs(out)
-    done = next((p for _, p in reversed(dirs) if _has_model(p) and (p / "trainer_state.json").is_file()), None)
+    dirs = checkpoint_dirs(out, complete=False)
+    done = next((p for _, p in reversed(dirs) if has_weights(p) and (p / "trainer_state.json").is_file()), None)
     step, recorded = _global_step(done / "trainer_state.json") if done else (None, 0)
-    if _has_model(out):  # the final model, saved after training
+    if has_weights(out):  # the final model, saved after training
         if (out / "trainer_state.json").is_file():
             step, recorded = _global_step(out / "trainer_state.json")
         target = max_steps if max_steps > 0 else recorded
@@ -265,13 +231,10 @@ def plan_resume(output_dir: str | os.PathLike, max_steps: int) -> ResumePlan:
         target = max_steps if max_steps > 0 else recorded
         if target > 0 and step >= target:
             return ResumePlan(finished=(step, target), checkpoint=done)
-    plan = ResumePlan()
-    for _, p in reversed(dirs):
-        miss = _missing_for_resume(p)
-        if not miss:
-            plan.checkpoint = p
-            return plan
-        plan.skipped.append(f"{p} lacks {', '.join(miss)}")
+    c, skipped = newest_resumable(out)
+    plan = ResumePlan(checkpoint=c, skipped=[f"{p} lacks {', '.join(missing_for_resume(p))}" for p in skipped])
+    if c is not None:
+        return plan
     if done is not None:
         raise GmtsError(f"{out}: its checkpoints go up to {done.name} but none can resume ({plan.skipped[0]}: "
                         "pruned, or a newer checkpoint deleted?); starting over would rewrite them: pass --restart "
@@ -471,7 +434,7 @@ def move_run_aside(output_dir: str | os.PathLike) -> Path:
 
 
 def _looks_like_a_run(out: Path) -> bool:
-    return out.is_dir() and ((out / SCRIPT_ARGS_FILE).exists() or bool(_step_dirs(out)))
+    return out.is_dir() and ((out / SCRIPT_ARGS_FILE).exists() or bool(checkpoint_dirs(out, complete=False)))
 
 
 def _check_same_problems(out: Path, rec: dict) -> None:
@@ -592,9 +555,9 @@ def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: A
             log.warning("skipping %s: resuming from %s instead (the steps after it are trained again, the "
                         "folder rewritten)", why, plan.checkpoint.name if plan.checkpoint else "step 0")
         resume = str(plan.checkpoint) if plan.checkpoint else None
-    elif not Path(resume).is_dir() or _missing_for_resume(Path(resume)):
+    elif not Path(resume).is_dir() or missing_for_resume(resume):
         raise GmtsError(f"--resume_from_checkpoint {resume}: not a checkpoint that can resume (needs "
-                        f"{', '.join(_missing_for_resume(Path(resume))) if Path(resume).is_dir() else 'a folder'})")
+                        f"{', '.join(missing_for_resume(resume)) if Path(resume).is_dir() else 'a folder'})")
     if resume:
         check_resume_files(resume)
     import torch

@@ -32,6 +32,9 @@ MAX_PICKLE_BYTES = 4 << 20
 #: torch dtype, kept as its name)
 ALLOWED: dict[str, str] = {
     "trl.trainer.grpo_config.GRPOConfig": "args",
+    # the drop-in's config: where it lives (integrations/trl/config.py), and where runs trained before it moved
+    # there saved it from (integrations/trl_trainer.py, now a re-export)
+    "gmts_analysis.integrations.trl.config.SelectiveGRPOConfig": "args",
     "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig": "args",
     "transformers.training_args.TrainingArguments": "args",
     "transformers.trainer_pt_utils.AcceleratorConfig": "args",
@@ -49,7 +52,8 @@ ALLOWED: dict[str, str] = {
     **{f"torch.{d}": "constant" for d in ("float32", "float16", "bfloat16", "float64")},
 }
 #: the classes whose object is a GRPO configuration (its loss fields are the run's, not defaults)
-GRPO_CLASSES = ("trl.trainer.grpo_config.GRPOConfig", "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig")
+GRPO_CLASSES = ("trl.trainer.grpo_config.GRPOConfig", "gmts_analysis.integrations.trl.config.SelectiveGRPOConfig",
+                "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig")
 
 
 class SavedArgs:

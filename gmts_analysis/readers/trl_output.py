@@ -21,9 +21,11 @@ not in the folder; :func:`read_trl_output` takes it from ``--base``, else from w
 (``gmts_script_args.json``).
 
 This module is the one home of the layout: :func:`checkpoint_dirs` (by step, two folders of one step refused),
-:func:`has_weights`, :func:`check_checkpoint`, :func:`is_resumable` and :func:`newest_resumable`
-(completeness), :func:`read_trl_output` (with the base model and the
-rollouts), :func:`training_args`.
+:func:`has_weights`, :func:`check_checkpoint`, :func:`missing_for_resume`, :func:`is_resumable` and
+:func:`newest_resumable` (completeness; :data:`RESUME_FILES`, :data:`RESUME_ONLY_FILES`),
+:data:`TRAINING_ARGS_JSON` (what the example script writes, read first by :func:`training_args`),
+:func:`read_trl_output` (with the base model and the rollouts), :func:`training_args`. The training script
+(:mod:`gmts_analysis.integrations.trl_train`) uses these; it defines none of its own.
 """
 
 from __future__ import annotations
@@ -77,6 +79,13 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_mo
 #: output directory; read before any ``training_args.bin``
 TRAINING_ARGS_JSON = "gmts_training_args.json"
 TRAINING_ARGS_BIN = "training_args.bin"
+#: what resuming needs besides the weights: the trainer state, the optimizer and the learning-rate schedule
+#: (transformers loads the optimizer only when ``scheduler.pt`` is there too; without it a resumed run would
+#: silently start both afresh)
+RESUME_FILES = ("trainer_state.json", "optimizer.pt", "scheduler.pt")
+#: a checkpoint's files that only resuming needs (the example script keeps them in the newest checkpoint only)
+RESUME_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt")
+RESUME_ONLY_PREFIXES = ("rng_state",)
 
 
 def checkpoint_dirs(path: str | os.PathLike, complete: bool = True) -> list[tuple[int, Path]]:
@@ -117,16 +126,25 @@ def check_checkpoint(checkpoint: str | os.PathLike) -> None:
                         "cut short? leave its step out with --steps, or move the folder out of the run")
 
 
-def is_resumable(checkpoint: str | os.PathLike) -> bool:
-    """Whether ``checkpoint`` holds what resuming needs: weights, trainer state and optimizer."""
+def missing_for_resume(checkpoint: str | os.PathLike) -> list[str]:
+    """What ``checkpoint`` lacks to resume from (empty: nothing): its model (config.json and weights, as
+    :func:`has_weights`), then each missing file of :data:`RESUME_FILES`."""
     c = Path(checkpoint)
-    return has_weights(c) and (c / "trainer_state.json").is_file() and (c / "optimizer.pt").is_file()
+    miss = [] if has_weights(c) else ["its model (config.json and weights)"]
+    return miss + [f for f in RESUME_FILES if not (c / f).is_file()]
+
+
+def is_resumable(checkpoint: str | os.PathLike) -> bool:
+    """Whether ``checkpoint`` holds what resuming needs: weights and :data:`RESUME_FILES` (trainer state,
+    optimizer, scheduler)."""
+    return not missing_for_resume(checkpoint)
 
 
 def newest_resumable(path: str | os.PathLike) -> tuple[Path | None, list[Path]]:
     """``(checkpoint, skipped)``: the newest checkpoint of the output directory ``path`` that
-    :func:`is_resumable` (weights, trainer state, optimizer), or ``None``, and the newer ``checkpoint-N`` folders
-    passed over because they lack one of those (a checkpoint cut short: the caller warns)."""
+    :func:`is_resumable`, or ``None``, and the newer ``checkpoint-N`` folders passed over because they lack part
+    of it (:func:`missing_for_resume`: a checkpoint cut short, or its resume state pruned; the caller warns).
+    Two folders of one step are refused (:func:`checkpoint_dirs`)."""
     skipped: list[Path] = []
     for _, c in reversed(checkpoint_dirs(path, complete=False)):
         if is_resumable(c):

@@ -14,7 +14,9 @@ its checkpoints, into the same record, so that one tool reports the toy and the 
   (the drop-in's ``gmts/...`` metrics: the mechanism's zero-advantage shares and the selection's waste),
   ``loss``, ``grad_norm``, ``entropy_mean``, ``response_len_mean``, ``clipped_ratio``, ``frac_selected``,
   ``overlap_entropy``, ``step_s``;
-- ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high, se}]`` on the held-out problems, with
+- ``evals``: ``[{step, pass1: {word: p}, pass1_mean, n, ci_low, ci_high, se}]`` on the held-out problems
+  (``n_unscorable`` where the verifier could not score some answers: pass@1 is over the others; a step with
+  none scored is refused, not recorded), with
   the answers' ``boxed_share``, ``truncated_share``, ``modal_answer``, ``modal_answer_share`` (one final answer
   given to many problems: a constant-answer collapse), ``modal_solution_share`` and ``mean_answer_tokens``;
 - ``final_pass1``: ``{word: p}`` of the last evaluation, ``final_eval_prompts`` (its problems) and
@@ -95,8 +97,17 @@ def record_config(config: dict, log_history: list[dict], where: str = "the run")
 
 
 def eval_entry(step: int, ev: dict) -> dict:
-    """An ``evals`` entry from :func:`gmts_analysis.run.heldout.evaluate_pass1`'s result."""
+    """An ``evals`` entry from :func:`gmts_analysis.run.heldout.evaluate_pass1`'s result. pass@1 is over the
+    answers the verifier scored: where some were not, ``n_unscorable`` says how many of ``n`` (absent: none);
+    where none were, the step is refused (:class:`GmtsError` naming it): a record's pass@1 is a number, which
+    ``gmts rl-report`` checks, never a null or a 0.0 standing in for "not scored"."""
+    if ev.get("pass1") is None:
+        raise GmtsError(f"step {step}: no held-out pass@1 to record ({ev.get('pass1_refused') or 'none given'}); "
+                        "give the held-out problems a solution the verifier can score (the answer as text or a "
+                        "number, e.g. \"12\"), then evaluate the step again")
+    unscorable = {"n_unscorable": ev["n_unscorable"]} if ev.get("n_unscorable") else {}
     return {"step": int(step), "pass1": {DOMAIN: ev["pass1"]}, "pass1_mean": ev["pass1"], "n": ev["n_answers"],
+            **unscorable,
             "n_prompts": ev.get("n_prompts", ev["n_answers"]),
             "ci_low": ev["ci_low"], "ci_high": ev["ci_high"], "se": ev["se"],
             "boxed_share": ev.get("boxed_share"), "truncated_share": ev.get("truncated_share"),

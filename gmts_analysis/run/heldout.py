@@ -18,13 +18,7 @@ from typing import Any
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """``rows`` as JSON lines at ``path``, atomically."""
-    from gmts_analysis.util.io import atomic_write_text
-
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+from gmts_analysis.util.atomic import atomic_write_jsonl
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -74,7 +68,7 @@ def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: fl
                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
                          progress=progress, where=str(path))
     del model
-    write_jsonl(path, out)
+    atomic_write_jsonl(path, out)
     atomic_write_json(kfile, key)
     return out
 

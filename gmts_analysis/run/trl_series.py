@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.run.heldout import key_path, pass_at_1, read_jsonl, sample_answers, write_jsonl
+from gmts_analysis.run.heldout import key_path, pass_at_1, read_jsonl, sample_answers
+from gmts_analysis.util.atomic import atomic_write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -247,7 +248,7 @@ def _probe_subset(s: SeriesSettings, path: str, answers: list[dict], run_dir: Pa
     rows_file = rows_file or run_dir.with_suffix(".jsonl")
     if not rows_file.is_file() or s.overwrite:
         rows_file.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(rows_file, answers)
+        atomic_write_jsonl(rows_file, answers)
     _probe(s, path, rows_file, run_dir, method, loss, step)
     return run_dir
 
@@ -265,7 +266,7 @@ def _probe_own_batch(s: SeriesSettings, ser: _Series, step: int, path: str, meth
     bfile = ser.out / "batches" / f"{tag}.jsonl"
     if not bfile.is_file() or s.overwrite:
         bfile.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
+        atomic_write_jsonl(bfile, [r for f in files for r in read_jsonl(f)])
     _probe(s, path, bfile, ser.out / "batches" / tag, method, ser.loss, step, extra={"own_batch": str(files[0])})
     return f"batches/{tag}"
 

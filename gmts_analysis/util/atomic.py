@@ -99,3 +99,12 @@ def _umask() -> int:
     m = os.umask(0)
     os.umask(m)
     return m
+
+
+def atomic_write_jsonl(path: str | os.PathLike, rows: Any, ensure_ascii: bool = False, default: Any = None) -> Path:
+    """``rows`` (an iterable of JSON-able objects) as JSON lines at ``path``, written atomically: one object per
+    line, keys in their order, each line ended by a newline (no rows: an empty file). Non-ASCII text is kept as
+    is unless ``ensure_ascii``; ``default`` as in :func:`json.dumps` (e.g. ``str``). The package's one JSON-lines
+    writer."""
+    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=ensure_ascii, default=default) + "\n"
+                                           for r in rows))
