@@ -137,7 +137,7 @@ def test_study_driver_trains_evaluates_records_and_reports(tiny_dir, tmp_path):
     from gmts_analysis.cli import main
     from gmts_analysis.integrations.rollout_log import write_rows
     from gmts_analysis.integrations.trl_train import _problem_text, distinct_word_problems
-    from gmts_analysis.rl.referee_plan import load_plan
+    from gmts_analysis.rl.arms_plan import load_plan
 
     plan = tmp_path / "plan.json"
     held = distinct_word_problems(8, 5, difficulty=1, matched_examples=True)

@@ -1,4 +1,4 @@
-"""``gmts rl-report DATA_DIR``: the analysis of the referee's experiment (docs/studies/referee.md section 7).
+"""``gmts rl-report DATA_DIR``: training arms compared over seeds (the experiment of docs/studies/referee.md section 7).
 
 Reads DATA_DIR/plan.json and every setting's run records (DATA_DIR/<setting>.runs/<arm>-s<seed>.json,
 written by gmts rl), and writes rl_report.json, rl_report.md and rl_forest.png into --out (default
@@ -59,7 +59,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _is_report_json(path) -> bool:
-    from gmts_analysis.rl.referee import GENERATOR
+    from gmts_analysis.rl.arms_report import GENERATOR
     from gmts_analysis.util.io import read_json
 
     j = read_json(path)
@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
+    from gmts_analysis.rl.arms_report import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
     from gmts_analysis.rl.plots import plot_forest
-    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
     from gmts_analysis.util.markers import block_note, replace_body
 
@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
     body = report_markdown(report)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / OUTPUTS[0], report)
-    title = report["plan"].get("title") or "The referee's experiment"
+    title = report["plan"].get("title") or "Training arms compared over seeds"
     atomic_write_text(out / OUTPUTS[1], f"{MD_HEADER}\n# {title}\n\n{body}")
     plot_forest(report, out / OUTPUTS[2])
     log.info("wrote %s", ", ".join(str(out / n) for n in OUTPUTS))
