@@ -15,11 +15,11 @@ field (null, which gmts rl writes for a quantity not logged, is read as not logg
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
@@ -44,18 +44,6 @@ class RLReportOptions:
     update: list = opt(None, "markdown files whose block between <!-- gmts-rl-referee:begin --> and "
                        "<!-- gmts-rl-referee:end --> is rewritten with the report (default: none)", nargs="+",
                        group="output", metavar="FILE", check=checks.input_file)
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "rl-report",
-        help="analyse the referee's RL experiment: paired contrasts over seeds, forest plot, generated text",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("data_dir", metavar="DATA_DIR", help="directory holding plan.json and the settings' .runs/")
-    add_options(p, RLReportOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
 
 
 def _is_report_json(path) -> bool:
@@ -108,7 +96,8 @@ def _check_targets(out, update, tag) -> dict:
     return texts
 
 
-def run(args: argparse.Namespace) -> int:
+def rl_report(data_dir: str, opts: RLReportOptions, control: RunControl) -> int:
+    """Analyse ``data_dir`` (module docstring): write the report files, rewrite the --update blocks."""
     import logging
     from pathlib import Path
 
@@ -119,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.util.markers import block_note, replace_body
 
     log = logging.getLogger("gmts")
-    data = check_data_dir(args.data_dir)
-    out = Path(args.out) if args.out is not None else data
+    data = check_data_dir(data_dir)
+    out = Path(opts.out) if opts.out is not None else data
     if out.exists() and not out.is_dir():
         raise GmtsError(f"--out {out}: is a file; give a directory")
-    plan_path = Path(args.plan) if args.plan is not None else data / "plan.json"
+    plan_path = Path(opts.plan) if opts.plan is not None else data / "plan.json"
     tag = load_plan(plan_path).get("block_tag", BLOCK_TAG)
-    texts = _check_targets(out, args.update, tag)
-    report = build_report(data, args.plan)
+    texts = _check_targets(out, opts.update, tag)
+    report = build_report(data, opts.plan)
     body = report_markdown(report)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / OUTPUTS[0], report)
@@ -150,3 +139,12 @@ def run(args: argparse.Namespace) -> int:
             log.info("  %s", r["sentence"] if r["status"] == "reported"
                      else f"{r['a']} - {r['b']} ({r['setting']}, {r['family']}): not reported, the setting is cut")
     return 0
+
+
+COMMAND = Command(
+    "rl-report", job=rl_report, settings=(RLReportOptions, RunControl), skip=("offline",),
+    help="analyse the referee's RL experiment: paired contrasts over seeds, forest plot, generated text",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("data_dir", "DATA_DIR", "directory holding plan.json and the settings' .runs/"),),
+)
+register = COMMAND.register
