@@ -64,3 +64,10 @@ def test_gmts_probe_checks_its_options_once(monkeypatch, tmp_path):
                "--threads", "1", "-q", "--no-figures"])
     assert rc == 2  # an empty rollouts file, refused after the options were checked
     assert calls == ["ProbeConfig"]
+
+
+@pytest.mark.parametrize("name", [c.replace("_", "-") for c in COMMANDS])
+def test_every_subcommand_has_quiet_and_debug(name):
+    """cli.py reads args.quiet and args.debug of every subcommand directly."""
+    dests = {a.dest for a in _sub(build_parser(), name)._actions}
+    assert {"quiet", "debug"} <= dests
