@@ -71,3 +71,16 @@ def test_every_subcommand_has_quiet_and_debug(name):
     """cli.py reads args.quiet and args.debug of every subcommand directly."""
     dests = {a.dest for a in _sub(build_parser(), name)._actions}
     assert {"quiet", "debug"} <= dests
+
+
+def test_gmts_rl_help_names_a_score_arm_registered_after_import():
+    """The description of gmts rl lists the arms when the parser is built, not when its module was imported."""
+    import gmts_analysis.commands.rl  # noqa: F401 - imported before the score is registered
+    from gmts_analysis.core import scores
+    from gmts_analysis.core.scores import Score
+
+    new = Score("entropy_cube", ("entropy",), lambda q: q["entropy"] ** 3, "cubed entropy (nats^3), a test score",
+                arm=True, diagnostic=True, color="#654321")
+    with scores.registered(new):
+        assert "entropy_cube" in _sub(build_parser(), "rl").description
+    assert "entropy_cube" not in _sub(build_parser(), "rl").description

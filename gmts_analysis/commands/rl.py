@@ -88,7 +88,7 @@ def rl(opts: RLOptions) -> int:
 COMMAND = Command(
     "rl", job=rl, settings=(RLOptions,),
     help="train a toy policy with GRPO, updating only selected tokens; compare selections over seeds",
-    description="On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
+    description=lambda: "On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
     f"loss ({' | '.join(SELECTION_ARMS)}; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x "
     "--seed, evaluates pass@1 at "
     "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "

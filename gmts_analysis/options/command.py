@@ -38,7 +38,8 @@ class Command:
     """One subcommand: ``gmts <name>``.
 
     help: the one line of ``gmts --help``; description, epilog: its ``--help`` text (an epilog starting with
-    ``examples:`` keeps its lines). positionals: its positional arguments, in order. settings: the option
+    ``examples:`` keeps its lines; a description that names registered things, such as the score arms, may be a
+    function, called each time the parser is built). positionals: its positional arguments, in order. settings: the option
     dataclasses whose fields are its flags, each name once (``skip``: fields not offered; ``defaults``: this
     command's own default of a field). job: called as ``job(*positionals, *settings)`` with the typed values
     (:meth:`build`); its return value is the exit status.
@@ -46,7 +47,7 @@ class Command:
 
     name: str
     help: str
-    description: str
+    description: str | Callable[[], str]
     job: Callable[..., int]
     settings: tuple[type, ...] = ()
     positionals: tuple[Positional, ...] = ()
@@ -57,7 +58,8 @@ class Command:
 
     def register(self, subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         """Add this command's parser to ``subparsers`` (``gmts``'s); ``func`` is :meth:`run`."""
-        kw: dict[str, Any] = {"help": self.help, "description": self.description, **self.parser_kw}
+        description = self.description() if callable(self.description) else self.description
+        kw: dict[str, Any] = {"help": self.help, "description": description, **self.parser_kw}
         if self.epilog is not None:
             kw.update(epilog=self.epilog, formatter_class=ExamplesHelpFormatter)
         p = subparsers.add_parser(self.name, **kw)
