@@ -13,7 +13,15 @@ import json
 import sys
 from pathlib import Path
 
-from gmts_analysis.analysis.planned import SMOLLM2_STUDY, as_dicts, family, markdown
+from gmts_analysis.analysis.planned import Contrast, as_dicts, family, markdown
+
+#: the SmolLM2 study's primary family (docs/studies/smollm2.md section 4), fixed before its run
+SMOLLM2_STUDY = (
+    Contrast("P1", "uncertain", "cross_answer_informative", "one_minus_prob", "entropy"),
+    Contrast("P2", "uncertain", "within_answer", "one_minus_prob", "entropy"),
+    Contrast("P3", "", "mass_capture", "gmts", "entropy_inf", "0.2"),
+    Contrast("P4", "", "mass_capture", "gmts", "entropy_inf", "0.05"),
+)
 
 
 def main(study: str) -> int:

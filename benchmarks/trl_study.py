@@ -13,7 +13,7 @@ and **record** (the run record that ``gmts rl-report`` reads, :func:`gmts_analys
 written into the plan's ``<setting>.runs/`` beside plan.json). Run it again after a kill: finished stages are
 skipped; a stop (``kill PID``, Ctrl-C) stops the training script too. Logs go to stderr and RUN_DIR/train.log.
 
-The plan is ``gmts rl-report``'s (:func:`gmts_analysis.rl.referee_plan.load_plan`) with a ``trl`` block:
+The plan is ``gmts rl-report``'s (:func:`gmts_analysis.rl.arms_plan.load_plan`) with a ``trl`` block:
 ``script_args`` (``WordProblemArguments``' fields), ``training_args`` (``SelectiveGRPOConfig``'s) and ``eval``
 (``prompts``, a JSONL file beside plan.json; ``steps``; ``temperature``; ``max_new_tokens``; ``seed``;
 ``answers_per_problem``), and optionally ``keep_checkpoints``: once a run is recorded, its checkpoints of other
@@ -148,7 +148,7 @@ def setting_training_args(plan: dict, setting: dict, plan_path: Path) -> dict:
     """The TRL training arguments of ``setting``'s runs: the plan's ``trl.training_args`` with the fields of the
     runs' config (:data:`PLAN_FLAGS`) filled in, so that a run trains what its record says; a plan whose
     ``training_args`` say otherwise, or whose setting needs what the TRL script lacks, is refused."""
-    from gmts_analysis.rl.referee_plan import _same, expected_config
+    from gmts_analysis.rl.arms_plan import _same, expected_config
 
     cfg = expected_config(plan, setting)
     out = dict(plan["trl"]["training_args"])
@@ -174,7 +174,7 @@ def check_plan(plan: dict, plan_path: Path, rows: list[dict]) -> dict[str, dict]
     trained on, evaluation steps without a checkpoint or ending before the last step, an evaluation other than
     the config's (prompts, seed). Returns ``{setting name: training arguments}`` (:func:`setting_training_args`)."""
     from gmts_analysis.integrations.trl_train import WordProblemArguments, _problem_text, script_splits
-    from gmts_analysis.rl.referee_plan import expected_config
+    from gmts_analysis.rl.arms_plan import expected_config
 
     ev = plan["trl"]["eval"]
     train_rows, _ = script_splits(WordProblemArguments(**plan["trl"]["script_args"]))
@@ -215,8 +215,8 @@ def check_plan(plan: dict, plan_path: Path, rows: list[dict]) -> dict[str, dict]
 
 def run_plan(plan_path: Path, runs_root: Path, only: set[str] | None, threads: int) -> None:
     from gmts_analysis.integrations.trl_train import checkpoint_dirs, prune_finished_run
+    from gmts_analysis.rl.arms_plan import expected_config, load_plan
     from gmts_analysis.rl.config import run_path
-    from gmts_analysis.rl.referee_plan import expected_config, load_plan
     from gmts_analysis.rl.trl_records import trl_run_record
     from gmts_analysis.sampling.generate import read_prompts
     from gmts_analysis.util.io import atomic_write_json

@@ -294,7 +294,7 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: "
         return _probe_with(model, rollouts, tokenizer, progress, opts, options, settings, aliases)
 
 
-def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts: Any, options: dict[str, Any],
+def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts: ProbeOptions, options: dict[str, Any],
                 settings: dict[str, Any], aliases: dict[str, str]) -> Run:
     from gmts_analysis.probing import kernel
     from gmts_analysis.probing.inputs import prepare_inputs

@@ -244,7 +244,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from gmts_analysis.options.parser import parser_checks
 
     checks = parser_checks(_subparser(parser, args.command))
-    quiet = getattr(args, "quiet", False)
+    quiet = args.quiet  # every subcommand has -q (RunControl or its own options)
     if quiet:  # also silences transformers' "Loading weights" bar (read when it first draws one)
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(
@@ -253,7 +253,7 @@ def _main(argv: Sequence[str] | None) -> int:
         stream=sys.stderr,
         force=True,
     )
-    debug = bool(getattr(args, "debug", False))
+    debug = bool(args.debug)  # gmts --debug (GmtsFlags), or after the subcommand (Debug)
     try:
         from gmts_analysis.probing.validate import validate_namespace
 

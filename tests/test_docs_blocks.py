@@ -38,7 +38,7 @@ def _block(text: str, tag: str) -> tuple[str, str]:
 
 @pytest.mark.parametrize("folder,page,tag", STUDIES, ids=[s[1] for s in STUDIES])
 def test_study_block_is_the_report_of_its_records(folder, page, tag, tmp_path, monkeypatch):
-    from gmts_analysis.rl.referee import BLOCK_TAG, load_plan
+    from gmts_analysis.rl.arms_report import BLOCK_TAG, load_plan
 
     data = ROOT / folder
     assert load_plan(data / "plan.json").get("block_tag", BLOCK_TAG) == tag

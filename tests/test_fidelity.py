@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import types
-
 import numpy as np
 import pandas as pd
 import pytest
@@ -113,8 +111,7 @@ def test_fidelity_for_run_fills_slices():
     model, batches, df = _setup()
     answers = [Answer(answer_id=aid, group_id="g", prompt_ids=ids[:P].tolist(), response_ids=ids[P:].tolist(),
                       reward=0.0) for aid, ids, P in batches]
-    cfg = types.SimpleNamespace(seed=0, temperature=1.0, quiet=True)
-    res = fidelity_for_run(model, answers, df, cfg, estimators=["entropy", "gmts"])
+    res = fidelity_for_run(model, answers, df, temperature=1.0, seed=0, estimators=["entropy", "gmts"])
     assert res["fidelity"]["all"]["cosine"] == pytest.approx(1.0)
     assert set(res["fidelity_by_domain"]) == {"x", "y"} and res["fidelity_by_step"] == {}
     # compute_stats alone puts the blocks into the statistics' shape

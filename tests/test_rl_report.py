@@ -16,7 +16,7 @@ from _adversarial import assert_one_line_error, run_cli
 
 from gmts_analysis.analysis.paired import holm, paired_contrast, paired_t, sign_test, wilcoxon_signed_rank
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rl.referee import build_report, report_markdown, run_eval_se, verdict
+from gmts_analysis.rl.arms_report import build_report, report_markdown, run_eval_se, verdict
 
 SEEDS = list(range(8))
 DOMAINS = ["arithmetic", "program"]
@@ -447,8 +447,8 @@ def test_common_random_numbers_are_stated_and_a_mixed_evaluation_is_flagged(tmp_
 
 
 def test_the_two_evaluation_ses_have_two_names_and_the_forest_legend_uses_the_mean_one(tmp_path):
+    from gmts_analysis.rl.arms_report import SE_MEAN_DIFF, SE_ONE_DIFF
     from gmts_analysis.rl.plots import forest_legend_labels
-    from gmts_analysis.rl.referee import SE_MEAN_DIFF, SE_ONE_DIFF
 
     rep = build_report(fabricate(tmp_path / "d", make_plan(PRIMARY, PRIMARY_CONTRASTS), _gain(0.03)))
     c = rep["contrasts"][0]
@@ -536,7 +536,7 @@ def test_pooled_view_says_when_the_earlier_claim_did_not_hold(tmp_path):
 
 
 def test_held_on_replication_rule():
-    from gmts_analysis.rl.referee import held_on_replication as held
+    from gmts_analysis.rl.arms_report import held_on_replication as held
 
     beat = {"verdict": "beats", "mean": 0.01}
     assert held(beat, {"verdict": "beats", "mean": 0.02}) == "held"

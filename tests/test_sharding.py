@@ -317,7 +317,7 @@ def test_out_of_memory_halves_the_batch_used_last_and_reports_a_dropped_answer(m
     real = probe_mod.probe_answer
     tried: dict = {}
 
-    def flaky(model, answer, coef, cfg, token_text=None):
+    def flaky(model, answer, coef, cfg, token_text=None, strict=False):
         lim = memory.current_limit().tokens
         tried.setdefault(answer.answer_id, []).append(lim)
         if answer.answer_id == "q2-0":  # never fits, and not inside a batch
@@ -326,7 +326,7 @@ def test_out_of_memory_halves_the_batch_used_last_and_reports_a_dropped_answer(m
         if answer.length > 4 and used > 2:
             with memory.noting_batch("tokens", used):
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return real(model, answer, coef, cfg, token_text)
+        return real(model, answer, coef, cfg, token_text, strict=strict)
 
     monkeypatch.setattr(probe_mod, "probe_answer", flaky)
     out = tmp_path / "run"
@@ -355,7 +355,7 @@ def test_out_of_memory_retries_are_bounded(model_dir, tmp_path, monkeypatch, cap
     r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2), long_answer="long")
     tried = []
 
-    def always(model, answer, coef, cfg, token_text=None):
+    def always(model, answer, coef, cfg, token_text=None, strict=False):
         lim = memory.current_limit().tokens
         tried.append(lim)
         with memory.noting_batch("tokens", 256 if lim is None else lim):
@@ -414,10 +414,10 @@ def test_merge_reports_status_3_for_answers_dropped_out_of_memory(model_dir, ref
     r, _ = reference
     real = probe_mod.probe_answer
 
-    def q2_never_fits(model, answer, coef, cfg, token_text=None):
+    def q2_never_fits(model, answer, coef, cfg, token_text=None, strict=False):
         if answer.answer_id == "q2-0":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(model, answer, coef, cfg, token_text)
+        return real(model, answer, coef, cfg, token_text, strict=strict)
 
     def stop(*a, **k):
         raise KeyboardInterrupt

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from _adversarial import assert_one_line_error, run_cli
 
-from gmts_analysis.rl.referee_records import FIDELITY_FIELDS, STEP_COUNTS, STEP_NUMBERS, STEP_SHARES
+from gmts_analysis.rl.arms_records import FIDELITY_FIELDS, STEP_COUNTS, STEP_NUMBERS, STEP_SHARES
 
 REFEREE = Path(__file__).resolve().parent.parent / "data" / "rl" / "referee"
 SETTING = "rho0.05_batch"

@@ -137,7 +137,7 @@ def test_study_driver_trains_evaluates_records_and_reports(tiny_dir, tmp_path):
     from gmts_analysis.cli import main
     from gmts_analysis.integrations.rollout_log import write_rows
     from gmts_analysis.integrations.trl_train import _problem_text, distinct_word_problems
-    from gmts_analysis.rl.referee_plan import load_plan
+    from gmts_analysis.rl.arms_plan import load_plan
 
     plan = tmp_path / "plan.json"
     held = distinct_word_problems(8, 5, difficulty=1, matched_examples=True)
@@ -279,7 +279,7 @@ def test_a_step_with_no_scorable_held_out_answer_is_refused_not_recorded_as_null
     answers were all unscorable is refused in one line naming the step and the fix; where only some were, the
     record says how many (n_unscorable, as series.json does) and passes the readers' checks."""
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.rl.referee_records import check_evals
+    from gmts_analysis.rl.arms_records import check_evals
     from gmts_analysis.rl.trl_records import eval_entry
     from gmts_analysis.run.heldout import pass_at_1
 

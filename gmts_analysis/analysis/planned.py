@@ -100,12 +100,3 @@ def markdown(results: Sequence[Result], title: str = "") -> str:
 
 def as_dicts(results: Sequence[Result]) -> list[dict]:
     return [asdict(r) for r in results]
-
-
-#: the SmolLM2 study's primary family (docs/studies/smollm2.md section 4), fixed before its run
-SMOLLM2_STUDY = (
-    Contrast("P1", "uncertain", "cross_answer_informative", "one_minus_prob", "entropy"),
-    Contrast("P2", "uncertain", "within_answer", "one_minus_prob", "entropy"),
-    Contrast("P3", "", "mass_capture", "gmts", "entropy_inf", "0.2"),
-    Contrast("P4", "", "mass_capture", "gmts", "entropy_inf", "0.05"),
-)

@@ -13,11 +13,11 @@ content, logged), not a setting.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
@@ -38,19 +38,8 @@ class CompareOptions:
     no_figures: bool = opt(False, "skip the PNG figures (the HTML then has tables only)", group="output")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "compare",
-        help="compare runs across training: every statistic vs step, with CIs, figures and an HTML page",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or one directory holding run directories")
-    add_options(p, CompareOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
+def compare(runs: list[str], opts: CompareOptions, control: RunControl) -> int:
+    """Compare the run directories ``runs`` into ``opts.out`` (module docstring)."""
     import logging
     from pathlib import Path
 
@@ -59,25 +48,34 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.views.compare import compare_runs, write_comparison
 
     log = logging.getLogger("gmts_analysis.views.compare")
-    if args.out is None:
+    if opts.out is None:
         from gmts_analysis.options.config import default_out
 
-        args.out = default_out("compare")
-    out = check_output_location(args.out, whole_dir=False)
-    for r in args.runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
+        opts.out = default_out("compare")
+    out = check_output_location(opts.out, whole_dir=False)
+    for r in runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
         rp = Path(r).expanduser().resolve()
         if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
-            raise GmtsError(f"--out {args.out}: is inside the run directory {r}; write the comparison elsewhere")
+            raise GmtsError(f"--out {opts.out}: is inside the run directory {r}; write the comparison elsewhere")
     from gmts_analysis.util.io import check_ours, staged_directory
 
     check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
-    if out.is_dir() and any(out.iterdir()) and not args.overwrite:  # refused before the runs are read
-        raise GmtsError(f"--out {args.out}: holds a previous comparison (pass --overwrite to replace it)")
-    cmp = compare_runs(args.runs)
+    if out.is_dir() and any(out.iterdir()) and not opts.overwrite:  # refused before the runs are read
+        raise GmtsError(f"--out {opts.out}: holds a previous comparison (pass --overwrite to replace it)")
+    cmp = compare_runs(runs)
     # an existing comparison is replaced whole, and only with --overwrite when it is provably ours
-    with staged_directory(out, overwrite=args.overwrite, kind="compare") as tmp:
-        paths = write_comparison(cmp, tmp, figures=not args.no_figures)
+    with staged_directory(out, overwrite=opts.overwrite, kind="compare") as tmp:
+        paths = write_comparison(cmp, tmp, figures=not opts.no_figures)
     log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",
              len(cmp.runs), cmp.x_label, ", ".join(str(r["x"]) for r in cmp.runs),
-             cmp.table["statistic"].nunique(), len(cmp.mismatches), len(paths), args.out)
+             cmp.table["statistic"].nunique(), len(cmp.mismatches), len(paths), opts.out)
     return 0
+
+
+COMMAND = Command(
+    "compare", job=compare, settings=(CompareOptions, RunControl), skip=("offline",),
+    help="compare runs across training: every statistic vs step, with CIs, figures and an HTML page",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("runs", "RUN", "run directories, or one directory holding run directories", nargs="+"),),
+)
+register = COMMAND.register

@@ -7,11 +7,11 @@ rewrites RUN_DIR/report.html with the new figures.
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
@@ -29,18 +29,6 @@ class FiguresOptions:
     report: bool = opt(False, "also rewrite RUN_DIR/report.html (default: off)", group="output")
     max_answers: int = opt(None, "answers in the report's audit view, most disagreeing first (default: 200)",
                            group="output", metavar="N", check=checks.int_at_least(1))
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "figures",
-        help="render the figures of a run directory (PNG and PDF)",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
-    add_options(p, FiguresOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
 
 
 def _check_figures_dir(to) -> None:
@@ -68,7 +56,8 @@ def _check_figures_dir(to) -> None:
                         "choose an empty or new directory for the figures")
 
 
-def run(args: argparse.Namespace) -> int:
+def figures(run_dir: str, opts: FiguresOptions, control: RunControl) -> int:
+    """Render the figures of ``run_dir`` (module docstring)."""
     import logging
     from pathlib import Path
 
@@ -76,26 +65,35 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.views.figures import render_all
 
     log = logging.getLogger("gmts_analysis.views.plots")
-    run_dir = Path(args.run_dir)
+    run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
     from gmts_analysis.probing.validate import validate_run_dir
 
-    if args.max_answers is not None and args.max_answers < 1:
-        raise GmtsError(f"--max-answers must be >= 1, got {args.max_answers}")
+    if opts.max_answers is not None and opts.max_answers < 1:
+        raise GmtsError(f"--max-answers must be >= 1, got {opts.max_answers}")
     validate_run_dir(run_dir)  # tokens, answers, manifest and stats.json, before any figure
-    if args.to is not None:
+    if opts.to is not None:
         from gmts_analysis.util.io import check_output_location
 
-        check_output_location(args.to, flag="--to", whole_dir=False)
-        _check_figures_dir(Path(args.to))
-    paths = render_all(run_dir, to=args.to)
-    log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else args.to or run_dir / "figures")
-    if args.report:
+        check_output_location(opts.to, flag="--to", whole_dir=False)
+        _check_figures_dir(Path(opts.to))
+    paths = render_all(run_dir, to=opts.to)
+    log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else opts.to or run_dir / "figures")
+    if opts.report:
         from gmts_analysis.views.report import MAX_ANSWERS, write_report
 
-        n = MAX_ANSWERS if args.max_answers is None else args.max_answers
+        n = MAX_ANSWERS if opts.max_answers is None else opts.max_answers
         if n < 1:
             raise GmtsError(f"--max-answers must be >= 1, got {n}")
         log.info("wrote %s", write_report(run_dir, max_answers=n))
     return 0
+
+
+COMMAND = Command(
+    "figures", job=figures, settings=(FiguresOptions, RunControl), skip=("offline",),
+    help="render the figures of a run directory (PNG and PDF)",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("run_dir", "RUN_DIR", "a probe's output directory (with tokens.parquet)"),),
+)
+register = COMMAND.register

@@ -10,12 +10,12 @@ Its exit status is ``gmts probe``'s: 3 when the run dropped answers still out of
 
 from __future__ import annotations
 
-import argparse
 import sys
 from dataclasses import dataclass
 
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
@@ -35,25 +35,22 @@ class MergeOptions:
                         choices=("auto", "on", "off"), group="output")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "merge",
-        help="merge the parts of an unfinished probe run into its final tables and statistics",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="the probe's --out directory")
-    add_options(p, MergeOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
+def merge(run_dir: str, opts: MergeOptions, control: RunControl) -> int:
     """Merge; the exit status of :func:`gmts_analysis.commands.probe.exit_status` (3: answers dropped still
     out of memory, the line saying so printed)."""
     from gmts_analysis.commands.probe import exit_status
     from gmts_analysis.run.sharding import merge_run
 
-    out = merge_run(args.run_dir, device=args.device, figures=args.figures, fidelity=args.fidelity,
-                    quiet=args.quiet)
+    out = merge_run(run_dir, device=opts.device, figures=opts.figures, fidelity=opts.fidelity,
+                    quiet=control.quiet)
     print(f"wrote {out}", file=sys.stderr)
     return exit_status([out])
+
+
+COMMAND = Command(
+    "merge", job=merge, settings=(MergeOptions, RunControl), skip=("offline",),
+    help="merge the parts of an unfinished probe run into its final tables and statistics",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("run_dir", "RUN_DIR", "the probe's --out directory"),),
+)
+register = COMMAND.register

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import os
 import sys
 
-from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.options.command import Command
+from gmts_analysis.options.config import ConfigFile, ProbeConfig
 
 EXAMPLES = """examples:
   gmts probe --model tiny --rollouts rollouts.jsonl                       # -> runs/probe-<time>/
@@ -15,33 +16,19 @@ EXAMPLES = """examples:
   gmts probe --model ckpt-100,ckpt-200 --rollouts rollouts.jsonl --grad-norm sketch --probes 32"""
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.options.config import ConfigFile, ProbeConfig, add_options
-
-    p = sub.add_parser(
-        "probe",
-        help="probe a model on rollouts: tokens.parquet, answers.parquet, stats.json, manifest.json",
-        description="Run a causal LM on sampled answers and write, per response token, entropy, log-prob, "
-        "the exact norm of the per-token policy gradient, the advantage, omega and the GMTS score. "
-        "Flags also take TRL's and verl's names and underscores (--loss_type, --epsilon, --beta, "
-        "--top_entropy_quantile, ...: docs/cli.md).",
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    add_options(p, ConfigFile, ProbeConfig)
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
+def probe(config: ConfigFile, cfg: ProbeConfig) -> int:
+    """Probe ``cfg.rollouts`` with ``cfg.model`` (or each checkpoint of a ``--model A,B,...`` series) into
+    ``cfg.out``; the exit status of :func:`exit_status`. ``config``: the --config file the options came from."""
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.options.config import ProbeConfig, default_out, from_args
+    from gmts_analysis.options.config import default_out
     from gmts_analysis.run.job import run_probe
 
-    if args.out is None:
+    out = cfg.out
+    if out is None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must name the same directory
             raise GmtsError("--out: required under torchrun (each rank would pick its own default folder)")
-        args.out = default_out("probe")
-    cfg = from_args(ProbeConfig, args, config_file=getattr(args, "config", None),
-                    aliases=dict(getattr(args, "aliases", None) or {}))
+        out = default_out("probe")
+    cfg = dataclasses.replace(cfg, out=out, config_file=config.config, aliases=dict(cfg.aliases or {}))
     from gmts_analysis.run.series import checkpoint_series, probe_series
 
     series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
@@ -54,6 +41,16 @@ def run(args: argparse.Namespace) -> int:
         return exit_status(runs, quiet=series is None)
     return exit_status(runs, quiet=True)  # every rank the same status: each returns once rank 0 finished the run
 
+
+COMMAND = Command(
+    "probe", job=probe, settings=(ConfigFile, ProbeConfig),
+    help="probe a model on rollouts: tokens.parquet, answers.parquet, stats.json, manifest.json",
+    description="Run a causal LM on sampled answers and write, per response token, entropy, log-prob, "
+    "the exact norm of the per-token policy gradient, the advantage, omega and the GMTS score. "
+    "Flags also take TRL's and verl's names and underscores (--loss_type, --epsilon, --beta, "
+    "--top_entropy_quantile, ...: docs/cli.md).", epilog=EXAMPLES,
+)
+register = COMMAND.register
 
 def exit_status(runs, quiet: bool = False) -> int:
     """0, or :data:`gmts_analysis.run.sharding.merge.EXIT_OUT_OF_MEMORY` when a finished run of

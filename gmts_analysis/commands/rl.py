@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
-from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.options.command import Command
+from gmts_analysis.rl.config import SELECTION_ARMS, RLOptions
 
 EXAMPLES = """examples:
   gmts rl --model tiny --selection all gmts --seed 0 --max-steps 20 --out /tmp/rl.json
@@ -14,24 +13,6 @@ EXAMPLES = """examples:
 
 #: RLConfig fields spelled otherwise on the command line (errors of the trainer name the field)
 KEYWORD_FLAGS = {"policy": "--model", "steps": "--max-steps"}
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.options.parser import add_fields
-    from gmts_analysis.rl.config import SELECTION_ARMS, RLOptions
-
-    p = subparsers.add_parser(
-        "rl",
-        help="train a toy policy with GRPO, updating only selected tokens; compare selections over seeds",
-        description="On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
-        f"loss ({' | '.join(SELECTION_ARMS)}; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x "
-        "--seed, evaluates pass@1 at "
-        "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
-        "writes the results JSON (--out) and learning-curve figures (--figures).",
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    add_fields(p, RLOptions)
-    p.set_defaults(func=run)
 
 
 def _is_rl_result(path) -> bool:
@@ -69,31 +50,30 @@ def _check_targets(out, figures) -> None:
                 raise GmtsError(f"--figures {figures}: {name} is a link or a directory; choose another --figures")
 
 
-def run(args: argparse.Namespace) -> int:
+def rl(opts: RLOptions) -> int:
+    """Train every ``opts.selection`` x ``opts.seed`` run and write the results JSON and figures."""
     import logging
     from pathlib import Path
 
     import torch
 
     from gmts_analysis.errors import GmtsError
-    from gmts_analysis.options.parser import from_args
     from gmts_analysis.readers.models import resolve_device
-    from gmts_analysis.rl.config import RLOptions
     from gmts_analysis.rl.experiment import run_experiment
 
-    if args.threads < 1:
+    if opts.threads < 1:
         raise GmtsError("--threads must be >= 1")
-    torch.set_num_threads(args.threads)
-    cfg = from_args(RLOptions, args).config(device=str(resolve_device(args.device)))
+    torch.set_num_threads(opts.threads)
+    cfg = opts.config(device=str(resolve_device(opts.device)))
     cfg.check()
-    out = Path(args.out)
-    _check_targets(out, None if args.figures == "none" else Path(args.figures))
-    result = run_experiment(cfg, args.selection, args.seed, out, progress=not args.quiet, offline=args.offline)
+    out = Path(opts.out)
+    _check_targets(out, None if opts.figures == "none" else Path(opts.figures))
+    result = run_experiment(cfg, opts.selection, opts.seed, out, progress=not opts.quiet, offline=opts.offline)
     log = logging.getLogger("gmts")
-    if args.figures != "none":
+    if opts.figures != "none":
         from gmts_analysis.rl.plots import plot_diagnostics, plot_learning_curves
 
-        fdir = Path(args.figures)
+        fdir = Path(opts.figures)
         for p in (plot_learning_curves(result, fdir / f"rl_{out.stem}_curves.png"),
                   plot_diagnostics(result, fdir / f"rl_{out.stem}_diagnostics.png")):
             log.info("wrote %s", p)
@@ -103,3 +83,15 @@ def run(args: argparse.Namespace) -> int:
         log.info("  %-8s final pass@1 (mean over domains) %.3f (min %.3f, max %.3f, %d seeds)",
                  arm, m["mean"], m["min"], m["max"], m["n_seeds"])
     return 0
+
+
+COMMAND = Command(
+    "rl", job=rl, settings=(RLOptions,),
+    help="train a toy policy with GRPO, updating only selected tokens; compare selections over seeds",
+    description=lambda: "On-policy GRPO on the toy domains where only the top --rho tokens by a score enter the "
+    f"loss ({' | '.join(SELECTION_ARMS)}; gmts_lgn = logit-gradient norm x |omega|). Runs every --selection x "
+    "--seed, evaluates pass@1 at "
+    "temperature 1.0 on held-out prompts every --eval-every steps, logs per-step diagnostics, "
+    "writes the results JSON (--out) and learning-curve figures (--figures).", epilog=EXAMPLES,
+)
+register = COMMAND.register

@@ -1,4 +1,4 @@
-"""``gmts rl-report DATA_DIR``: the analysis of the referee's experiment (docs/studies/referee.md section 7).
+"""``gmts rl-report DATA_DIR``: training arms compared over seeds (the experiment of docs/studies/referee.md section 7).
 
 Reads DATA_DIR/plan.json and every setting's run records (DATA_DIR/<setting>.runs/<arm>-s<seed>.json,
 written by gmts rl), and writes rl_report.json, rl_report.md and rl_forest.png into --out (default
@@ -15,11 +15,11 @@ field (null, which gmts rl writes for a quantity not logged, is read as not logg
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 EXAMPLES = """examples:
@@ -46,20 +46,8 @@ class RLReportOptions:
                        group="output", metavar="FILE", check=checks.input_file)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "rl-report",
-        help="analyse the referee's RL experiment: paired contrasts over seeds, forest plot, generated text",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("data_dir", metavar="DATA_DIR", help="directory holding plan.json and the settings' .runs/")
-    add_options(p, RLReportOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
-
-
 def _is_report_json(path) -> bool:
-    from gmts_analysis.rl.referee import GENERATOR
+    from gmts_analysis.rl.arms_report import GENERATOR
     from gmts_analysis.util.io import read_json
 
     j = read_json(path)
@@ -108,29 +96,30 @@ def _check_targets(out, update, tag) -> dict:
     return texts
 
 
-def run(args: argparse.Namespace) -> int:
+def rl_report(data_dir: str, opts: RLReportOptions, control: RunControl) -> int:
+    """Analyse ``data_dir`` (module docstring): write the report files, rewrite the --update blocks."""
     import logging
     from pathlib import Path
 
     from gmts_analysis.errors import GmtsError
+    from gmts_analysis.rl.arms_report import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
     from gmts_analysis.rl.plots import plot_forest
-    from gmts_analysis.rl.referee import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
     from gmts_analysis.util.io import atomic_write_json, atomic_write_text
     from gmts_analysis.util.markers import block_note, replace_body
 
     log = logging.getLogger("gmts")
-    data = check_data_dir(args.data_dir)
-    out = Path(args.out) if args.out is not None else data
+    data = check_data_dir(data_dir)
+    out = Path(opts.out) if opts.out is not None else data
     if out.exists() and not out.is_dir():
         raise GmtsError(f"--out {out}: is a file; give a directory")
-    plan_path = Path(args.plan) if args.plan is not None else data / "plan.json"
+    plan_path = Path(opts.plan) if opts.plan is not None else data / "plan.json"
     tag = load_plan(plan_path).get("block_tag", BLOCK_TAG)
-    texts = _check_targets(out, args.update, tag)
-    report = build_report(data, args.plan)
+    texts = _check_targets(out, opts.update, tag)
+    report = build_report(data, opts.plan)
     body = report_markdown(report)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / OUTPUTS[0], report)
-    title = report["plan"].get("title") or "The referee's experiment"
+    title = report["plan"].get("title") or "Training arms compared over seeds"
     atomic_write_text(out / OUTPUTS[1], f"{MD_HEADER}\n# {title}\n\n{body}")
     plot_forest(report, out / OUTPUTS[2])
     log.info("wrote %s", ", ".join(str(out / n) for n in OUTPUTS))
@@ -150,3 +139,12 @@ def run(args: argparse.Namespace) -> int:
             log.info("  %s", r["sentence"] if r["status"] == "reported"
                      else f"{r['a']} - {r['b']} ({r['setting']}, {r['family']}): not reported, the setting is cut")
     return 0
+
+
+COMMAND = Command(
+    "rl-report", job=rl_report, settings=(RLReportOptions, RunControl), skip=("offline",),
+    help="analyse the referee's RL experiment: paired contrasts over seeds, forest plot, generated text",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("data_dir", "DATA_DIR", "directory holding plan.json and the settings' .runs/"),),
+)
+register = COMMAND.register

@@ -11,12 +11,13 @@ command (same ``--out``) resumes.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
 
-from gmts_analysis.options.config import ExamplesHelpFormatter, ProbeConfig
+from gmts_analysis.options.command import Command
+from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions
 from gmts_analysis.sampling import domains as _sampling
 
 DEFAULT_DOMAINS = ",".join(_sampling.DEFAULT_DOMAINS)
@@ -46,35 +47,17 @@ NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights",
               "prompts", "batch_size", "difficulty")
 
 
-def register(sub: argparse._SubParsersAction) -> None:
-    from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions, add_options
-
-    p = sub.add_parser(
-        "run",
-        help="the main job: sample from a shipped policy (or a real model), probe, statistics, figures, report",
-        description="Sample answers from a shipped toy policy on the toy domains (or from a real instruct model such "
-        "as --model smollm2 on grade-school word problems: domain word, defaults "
-        f"{', '.join(f'{k} {v}' for k, v in WORD_DEFAULTS.items())}), probe them with exact per-token gradient norms, "
-        "and write a complete run directory (tables, stats.json, figures, report.html, and the sampled "
-        "rollouts.jsonl). Resumable like gmts probe: run the same command again after a crash. Every option "
-        "of gmts probe that is not about an input file applies (TRL's and verl's names too: docs/cli.md).",
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    add_options(p, SamplingOptions, ProbeConfig, RunControl, skip=NOT_IN_RUN,
-                defaults={"domains": None, "out": None, **{k: None for k in TOY_DEFAULTS}})  # by world, in run()
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``gmts run``: sample, probe (resumable), print the results; the exit status of :func:`gmts_analysis.commands.probe.exit_status`."""
+def run(s: SamplingOptions, cfg: ProbeConfig, control: RunControl) -> int:
+    """``gmts run``: sample, probe (resumable), print the results; the exit status of :func:`gmts_analysis.commands.probe.exit_status`.
+    ``s``: the sampling half's options, ``cfg``: the probe half's (the world's defaults are filled in where not given)."""
     from gmts_analysis.commands.probe import exit_status
     from gmts_analysis.run.job import sample_and_probe
     from gmts_analysis.run.sharding.merge import skipped_line
 
     t0 = time.perf_counter()
-    domains = _domains_and_defaults(args)
-    out, cfg = _checked_probe_config(args, domains)
-    sample_and_probe(cfg, _sampling_record(args, domains))
+    domains, s, cfg = _domains_and_defaults(s, cfg)
+    out, cfg = _checked_probe_config(s, cfg, domains)
+    sample_and_probe(cfg, _sampling_record(s, domains))
     _print_statistics(out, domains)
     _print_answers(out, domains, t0)
     line = skipped_line(out)  # never only in errors.jsonl
@@ -83,59 +66,59 @@ def run(args: argparse.Namespace) -> int:
     return exit_status([out], quiet=True)
 
 
-def _domains_and_defaults(args: argparse.Namespace) -> list[str]:
+def _domains_and_defaults(s: SamplingOptions, cfg: ProbeConfig) -> tuple[list[str], SamplingOptions, ProbeConfig]:
     """The domains to sample (``--domains``, else the model's world: the toy domains for a toy policy,
-    ``word`` otherwise), checked; the world's sampling defaults filled into ``args`` where not given,
+    ``word`` otherwise), checked; the world's sampling defaults filled into ``s`` and ``cfg`` where not given,
     then the group sizes and ``--max-completion-length`` checked."""
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.sampling.domains import WORD_DOMAIN, check_verifiers_installed, domain_list
 
-    given = args.domains
+    given = s.domains
     if given is None:
-        given = [DEFAULT_DOMAINS if is_toy_policy(args.model) else WORD_DOMAIN]
+        given = [DEFAULT_DOMAINS if is_toy_policy(s.model) else WORD_DOMAIN]
     domains = domain_list(given, flag="--domains")
     check_verifiers_installed(domains)  # before the model is loaded (or a GGUF file converted)
-    for k, v in (WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS).items():
-        if getattr(args, k, None) is None:
-            setattr(args, k, v)
-    if args.num_prompts < 1 or args.num_generations < 2:
+    world = WORD_DEFAULTS if domains == [WORD_DOMAIN] else TOY_DEFAULTS
+    s, cfg = (dataclasses.replace(x, **{f.name: world[f.name] for f in dataclasses.fields(x)
+                                        if f.name in world and getattr(x, f.name) is None}) for x in (s, cfg))
+    if s.num_prompts < 1 or s.num_generations < 2:
         raise GmtsError("--num-prompts must be >= 1 and --num-generations >= 2 (a group needs a baseline)")
-    if args.max_completion_length is not None and args.max_completion_length < 1:
-        raise GmtsError(f"--max-completion-length: must be an integer >= 1, got {args.max_completion_length}")
-    return domains
+    if s.max_completion_length is not None and s.max_completion_length < 1:
+        raise GmtsError(f"--max-completion-length: must be an integer >= 1, got {s.max_completion_length}")
+    return domains, s, cfg
 
 
-def _checked_probe_config(args: argparse.Namespace, domains: list[str]) -> tuple[Path, ProbeConfig]:
+def _checked_probe_config(s: SamplingOptions, cfg: ProbeConfig, domains: list[str]) -> tuple[Path, ProbeConfig]:
     """The run directory (``--out``, default ``runs/run-<time>``) and the probe half's configuration
     (every gmts probe option), both checked before anything is sampled (the job checks again before probing)."""
-    from gmts_analysis.options.config import default_out, from_args
+    from gmts_analysis.options.config import default_out
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.readers.models import resolve_model_path
     from gmts_analysis.sampling.domains import check_word_verifier
     from gmts_analysis.util import io
 
-    out = Path(args.out or default_out("run"))
+    out = Path(cfg.out or default_out("run"))
     # num_generations is the sampling's (the rows carry group ids); the verifier scores the sampled
     # answers (word problems only); the probe reads their rewards as sampled
-    check_word_verifier(args.verifier, domains)
-    cfg = from_args(ProbeConfig, args, rollouts=None, out=str(out), num_generations=None, verifier=None,
-                    aliases=dict(getattr(args, "aliases", None) or {}))
+    check_word_verifier(s.verifier, domains)
+    cfg = dataclasses.replace(cfg, rollouts=None, out=str(out), num_generations=None, verifier=None,
+                              aliases=dict(cfg.aliases or {}))
     validate_options(cfg)
-    io.check_output_location(out, {"--model": resolve_model_path(args.model)})
+    io.check_output_location(out, {"--model": resolve_model_path(s.model)})
     io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
     return out, cfg
 
 
-def _sampling_record(args: argparse.Namespace, domains: list[str]) -> dict[str, Any]:
+def _sampling_record(s: SamplingOptions, domains: list[str]) -> dict[str, Any]:
     """The sampling half's settings as the job takes and records them (``manifest.json`` ``sampling``)."""
     from gmts_analysis.readers.models import resolve_device
     from gmts_analysis.sampling.domains import WORD_DOMAIN, WORD_VERIFIER
 
-    sampling = {"domains": domains, "num_prompts": args.num_prompts, "group_size": args.num_generations,
-                "temperature": args.temperature, "max_new_tokens": args.max_completion_length, "seed": args.seed,
-                "device": str(resolve_device(args.device))}  # the device sampled on (auto resolved)
+    sampling = {"domains": domains, "num_prompts": s.num_prompts, "group_size": s.num_generations,
+                "temperature": s.temperature, "max_new_tokens": s.max_completion_length, "seed": s.seed,
+                "device": str(resolve_device(s.device))}  # the device sampled on (auto resolved)
     if WORD_DOMAIN in domains:  # the word problems' verifier is part of the sampling (toy runs' keys unchanged)
-        sampling["verifier"] = args.verifier or WORD_VERIFIER
+        sampling["verifier"] = s.verifier or WORD_VERIFIER
     return sampling
 
 
@@ -171,3 +154,18 @@ def _print_answers(out: Path, domains: list[str], t0: float) -> None:
     wall = time.perf_counter() - t0
     n_tokens = int(answers["length"].sum()) if "length" in answers else 0
     print(f"{n_tokens} tokens, {len(answers)} answers in {wall:.0f} s -> {out}/ (report: {out / 'report.html'})")
+
+
+COMMAND = Command(
+    "run", job=run, settings=(SamplingOptions, ProbeConfig, RunControl), skip=NOT_IN_RUN,
+    defaults={"domains": None, "out": None, **{k: None for k in TOY_DEFAULTS}},  # by world, in run()
+    help="the main job: sample from a shipped policy (or a real model), probe, statistics, figures, report",
+    description="Sample answers from a shipped toy policy on the toy domains (or from a real instruct model such "
+    "as --model smollm2 on grade-school word problems: domain word, defaults "
+    f"{', '.join(f'{k} {v}' for k, v in WORD_DEFAULTS.items())}), probe them with exact per-token gradient norms, "
+    "and write a complete run directory (tables, stats.json, figures, report.html, and the sampled "
+    "rollouts.jsonl). Resumable like gmts probe: run the same command again after a crash. Every option "
+    "of gmts probe that is not about an input file applies (TRL's and verl's names too: docs/cli.md).",
+    epilog=EXAMPLES,
+)
+register = COMMAND.register

@@ -3,9 +3,8 @@ checkpoint), score them with a verifier and write rollouts with their ids."""
 
 from __future__ import annotations
 
-import argparse
-
-from gmts_analysis.options.config import ExamplesHelpFormatter
+from gmts_analysis.options.command import Command
+from gmts_analysis.options.config import OutputOptions, RunControl, SamplingOptions
 
 EXAMPLES = """examples:
   gmts sample --model small --domains arithmetic --num_generations 4 --max_completion_length 48 --output_dir runs/s1
@@ -13,47 +12,32 @@ EXAMPLES = """examples:
   gmts sample --domains logic --num-prompts 16 --temperature 0.7 --threads 1 -q"""
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    from gmts_analysis.options.config import OutputOptions, RunControl, SamplingOptions, add_options
-
-    p = subparsers.add_parser(
-        "sample",
-        help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
-        description="Sample --num-generations answers to each of --num-prompts held-out prompts of each toy "
-        "domain, score them with the domain's verifier and write rollouts (docs/definitions.md section 7) (JSONL). "
-        "The same seed gives the same file. --out is a .jsonl file, or a directory (TRL's output_dir) that "
-        "gets rollouts.jsonl.",
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    add_options(p, SamplingOptions, OutputOptions, RunControl)
-    p.set_defaults(func=run)
-
-
-def _out_file(args: argparse.Namespace) -> str:
+def _out_file(o: OutputOptions) -> str:
     """The rollouts file to write: --out itself when it names a .jsonl file, else OUT/rollouts.jsonl
     (a directory, as TRL's output_dir; default: a new folder under runs/)."""
     from pathlib import Path
 
     from gmts_analysis.options.config import default_out
 
-    out = Path(args.out or default_out("sample"))
+    out = Path(o.out or default_out("sample"))
     return str(out if out.suffix.lower() in (".jsonl", ".json") and not out.is_dir() else out / "rollouts.jsonl")
 
 
-def _check_out(args: argparse.Namespace) -> str:
+def _check_out(s: SamplingOptions, o: OutputOptions) -> str:
     from pathlib import Path
 
     from gmts_analysis.util.io import check_output_file, check_output_location
 
-    path = Path(_out_file(args))
+    path = Path(_out_file(o))
     # never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)
-    check_output_file(path, "--out", _is_sampled_rollouts, overwrite=getattr(args, "overwrite", False),
-                      inputs={"--prompts": getattr(args, "prompts", None)})
-    check_output_location(path.parent, flag=f"--out {args.out or path.parent}: directory", whole_dir=False)
+    check_output_file(path, "--out", _is_sampled_rollouts, overwrite=o.overwrite,
+                      inputs={"--prompts": s.prompts})
+    check_output_location(path.parent, flag=f"--out {o.out or path.parent}: directory", whole_dir=False)
     return str(path)
 
 
-def run(args: argparse.Namespace) -> int:
+def sample(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
+    """Sample, verify and write the rollouts (module docstring): on the toy domains, or on ``s.prompts``."""
     import logging
 
     import torch
@@ -63,11 +47,11 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.sampling.domains import sample_domains
     from gmts_analysis.toy.sample import write_rollouts
 
-    if args.domains is not None and args.prompts is not None:
+    if s.domains is not None and s.prompts is not None:
         raise GmtsError("gmts sample: give one of --domains (toy domains) or --prompts FILE, not both")
-    _check_sampling(args)
-    if args.prompts is not None:
-        return _run_prompts(args)
+    _check_sampling(s)
+    if s.prompts is not None:
+        return _run_prompts(s, o, rc)
     from gmts_analysis.readers.models import resolve_model_path
     from gmts_analysis.sampling.domains import (
         DEFAULT_DOMAINS,
@@ -76,29 +60,29 @@ def run(args: argparse.Namespace) -> int:
         domain_list,
     )
 
-    if args.num_prompts is None:
-        args.num_prompts = 8
-    given = args.domains if args.domains is not None else [",".join(DEFAULT_DOMAINS)]
+    if s.num_prompts is None:
+        s.num_prompts = 8
+    given = s.domains if s.domains is not None else [",".join(DEFAULT_DOMAINS)]
     domains = domain_list(given, flag="--domains")
     check_verifiers_installed(domains)  # before the model is loaded (or a GGUF file converted)
-    if args.num_prompts < 1:
+    if s.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
-    out = _check_out(args)
-    model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
+    out = _check_out(s, o)
+    model, tokenizer = load_model(s.model, s.device, s.dtype, offline=rc.offline)
     if tokenizer is None:
-        raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+        raise GmtsError(f"--model {s.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     from gmts_analysis.sampling.domains import WORD_DEFAULTS, WORD_DOMAIN
 
-    budget = args.max_completion_length or (WORD_DEFAULTS["max_completion_length"] if domains == [WORD_DOMAIN]
-                                            else card_max_new_tokens(resolve_model_path(args.model)))
+    budget = s.max_completion_length or (WORD_DEFAULTS["max_completion_length"] if domains == [WORD_DOMAIN]
+                                            else card_max_new_tokens(resolve_model_path(s.model)))
     with torch.inference_mode():
-        rows = sample_domains(model, tokenizer, domains, args.num_prompts, args.num_generations, args.temperature,
-                              budget, args.seed, difficulty=args.difficulty, batch_size=args.batch_size,
-                              progress=not args.quiet, verifier=args.verifier)
+        rows = sample_domains(model, tokenizer, domains, s.num_prompts, s.num_generations, s.temperature,
+                              budget, s.seed, difficulty=s.difficulty, batch_size=s.batch_size,
+                              progress=not rc.quiet, verifier=s.verifier)
     write_rollouts(out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
-                                   out, len(rows), args.num_prompts * len(domains), mean)
+                                   out, len(rows), s.num_prompts * len(domains), mean)
     from gmts_analysis.sampling.signal import warn_if_no_signal
 
     warn_if_no_signal(rows, str(out))  # all rewards of a group equal: no gradient there
@@ -114,23 +98,23 @@ def _is_sampled_rollouts(path) -> bool:
     return isinstance(row, dict) and {"prompt_ids", "response_ids", "reward"} <= set(row)
 
 
-def _check_sampling(args: argparse.Namespace) -> None:
+def _check_sampling(s: SamplingOptions) -> None:
     """The checks of :class:`SamplingOptions` values that argparse does not make (one line each)."""
     import math
 
     from gmts_analysis.errors import GmtsError
 
-    if args.num_generations < 2:
-        raise GmtsError(f"--num-generations must be >= 2 (a group needs a baseline), got {args.num_generations}")
-    if args.batch_size < 1:
+    if s.num_generations < 2:
+        raise GmtsError(f"--num-generations must be >= 2 (a group needs a baseline), got {s.num_generations}")
+    if s.batch_size < 1:
         raise GmtsError("--batch-size must be >= 1")
-    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
-        raise GmtsError(f"--temperature must be a finite number >= 0, got {args.temperature}")
-    if args.max_completion_length is not None and args.max_completion_length < 1:
-        raise GmtsError(f"--max-completion-length must be >= 1, got {args.max_completion_length}")
+    if not (s.temperature >= 0 and math.isfinite(s.temperature)):
+        raise GmtsError(f"--temperature must be a finite number >= 0, got {s.temperature}")
+    if s.max_completion_length is not None and s.max_completion_length < 1:
+        raise GmtsError(f"--max-completion-length must be >= 1, got {s.max_completion_length}")
 
 
-def _run_prompts(args: argparse.Namespace) -> int:
+def _run_prompts(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
     """``gmts sample --prompts FILE``: any checkpoint, its chat template, a TRL-style verifier."""
     import logging
 
@@ -142,24 +126,24 @@ def _run_prompts(args: argparse.Namespace) -> int:
     from gmts_analysis.sampling.generate import read_prompts, sample_prompts
     from gmts_analysis.toy.sample import write_rollouts
 
-    if args.num_prompts is not None and args.num_prompts < 1:
+    if s.num_prompts is not None and s.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
-    out = _check_out(args)
-    rows = read_prompts(args.prompts, args.num_prompts)
-    verifier = resolve_verifier(args.verifier)
-    model, tokenizer = load_model(args.model, args.device, args.dtype, offline=args.offline)
+    out = _check_out(s, o)
+    rows = read_prompts(s.prompts, s.num_prompts)
+    verifier = resolve_verifier(s.verifier)
+    model, tokenizer = load_model(s.model, s.device, s.dtype, offline=rc.offline)
     if tokenizer is None:
-        raise GmtsError(f"--model {args.model}: no tokenizer saved with the checkpoint (sampling needs one)")
+        raise GmtsError(f"--model {s.model}: no tokenizer saved with the checkpoint (sampling needs one)")
     from gmts_analysis.readers.models import resolve_model_path
     from gmts_analysis.sampling.domains import card_max_new_tokens
 
-    budget = args.max_completion_length or card_max_new_tokens(resolve_model_path(args.model))
+    budget = s.max_completion_length or card_max_new_tokens(resolve_model_path(s.model))
     with torch.inference_mode():
-        answers = sample_prompts(model, tokenizer, rows, args.num_generations, verifier=verifier,
-                                 temperature=args.temperature, max_new_tokens=budget,
-                                 seed=args.seed,
-                                 chat_template=args.chat_template, batch_size=args.batch_size,
-                                 progress=not args.quiet, where=str(args.prompts))
+        answers = sample_prompts(model, tokenizer, rows, s.num_generations, verifier=verifier,
+                                 temperature=s.temperature, max_new_tokens=budget,
+                                 seed=s.seed,
+                                 chat_template=s.chat_template, batch_size=s.batch_size,
+                                 progress=not rc.quiet, where=str(s.prompts))
     write_rollouts(out, answers)
     msg = f"{out}: {len(answers)} answers to {len(rows)} prompts"
     if verifier is not None:
@@ -170,3 +154,14 @@ def _run_prompts(args: argparse.Namespace) -> int:
 
         warn_if_no_signal(answers, str(out))  # after the mean reward, the last line a user reads
     return 0
+
+
+COMMAND = Command(
+    "sample", job=sample, settings=(SamplingOptions, OutputOptions, RunControl),
+    help="sample groups of answers on a toy domain, verify them, write rollouts (JSONL)",
+    description="Sample --num-generations answers to each of --num-prompts held-out prompts of each toy "
+    "domain, score them with the domain's verifier and write rollouts (docs/definitions.md section 7) (JSONL). "
+    "The same seed gives the same file. --out is a .jsonl file, or a directory (TRL's output_dir) that "
+    "gets rollouts.jsonl.", epilog=EXAMPLES,
+)
+register = COMMAND.register

@@ -14,14 +14,14 @@ its manifest and stats.json recording the source run and the new rewards (rescor
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, check_rho
 from gmts_analysis.options import checks
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
 
 if TYPE_CHECKING:
@@ -67,18 +67,6 @@ class StatsOptions:
                           group="output")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "stats",
-        help="recompute stats.json of a run directory from its tokens table",
-        description=__doc__.split("\n\n", 1)[1],
-        epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("run_dir", metavar="RUN_DIR", help="a probe's output directory (with tokens.parquet)")
-    add_options(p, StatsOptions, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
-
-
 #: fewer bootstrap units than this: the intervals are printed with a warning (one number for every view)
 from gmts_analysis.core.vocabulary import MIN_GROUPS as MIN_CI_UNITS  # noqa: E402
 
@@ -102,7 +90,9 @@ def warn_few_groups(stats: Statistics | dict) -> bool:
     return True
 
 
-def run(args: argparse.Namespace) -> int:
+def stats(source: str, args: StatsOptions, control: RunControl) -> int:
+    """Recompute the statistics of the run directory ``source``, or re-score it (module docstring).
+    ``args``: the command's typed options."""
     import logging
     import time
 
@@ -113,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from gmts_analysis.util.io import read_json, read_parquet
 
     log = logging.getLogger("gmts_analysis.analysis.stats")
-    run_dir = Path(args.run_dir)
+    run_dir = Path(source)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
@@ -122,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
 
     validate_run_dir(run_dir)  # every contract column (no estimator silently dropped), answers, manifest
     if args.verifier is not None or args.rewards is not None or args.mask_truncated_completions:
-        return _rescore(args, run_dir)
+        return _rescore(args, control, run_dir, source)
     if args.out:
         from gmts_analysis.util.io import check_output_file, check_output_location, read_json_object
 
@@ -156,12 +146,12 @@ def run(args: argparse.Namespace) -> int:
         m.n_tokens, m.n_answers, len(m.estimators), time.perf_counter() - t0, ", ".join(map(str, paths)),
     )
     warn_few_groups(stats)
-    if not args.quiet:
+    if not control.quiet:
         log.info("%s", summary_text(stats))
     return 0
 
 
-def _rescore(args: argparse.Namespace, run_dir: Path) -> int:
+def _rescore(args: StatsOptions, control: RunControl, run_dir: Path, source: str) -> int:
     """``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``: a re-scored run directory."""
     import logging
 
@@ -189,11 +179,20 @@ def _rescore(args: argparse.Namespace, run_dir: Path) -> int:
     run = read_run(run_dir, compute_missing_stats=False)
     new = rescore(run, verifier=args.verifier, rewards=args.rewards,
                   mask_truncated_completions=args.mask_truncated_completions, seed=args.seed, n_boot=args.n_boot,
-                  source=args.run_dir, rho=args.rho)
+                  source=source, rho=args.rho)
     write_run_dir(new, out, figures=not args.no_figures, overwrite=args.overwrite)
     st = Statistics.coerce(new.stats)
     logging.getLogger("gmts_analysis.analysis.stats").info("re-scored run -> %s", out)
     warn_few_groups(st)
-    if not args.quiet:
+    if not control.quiet:
         print(summary_text(st))
     return 0
+
+
+COMMAND = Command(
+    "stats", job=stats, settings=(StatsOptions, RunControl), skip=("offline",),
+    help="recompute stats.json of a run directory from its tokens table",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+    positionals=(Positional("run_dir", "RUN_DIR", "a probe's output directory (with tokens.parquet)"),),
+)
+register = COMMAND.register

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -67,6 +67,8 @@ from gmts_analysis.core.loss_terms import (  # noqa: F401 - k3_kl, k3_kl_grad re
     omega_sum,
 )
 from gmts_analysis.core.vocabulary import (  # noqa: F401 - the loss names, re-exported
+    DEFAULT_CLIP,
+    DEFAULT_VLLM_IS_MAX,
     IS_LEVELS,
     LOSS_AGGS,
     LOSS_TYPES,
@@ -98,15 +100,15 @@ class LossSettings:
 
     loss_agg: str = "token-mean"
     max_len: int | None = None
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    clip_low: float = DEFAULT_CLIP
+    clip_high: float = DEFAULT_CLIP
     clip_ratio_c: float | None = None
     kl_beta: float = 0.0
     kl_bias_correction: bool = False
     importance_sampling_level: str = "token"
     vllm_is_mode: str | None = None
     vllm_is_min: float | None = None
-    vllm_is_max: float | None = 3.0
+    vllm_is_max: float | None = DEFAULT_VLLM_IS_MAX
     log_ratio_clamp: float | None = None
     kl_clamp: float | None = None
 
@@ -164,21 +166,40 @@ def loss_settings(
     return LossSettings(loss_agg=agg or "token-mean", kl_bias_correction=bias, **fields)
 
 
-def settings_of(opts: Any) -> LossSettings:
-    """:class:`LossSettings` of a :class:`gmts_analysis.options.config.ProbeOptions` (or any object with its fields)."""
-    g = lambda name, default=None: getattr(opts, name, default)  # noqa: E731
-    loss_type = g("loss_type")
-    agg = g("loss_agg")
+class LossOptions(Protocol):
+    """The loss options :func:`settings_of` reads: the RL objective fields of
+    :class:`gmts_analysis.options.config.ProbeOptions` (a :class:`~gmts_analysis.options.settings.RunSettings`
+    has them too), as a type this layer can name without importing the options."""
+
+    loss_type: str | None
+    loss_agg: str
+    kl_bias_correction: str
+    max_len: int | None
+    max_completion_length: int | None
+    clip_low: float
+    clip_high: float
+    clip_ratio_c: float | None
+    kl_beta: float
+    importance_sampling_level: str
+    vllm_is_mode: str | None
+    vllm_is_min: float | None
+    vllm_is_max: float
+
+
+def settings_of(opts: LossOptions) -> LossSettings:
+    """:class:`LossSettings` of the loss options of a :class:`gmts_analysis.options.config.ProbeOptions`."""
+    loss_type = opts.loss_type
+    agg: str | None = opts.loss_agg
     if loss_type is not None and agg == "token-mean":  # the option's default: let loss_type decide
         agg = None
     return loss_settings(
-        loss_type, agg, kl_bias_correction=g("kl_bias_correction", "auto"),
-        max_len=g("max_len") or g("max_completion_length"),
-        clip_low=g("clip_low", 0.2), clip_high=g("clip_high", 0.2),
-        clip_ratio_c=g("clip_ratio_c"), kl_beta=float(g("kl_beta", 0.0) or 0.0),
-        importance_sampling_level=g("importance_sampling_level", "token") or "token",
-        vllm_is_mode=g("vllm_is_mode"), vllm_is_min=g("vllm_is_min"),
-        vllm_is_max=g("vllm_is_max", 3.0),
+        loss_type, agg, kl_bias_correction=opts.kl_bias_correction,
+        max_len=opts.max_len or opts.max_completion_length,
+        clip_low=opts.clip_low, clip_high=opts.clip_high,
+        clip_ratio_c=opts.clip_ratio_c, kl_beta=float(opts.kl_beta or 0.0),
+        importance_sampling_level=opts.importance_sampling_level or "token",
+        vllm_is_mode=opts.vllm_is_mode, vllm_is_min=opts.vllm_is_min,
+        vllm_is_max=opts.vllm_is_max,
     )
 
 
@@ -339,7 +360,7 @@ def answer_weights(lengths: Tensor, loss_agg: str = "token-mean", max_len: int |
 
 
 def vllm_is_ratio(old_logprobs: Tensor, sampling_logprobs: Tensor, mask: Tensor, mode: str,
-                  clip_min: float | None = None, clip_max: float | None = 3.0) -> Tensor:
+                  clip_min: float | None = None, clip_max: float | None = DEFAULT_VLLM_IS_MAX) -> Tensor:
     """TRL 1.16's vLLM importance-sampling factor, ``(B, T)`` (sequence modes broadcast), float64, no grad."""
     m = mask.to(torch.float64)
     d = (old_logprobs.detach().to(torch.float64) - sampling_logprobs.detach().to(torch.float64)) * m

@@ -23,6 +23,10 @@ DEFAULT_RHO = 0.2
 RHOS = (0.05, 0.1, 0.2, 0.3, 0.5)
 #: the statistics' uncertain-token view: tokens whose probability under the policy is below this
 DEFAULT_UNCERTAIN_BELOW = 0.9
+#: PPO clip epsilon on each side of 1 when none is given (TRL's ``epsilon``; ``epsilon_high`` defaults to it)
+DEFAULT_CLIP = 0.2
+#: upper bound C_max of TRL's vLLM importance-sampling correction when none is given
+DEFAULT_VLLM_IS_MAX = 3.0
 #: cluster-bootstrap resamples of the statistics' confidence intervals when none is given (0: no intervals)
 DEFAULT_N_BOOT = 1000
 #: selection scopes: every response token of the batch pooled, or each group (answers to one prompt)

@@ -273,7 +273,10 @@ def fidelity_for_run(
     model: torch.nn.Module,
     answers: Iterable,
     tokens: pd.DataFrame,
-    cfg,
+    *,
+    temperature: float,
+    seed: int,
+    progress: bool = False,
     slices: bool = True,
     estimators: Iterable[str] | None = None,
     rho: float = DEFAULT_RHO,
@@ -286,7 +289,7 @@ def fidelity_for_run(
 
     answers: the probe's :class:`gmts_analysis.readers.rollouts.Answer` objects (answers missing from
     ``tokens``, e.g. failed or empty ones, are skipped); tokens: the probe's tokens table;
-    cfg: the :class:`gmts_analysis.options.config.ProbeOptions` (temperature, seed; ``quiet`` when a job passes its config).
+    temperature: the sampling temperature tau; seed: of the random selections; progress: the bar.
     estimators: default every estimator present. With ``slices``, the per-domain and per-step blocks
     too (for the table's ``domain`` and ``step`` values), in the same pass over the answers, when
     their accumulators fit the memory budget (else only the overall block, with a warning). Batch
@@ -296,7 +299,7 @@ def fidelity_for_run(
 
     df = add_estimator_columns(tokens.copy()).reset_index(drop=True)
     ests = list(estimators) if estimators is not None else available(df)
-    seed = int(getattr(cfg, "seed", 0))
+    seed = int(seed)
     masks = fidelity_selections(df, ests, rho, "batch", n_random, seed)
     keys_overall = list(masks)
     slices = _slices(df) if slices else {}
@@ -328,8 +331,8 @@ def fidelity_for_run(
             ids = torch.tensor(list(a.prompt_ids) + list(a.response_ids), dtype=torch.long, device=device)
             yield aid, ids, len(a.prompt_ids)
 
-    grads = selection_gradients(model, batches(), df, masks, float(getattr(cfg, "temperature", 1.0)),
-                                memory_budget_bytes, progress=not getattr(cfg, "quiet", True))
+    grads = selection_gradients(model, batches(), df, masks, float(temperature),
+                                memory_budget_bytes, progress=progress)
 
     def block(prefix: str) -> dict:
         return fidelity_block(grads, [k for k in keys_overall if not k.startswith("random_")], n_random, prefix)

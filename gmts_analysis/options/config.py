@@ -15,8 +15,10 @@ from typing import Any
 import gmts_analysis.options.checks as checks
 from gmts_analysis.core.vocabulary import (
     ADVANTAGE_MODES,
+    DEFAULT_CLIP,
     DEFAULT_RHO,
     DEFAULT_UNCERTAIN_BELOW,
+    DEFAULT_VLLM_IS_MAX,
     GRAD_NORM_METHODS,
     IS_LEVELS,
     LOSS_AGGS,
@@ -76,14 +78,14 @@ class ProbeOptions:
     loss_type: str = opt(None, f"TRL loss_type that was trained: {' | '.join(LOSS_TYPES)} (sets --loss-agg; "
                          f"TRL's bias-corrected KL); {', '.join(REFUSED_LOSS_TYPES)} are refused",
                          group="RL objective", metavar="TYPE", trl_name=True)
-    clip_low: float = opt(0.2, "PPO clip epsilon below 1 (off-policy omega; TRL epsilon, verl clip_ratio_low)",
+    clip_low: float = opt(DEFAULT_CLIP, "PPO clip epsilon below 1 (off-policy omega; TRL epsilon, verl clip_ratio_low)",
                           group="RL objective", metavar="EPS", check=checks.number_in(0, 1, domain="in [0, 1)"),
                           aliases=(alias("epsilon", "TRL GRPOConfig.epsilon (also epsilon_high unless given)",
                                          fill=("clip_high",)),
                                    alias("clip_ratio", "verl actor.clip_ratio (both sides unless given)",
                                          fill=("clip_high",)),
                                    alias("clip_ratio_low", "verl actor.clip_ratio_low")))
-    clip_high: float = opt(0.2, "PPO clip epsilon above 1 (TRL epsilon_high, default epsilon; DAPO uses 0.28)",
+    clip_high: float = opt(DEFAULT_CLIP, "PPO clip epsilon above 1 (TRL epsilon_high, default epsilon; DAPO uses 0.28)",
                            group="RL objective", metavar="EPS", check=checks.number_in(0, 1, domain="in [0, 1)"),
                            aliases=(alias("epsilon_high", "TRL GRPOConfig.epsilon_high"),
                                     alias("clip_ratio_high", "verl actor.clip_ratio_high")))
@@ -111,7 +113,7 @@ class ProbeOptions:
                              metavar="C_MIN", check=checks.nonneg_finite, aliases=(
                                  alias("vllm_importance_sampling_clip_min",
                                        "TRL GRPOConfig.vllm_importance_sampling_clip_min"),))
-    vllm_is_max: float = opt(3.0, "vLLM importance-sampling upper bound C_max", group="RL objective",
+    vllm_is_max: float = opt(DEFAULT_VLLM_IS_MAX, "vLLM importance-sampling upper bound C_max", group="RL objective",
                              metavar="C_MAX", check=checks.positive_finite, aliases=(
                                  alias("vllm_importance_sampling_clip_max",
                                        "TRL GRPOConfig.vllm_importance_sampling_clip_max"),))

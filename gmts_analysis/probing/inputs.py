@@ -50,7 +50,7 @@ class ProbeInputs:
         return truncation_counts(self.options, self.answers, self.n_cut)
 
 
-def truncation_counts(cfg: Any, answers: Sequence[Any], n_cut: int) -> dict[str, int | None]:
+def truncation_counts(cfg: "ProbeOptions", answers: Sequence[Any], n_cut: int) -> dict[str, int | None]:
     """The manifest's two truncation counts, which are different things:
 
     ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
@@ -59,7 +59,7 @@ def truncation_counts(cfg: Any, answers: Sequence[Any], n_cut: int) -> dict[str,
     ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
     """
     n_open = None
-    if getattr(cfg, "mask_truncated_completions", False):
+    if cfg.mask_truncated_completions:
         n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
     return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
 
@@ -202,7 +202,7 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
     n_cut = validate_against_model(answers, vocab, context, opts.truncate)
     if n_cut and log is not None:
         log.warning("%d answer(s) truncated to the model's context", n_cut)
-    if getattr(opts, "mask_truncated_completions", False):  # the manifest counts them (truncation_counts)
+    if opts.mask_truncated_completions:  # the manifest counts them (truncation_counts)
         n_open = kernel.mark_unterminated(answers, tokenizer, model)
         if log is not None:
             log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",

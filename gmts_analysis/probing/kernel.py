@@ -71,7 +71,7 @@ def answer_coefficients(answers: Sequence[Answer], cfg: ProbeOptions) -> list[An
         raise GmtsError(f"--kl-beta {loss.kl_beta} (TRL beta, verl kl_loss_coef): the KL term of omega needs "
                         "ref_logprobs, and no answer has them; pass --kl-beta 0 to probe the policy term alone")
     truncated = None
-    if getattr(cfg, "mask_truncated_completions", False):
+    if cfg.mask_truncated_completions:
         unknown = [a for a in answers if "unterminated" not in a.extra]
         if unknown:
             raise GmtsError(f"--mask-truncated-completions: {unknown[0].where or 'answer ' + str(unknown[0].answer_id)}: "
@@ -141,11 +141,11 @@ def probe_answer(
     coef: AnswerCoefficients,
     cfg: ProbeOptions,
     token_text: TokenText | None = None,
-    strict: bool | None = None,
+    strict: bool = False,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms.
 
-    ``strict`` (default ``cfg.strict`` when ``cfg`` has it, else False): refuse, with a
+    ``strict`` (a job setting, :attr:`~gmts_analysis.options.config.JobSettings.strict`): refuse, with a
     :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
     per-token loop. The column ``grad_norm_method`` says which method gave each answer's norms."""
     from gmts_analysis.probing.validate import check_finite_scalars
@@ -209,7 +209,7 @@ def probe_answer(
     return cols, groups_df
 
 
-def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions, strict: bool | None, where: str):
+def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions, strict: bool, where: str):
     """``(q, gn)``: the answer's :class:`~gmts_analysis.core.tokens.TokenQuantities` and its
     gradient norms (``None`` under ``--grad-norm none``, where one no-grad forward gives ``q``).
     Raises :class:`GmtsError` when the model produced non-finite logits."""
@@ -231,7 +231,7 @@ def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions
             model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
             max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
             probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
-            strict=bool(getattr(cfg, "strict", False) if strict is None else strict),
+            strict=bool(strict),
             where=where,
         )
         q = gn.quantities
@@ -277,7 +277,7 @@ def probe_answers(
     cfg: ProbeOptions,
     coefs: Sequence[AnswerCoefficients] | None = None,
     progress: bool = True,
-    strict: bool | None = None,
+    strict: bool = False,
     probe_one: Callable[..., tuple[dict[str, Any], pd.DataFrame | None]] | None = None,
 ) -> ProbeResult:
     """Probe every answer; returns the tables (nothing is written).

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import torch
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import ProbeOptions
 
 log = logging.getLogger("gmts_analysis.probing.preflight")
 
@@ -78,7 +79,7 @@ def fidelity_need(model: torch.nn.Module, grad_norm: str, budget: int | None = N
                         DEFAULT_BUDGET if budget is None else int(budget))
 
 
-def fidelity_decision(cfg: Any, model: torch.nn.Module, n_tokens: int) -> tuple[bool, str]:
+def fidelity_decision(cfg: ProbeOptions, model: torch.nn.Module, n_tokens: int) -> tuple[bool, str]:
     """``(on, why)`` for ``cfg.fidelity`` on this model and ``n_tokens`` response tokens.
     Raises :class:`GmtsError` for ``on`` when the accumulators cannot fit."""
     if cfg.fidelity == "off":
@@ -149,10 +150,11 @@ def _existing_parent(path: Path) -> Path:
     return p
 
 
-def check_before_probe(cfg: Any, model: torch.nn.Module, answers: Sequence[Any], out: str | os.PathLike | None
-                       ) -> None:
+def check_before_probe(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Any], out: str | os.PathLike | None,
+                       figures: bool = True) -> None:
     """Every need knowable before the model runs (module docstring); raises :class:`GmtsError`
-    naming the option to change, logs one line when ``--fidelity auto`` turns fidelity off."""
+    naming the option to change, logs one line when ``--fidelity auto`` turns fidelity off.
+    ``figures``: the job draws figures and a report (their disk space is counted)."""
     n_tokens = sum(a.length for a in answers)
     if cfg.grad_norm == "sketch" and answers:
         from gmts_analysis.engine.choice import choose_method
@@ -186,7 +188,7 @@ def check_before_probe(cfg: Any, model: torch.nn.Module, answers: Sequence[Any],
         where = _existing_parent(Path(out))
         free_disk = shutil.disk_usage(where).free
         need_disk = disk_need(len(answers), n_tokens, sum(len(a.prompt_ids) for a in answers),
-                              bool(getattr(cfg, "figures", True)))
+                              figures)
         if need_disk > free_disk:
             raise GmtsError(f"{out}: the run needs about {need_disk / 1e6:.0f} MB of disk and {where} has "
                             f"{free_disk / 1e6:.0f} MB free: free some space or choose another --out")

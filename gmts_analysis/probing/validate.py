@@ -7,55 +7,58 @@ file, line or column at fault, so a bad job costs seconds, not the whole probe.
 
 from __future__ import annotations
 
+import argparse
 import math
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
 
+if TYPE_CHECKING:
+    from gmts_analysis.options.config import ProbeOptions
 
-def validate_options(cfg: Any) -> None:
+
+def validate_options(cfg: "ProbeOptions") -> None:
     """Every probe option in its domain (the ``check`` of its declaration in
     :class:`~gmts_analysis.options.config.ProbeOptions`), then what holds between options: the vLLM
     bounds in order, --steps and the reward weights parse, the loss options together, the device and
-    the verifier resolve. Fields absent from ``cfg`` are skipped (it may be a
-    :class:`~gmts_analysis.options.config.ProbeOptions`, a full
-    :class:`~gmts_analysis.options.config.ProbeConfig` or a parsed namespace).
+    the verifier resolve. ``cfg``: the options alone, or a whole
+    :class:`~gmts_analysis.options.config.ProbeConfig` (the job's, checked once, where it enters the job:
+    :func:`gmts_analysis.run.sharding.run.check_inputs`, or before ``gmts run`` samples).
     """
     from gmts_analysis.options.checks import check_fields
     from gmts_analysis.options.config import ProbeOptions
     from gmts_analysis.options.fields import fields_of
 
     fields = fields_of(ProbeOptions)
-    check_fields(fields, {k: getattr(cfg, k, None) for k in fields})
-    lo, hi = getattr(cfg, "vllm_is_min", None), getattr(cfg, "vllm_is_max", None)
+    check_fields(fields, {k: getattr(cfg, k) for k in fields})
+    lo, hi = cfg.vllm_is_min, cfg.vllm_is_max
     if lo is not None and hi is not None and not float(lo) < float(hi):
         raise GmtsError(f"--vllm-is-min {float(lo)} must be below --vllm-is-max {float(hi)}")
     _check_reader_options(cfg)
     _check_resolvable(cfg)
 
 
-def _check_reader_options(cfg: Any) -> None:
+def _check_reader_options(cfg: "ProbeOptions") -> None:
     """How rollouts are read: group size, completion length limit, --steps, reward columns and
     their weights."""
-    if getattr(cfg, "steps", None) is not None:
+    if cfg.steps is not None:
         from gmts_analysis.readers.sources import parse_steps
 
         parse_steps(cfg.steps)
-    if getattr(cfg, "reward_columns", None) is not None or getattr(cfg, "reward_weights", None) is not None:
+    if cfg.reward_columns is not None or cfg.reward_weights is not None:
         from gmts_analysis.readers.formats import _names, _weights
 
-        cols = _names(getattr(cfg, "reward_columns", None), "--reward-columns")
-        _weights(getattr(cfg, "reward_weights", None), None if cols is None else len(cols))
+        cols = _names(cfg.reward_columns, "--reward-columns")
+        _weights(cfg.reward_weights, None if cols is None else len(cols))
 
 
-def _check_resolvable(cfg: Any) -> None:
+def _check_resolvable(cfg: "ProbeOptions") -> None:
     """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max)."""
-    if hasattr(cfg, "loss_agg"):
-        from gmts_analysis.core.objective import settings_of
+    from gmts_analysis.core.objective import settings_of
 
-        settings_of(cfg)
+    settings_of(cfg)
 
 
 def check_answers(answers: Sequence[Any], model_name: str) -> None:
@@ -400,16 +403,14 @@ def validate_answers_file(path: Any) -> None:
                             f"{i + 1}); an answers table written by gmts probe has none")
 
 
-def validate_namespace(command: str, args: Any, checks: Mapping[str, Any] | None = None) -> None:
+def validate_namespace(command: str, args: argparse.Namespace, checks: Mapping[str, Any] | None = None) -> None:
     """One pass over the parsed options of ``gmts <command>``, before any model, file or directory
     work: every option's declared ``check`` (``checks``: ``{dest: check}`` of the subcommand,
-    :func:`gmts_analysis.options.parser.parser_checks`), then for ``gmts probe`` what holds between
-    the probe options (:func:`validate_options`)."""
+    :func:`gmts_analysis.options.parser.parser_checks`). What holds between the probe options
+    (:func:`validate_options`) is checked once, on the job's settings, where the job starts."""
     from gmts_analysis.options.fields import flag
 
     for dest, value in vars(args).items():
         check = (checks or {}).get(dest)
         if check is not None and value is not None:
             check(flag(dest), value)
-    if command == "probe":
-        validate_options(args)

@@ -4,7 +4,7 @@
   (toy domains, no TRL needed), with per-step diagnostics.
 - :mod:`gmts_analysis.rl.experiment`: runs arms x seeds, results JSON, summary.
 - :mod:`gmts_analysis.rl.plots`: learning curves with seed bands.
-- :mod:`gmts_analysis.rl.referee`: the referee experiment's analysis (``gmts rl-report``): paired
+- :mod:`gmts_analysis.rl.arms_report`: comparing training arms over seeds (``gmts rl-report``): paired
   contrasts over seeds, Holm, the word rule, mechanism; reads run records only (no torch).
 - :mod:`gmts_analysis.integrations.trl_trainer`: ``SelectiveGRPOTrainer``, a drop-in subclass of TRL's
   ``GRPOTrainer`` (optional extra ``[trl]``).

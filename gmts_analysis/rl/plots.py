@@ -8,7 +8,7 @@
   over every run: share of groups with all-equal rewards, selection waste of entropy, GMTS and
   gmts_lgn at the run's rho, overlaps of the selections.
 - :func:`plot_final_pass1`: final pass@1 per arm and condition, every seed as a dot.
-- :func:`plot_forest`: the referee report's paired differences with their 95% CIs, grouped by setting.
+- :func:`plot_forest`: the arms report's paired differences with their 95% CIs, grouped by setting.
 """
 
 from __future__ import annotations
@@ -264,16 +264,16 @@ VERDICT_COLORS = {"beats": "#d62728", "above_unadjusted": "#ff7f0e", "not_distin
 
 def forest_legend_labels(report: dict) -> list[str]:
     """The forest plot's legend: the three verdicts, then the grey bar, named as the report's text names
-    the same quantity (:data:`gmts_analysis.rl.referee.SE_MEAN_DIFF`: the SE of the mean over the seeds,
+    the same quantity (:data:`gmts_analysis.rl.arms_report.SE_MEAN_DIFF`: the SE of the mean over the seeds,
     not the "evaluation SE of one seed's difference" of the tables)."""
-    from gmts_analysis.rl.referee import SE_MEAN_DIFF
+    from gmts_analysis.rl.arms_report import SE_MEAN_DIFF
 
     return ["beats (Holm p and CI agree)", "above, exploratory (unadjusted)", "not distinguishable",
             "+-1.96 " + SE_MEAN_DIFF.format(n=len(report["plan"]["seeds"]))]
 
 
 def plot_forest(report: dict, path: str | Path) -> Path:
-    """Forest plot of a referee report (:func:`gmts_analysis.rl.referee.build_report`): one row per
+    """Forest plot of an arms report (:func:`gmts_analysis.rl.arms_report.build_report`): one row per
     reported contrast ``a - b``, grouped by setting (planned contrasts first, in bold), the mean paired
     difference of final pass@1 with its 95% t interval, coloured by the verdict; a grey bar of +-1.96
     evaluation SEs of the mean difference around it shows how much the evaluation alone could move it.
@@ -317,7 +317,7 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     ax.set_xlabel("paired difference of final pass@1 (a - b), mean over seeds, 95% t CI", fontsize=8)
     ax.grid(alpha=0.3, axis="x")
     seeds = len(report["plan"]["seeds"])
-    title = f"{report['plan'].get('title') or 'referee experiment'}: {seeds} seeds"
+    title = f"{report['plan'].get('title') or 'training arms compared'}: {seeds} seeds"
     if cut:
         title += f"; cut: {', '.join(cut)}"
     ax.set_title("\n".join(textwrap.wrap(title, 80)), fontsize=8)  # a long plan title is not cut at the edge

@@ -18,7 +18,7 @@ import platform
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -44,9 +44,11 @@ def package_versions() -> dict[str, str]:
 
 
 def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, result: ProbeResult,
-                   extra: dict | None = None) -> dict:
+                   extra: dict | None = None, aliases: Mapping[str, str] | None = None,
+                   config_file: str | None = None) -> dict:
     """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``cfg``
-    (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`)."""
+    (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`). ``aliases`` (the TRL/verl
+    names the command used, mapped to ours) and ``config_file`` (its --config file): the job's, when it has them."""
     from gmts_analysis.engine.params import trainable_parameters
 
     dev = next(model.parameters()).device
@@ -83,9 +85,9 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
 
     m["objective"] = asdict(settings_of(cfg))
     # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
-    m["aliases"] = dict(getattr(cfg, "aliases", None) or {})
-    if getattr(cfg, "config_file", None):
-        m["config_file"] = cfg.config_file
+    m["aliases"] = dict(aliases or {})
+    if config_file:
+        m["config_file"] = config_file
     if extra:
         m.update(extra)
     return m
@@ -135,9 +137,10 @@ def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | 
     return n_tokens < 100_000
 
 
-def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult) -> dict:
+def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult,
+              progress: bool = False) -> dict:
     """The stats.json dict of a probe result: statistics, and update fidelity when enabled
-    (:func:`fidelity_enabled`; needs the model). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
+    (:func:`fidelity_enabled`; needs the model; ``progress``: its bar). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
     from gmts_analysis.analysis.stats import compute_stats
 
     rho = float(cfg.rho)
@@ -146,7 +149,8 @@ def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answe
         from gmts_analysis.engine.fidelity import fidelity_for_run
 
         t0 = time.perf_counter()
-        fidelity = fidelity_for_run(model, answers, result.tokens, cfg, rho=rho)
+        fidelity = fidelity_for_run(model, answers, result.tokens, temperature=float(cfg.temperature),
+                                    seed=int(cfg.seed), progress=progress, rho=rho)
         result.timings["fidelity_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
@@ -156,11 +160,13 @@ def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answe
 
 
 def result_tables(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
-                  result: ProbeResult, extra: dict | None = None) -> RunTables:
-    """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written)."""
+                  result: ProbeResult, extra: dict | None = None, *, progress: bool = False,
+                  aliases: Mapping[str, str] | None = None, config_file: str | None = None) -> RunTables:
+    """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written);
+    ``progress``, ``aliases``, ``config_file``: the job's (:func:`run_stats`, :func:`build_manifest`)."""
     add_answer_methods(cfg, result)
-    stats = run_stats(cfg, model, answers, result)
-    manifest = build_manifest(cfg, model, model_path, result, extra)
+    stats = run_stats(cfg, model, answers, result, progress=progress)
+    manifest = build_manifest(cfg, model, model_path, result, extra, aliases=aliases, config_file=config_file)
     return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),
                      manifest=json_normalise(manifest), grad_groups=result.grad_groups)
 
@@ -202,5 +208,6 @@ def write_result(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answ
     ``extra_files`` maps file names to text written into the run directory too (e.g. the
     sampled ``rollouts.jsonl`` of ``gmts run``).
     """
-    run = result_tables(cfg, model, model_path, answers, result, extra)
+    run = result_tables(cfg, model, model_path, answers, result, extra, progress=not cfg.quiet,
+                        aliases=cfg.aliases, config_file=cfg.config_file)
     return write_run_dir(run, cfg.out, figures=cfg.figures, overwrite=cfg.overwrite, extra_files=extra_files)

@@ -93,7 +93,7 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
         "temperature": sampling["temperature"], "max_completion_length": sampling["max_new_tokens"],
         "seed": sampling["seed"], "device": sampling["device"],
         **({"verifier": sampling["verifier"]} if sampling.get("verifier") else {})}, where="gmts run")
-    rows = sample_rows(cfg.model, opts, progress=progress, offline=bool(getattr(cfg, "offline", False)))
+    rows = sample_rows(cfg.model, opts, progress=progress, offline=cfg.offline)
     io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     io.atomic_write_json(params, key)
     return path

@@ -20,13 +20,16 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, manifest_rho, manifest_uncertain_below
 from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:
+    from gmts_analysis.core.objective import LossSettings
 
 log = logging.getLogger("gmts_analysis.run.rescore")
 
@@ -180,7 +183,7 @@ def _check_rescorable(run: RunTables) -> Any:
     return settings, cfg.get("advantage") or "group"
 
 
-def _omega_columns(tokens: pd.DataFrame, adv: dict, w: dict, settings: Any) -> np.ndarray:
+def _omega_columns(tokens: pd.DataFrame, adv: dict, w: dict, settings: LossSettings) -> np.ndarray:
     """Per-token omega of every answer (tokens in the table's order), by the probe's formula."""
     from gmts_analysis.core import advantages as adv_mod
 

@@ -44,20 +44,21 @@ log = logging.getLogger("gmts_analysis.run.sharding")
 
 
 def check_inputs(cfg: ProbeConfig) -> None:
-    """Errors any rank can tell before touching the disk: options in their domains, the
+    """Errors any rank can tell before touching the disk: options in their domains and together (the one
+    check of the job's settings, :func:`gmts_analysis.probing.validate.validate_options`), the
     rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.probing.validate`)."""
     from gmts_analysis.probing.validate import validate_options
     from gmts_analysis.readers.models import resolve_model_path
     from gmts_analysis.util import io
 
+    validate_options(cfg)
     if cfg.out is None:
         raise GmtsError("--out: an output directory is required")
     if not Path(cfg.rollouts).exists():
         raise GmtsError(f"{cfg.rollouts}: rollouts file not found")
     from gmts_analysis.readers.sources import rollout_files
 
-    rollout_files(cfg.rollouts, getattr(cfg, "steps", None))  # a file, or a directory of per-step files
-    validate_options(cfg)
+    rollout_files(cfg.rollouts, cfg.steps)  # a file, or a directory of per-step files
     io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
 
 
@@ -65,7 +66,7 @@ def load_inputs(cfg: ProbeConfig, device: str, rollouts_sha256: str | None = Non
     """The job's inputs on this rank (:func:`gmts_analysis.probing.inputs.prepare_inputs`): ``cfg.model``
     loaded on ``device``, ``cfg.rollouts`` read (``rollouts_sha256``: the fingerprint's, not hashed
     again), answers checked, coefficients computed; truncation counts logged."""
-    return prepare_inputs(cfg.model, cfg.rollouts, cfg, offline=bool(getattr(cfg, "offline", False)), device=device,
+    return prepare_inputs(cfg.model, cfg.rollouts, cfg, offline=cfg.offline, device=device,
                           rollouts_sha256=rollouts_sha256, log=log)
 
 
@@ -160,7 +161,7 @@ def _chunked_and_checked(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs
     # recorded so, not fingerprinted: a run started with another value (an old run's 16) resumes as it is
     cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(inputs.answers),
                                                                        ctx.world_size))
-    _on_main(ctx, lambda: check_before_probe(cfg, inputs.model, inputs.answers, out))
+    _on_main(ctx, lambda: check_before_probe(cfg, inputs.model, inputs.answers, out, cfg.figures))
     return cfg
 
 

@@ -65,7 +65,7 @@ def _free_memory() -> None:
 
 
 def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
-                     token_text: Any, strict: bool | None = None) -> tuple[dict, pd.DataFrame | None]:
+                     token_text: Any, strict: bool = False) -> tuple[dict, pd.DataFrame | None]:
     """:func:`gmts_analysis.probing.kernel.probe_answer` (``strict`` as there), retried on out of memory with half the
     batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
     :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
@@ -78,8 +78,6 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
             with memory.batch_limit(limit):
                 if os.environ.get(OOM_ANSWER_ENV) == str(answer.answer_id):
                     raise torch.OutOfMemoryError(f"out of memory ({OOM_ANSWER_ENV}, simulated)")
-                if strict is None:  # cfg.strict decides (gmts probe's ProbeConfig has it)
-                    return kernel.probe_answer(model, answer, coef, cfg, token_text)
                 return kernel.probe_answer(model, answer, coef, cfg, token_text, strict=strict)
         except Exception as e:
             if not is_out_of_memory(e):
@@ -242,7 +240,7 @@ def _probe_one(model: torch.nn.Module, a: Answer, i: int, coef: Any, cfg: ProbeC
     """Probe answer ``a`` (index ``i``) into ``record``. A failure is recorded and the answer
     skipped; under ``--strict`` the chunk's finished answers are written and a GmtsError raised."""
     try:
-        cols, g = probe_with_retry(model, a, coef, cfg, token_text)
+        cols, g = probe_with_retry(model, a, coef, cfg, token_text, strict=cfg.strict)
     except Exception as e:
         reason = _reason(e)
         if cfg.strict:

@@ -1,8 +1,8 @@
 """The fields of a run record that ``gmts rl-report`` reads, type-checked before any number is taken from it.
 
 A run record (``<setting>.runs/<arm>-s<seed>.json``, written by ``gmts rl``) is read by
-:mod:`gmts_analysis.rl.referee_plan` (config, final pass@1, the training trajectory) and
-:mod:`gmts_analysis.rl.referee_stats` (the mechanism: each step's shares, group counts, skipped flag, the
+:mod:`gmts_analysis.rl.arms_plan` (config, final pass@1, the training trajectory) and
+:mod:`gmts_analysis.rl.arms_stats` (the mechanism: each step's shares, group counts, skipped flag, the
 last diagnostic step's fidelity and mass capture; the learning phase: each step's training reward and the
 ``evals``' step and per-domain pass@1). :func:`check_record_fields` refuses, in one line naming
 the file and the field (``.../gmts-s0.json: steps[3].frac_groups_zero_std: expected a finite number, got
@@ -56,7 +56,7 @@ def _check_object(v: Any, where: str) -> dict | None:
 def check_step(st: Any, where: str) -> None:
     """One entry of a record's ``steps`` (``where``: ``"{path}: steps[i]"``): an object whose shares,
     counts, numbers, ``skipped`` flag, ``fidelity`` (arm -> {cosine, norm_ratio}) and ``mass_capture``
-    (arm -> share) have the types :func:`gmts_analysis.rl.referee_stats.run_mechanism` reads."""
+    (arm -> share) have the types :func:`gmts_analysis.rl.arms_stats.run_mechanism` reads."""
     if not isinstance(st, dict):
         raise GmtsError(f"{where}: expected an object, got {st!r}"[:300])
     for k in STEP_SHARES:
@@ -124,7 +124,7 @@ def _check_config(cfg: dict, path: Path) -> None:
 
 def check_record_fields(rec: dict, path: Path) -> None:
     """Every field of run record ``rec`` (read from ``path``; its config already a dict) that the report
-    reads, beyond what :func:`gmts_analysis.rl.referee_plan.check_run` compares with the plan: the config's
+    reads, beyond what :func:`gmts_analysis.rl.arms_plan.check_run` compares with the plan: the config's
     domains and evaluation counts, each of ``steps`` (:func:`check_step`) and the ``evals``
     (:func:`check_evals`)."""
     _check_config(rec["config"], path)

@@ -1,4 +1,4 @@
-"""The referee's experiment (docs/studies/referee.md sections 7 and 7.1): its analysis, from the run records on disk.
+"""Training arms compared over seeds (``gmts rl-report``; docs/studies/referee.md sections 7 and 7.1): the analysis, from the run records on disk.
 
 Input: a data directory holding ``plan.json`` (settings, arms, seeds, contrasts, alpha) and, for every
 setting, the run records of ``gmts rl --out DIR/<file>`` in ``DIR/<file stem>.runs/<arm>-s<seed>.json``.
@@ -16,9 +16,9 @@ No training, no torch: this reads JSON and computes.
   :func:`learning_phase`; exploratory and unadjusted).
 - :func:`report_markdown`: the generated text (tables and sentences).
 
-The pieces live by what they own: the plan and run records (:mod:`~gmts_analysis.rl.referee_plan`), the
-analysis (:mod:`~gmts_analysis.rl.referee_stats`) and the words and tables
-(:mod:`~gmts_analysis.rl.referee_text`); this module re-exports their names.
+The pieces live by what they own: the plan and run records (:mod:`~gmts_analysis.rl.arms_plan`), the
+analysis (:mod:`~gmts_analysis.rl.arms_stats`) and the words and tables
+(:mod:`~gmts_analysis.rl.arms_text`); this module re-exports their names.
 
 A run whose configuration disagrees with the plan (policy, steps, rho, scope, group size, dynamic
 sampling, lr, normalizer, evaluation sizes, domains, prompts per domain, ...) is refused in one line
@@ -27,7 +27,7 @@ naming the file and field.
 
 from __future__ import annotations
 
-from gmts_analysis.rl.referee_plan import (  # noqa: F401 - re-exported
+from gmts_analysis.rl.arms_plan import (  # noqa: F401 - re-exported
     BLOCK_TAG,
     FAMILIES,
     GENERATOR,
@@ -42,7 +42,7 @@ from gmts_analysis.rl.referee_plan import (  # noqa: F401 - re-exported
     run_trajectory,
     setting_arms,
 )
-from gmts_analysis.rl.referee_stats import (  # noqa: F401 - re-exported
+from gmts_analysis.rl.arms_stats import (  # noqa: F401 - re-exported
     build_report,
     check_data_dir,
     held_on_replication,
@@ -55,7 +55,7 @@ from gmts_analysis.rl.referee_stats import (  # noqa: F401 - re-exported
     shared_eval_steps,
     verdict,
 )
-from gmts_analysis.rl.referee_text import (  # noqa: F401 - re-exported
+from gmts_analysis.rl.arms_text import (  # noqa: F401 - re-exported
     SE_MEAN_DIFF,
     SE_ONE_DIFF,
     contrast_sentence,

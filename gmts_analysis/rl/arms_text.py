@@ -1,5 +1,5 @@
-"""The referee's words and tables: :func:`report_markdown` renders a report of
-:func:`gmts_analysis.rl.referee.build_report` as the generated text of docs/rl.md (tables and sentences)."""
+"""The arms comparison's words and tables: :func:`report_markdown` renders a report of
+:func:`gmts_analysis.rl.arms_report.build_report` as the generated text of docs/rl.md (tables and sentences)."""
 
 from __future__ import annotations
 

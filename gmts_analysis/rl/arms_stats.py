@@ -1,4 +1,4 @@
-"""The referee's analysis (docs/studies/referee.md sections 7 and 7.1): from the checked run records to the report dict.
+"""The arms comparison's analysis (docs/studies/referee.md sections 7 and 7.1): from the checked run records to the report dict.
 
 - :func:`build_report`: completeness per setting (a setting missing any run of any arm and plan seed is
   *cut*, listed with the missing files, and never reported on fewer seeds), the per-arm results, every
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rl.referee_plan import (
+from gmts_analysis.rl.arms_plan import (
     BLOCK_TAG,
     GENERATOR,
     SETTING_FIELDS,
@@ -39,7 +39,7 @@ from gmts_analysis.rl.referee_plan import (
     run_final_pass1,
     setting_arms,
 )
-from gmts_analysis.rl.referee_text import contrast_sentence
+from gmts_analysis.rl.arms_text import contrast_sentence
 
 # ----------------------------------------------------------------------------- mechanism
 

@@ -1,4 +1,4 @@
-"""The referee's plan and run records (docs/studies/referee.md sections 7 and 7.1): what :mod:`gmts_analysis.rl.referee` reads.
+"""The plan and run records of an arms comparison (docs/studies/referee.md sections 7 and 7.1): what :mod:`gmts_analysis.rl.arms_report` reads.
 
 - :func:`load_plan`: the plan, checked (one-line :class:`GmtsError` naming the file and field).
 - :func:`check_run`: a run record refused (one line naming the file and field) when its configuration
@@ -195,7 +195,7 @@ def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: 
     """Refuse (one line naming ``path`` and the field) a run record that is not the plan's run of
     ``arm`` and ``seed``: a config field other than ``want``, a final pass@1 without every domain, or a
     field the report reads of the wrong type or not finite
-    (:func:`gmts_analysis.rl.referee_records.check_record_fields`)."""
+    (:func:`gmts_analysis.rl.arms_records.check_record_fields`)."""
     if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
         raise GmtsError(f"{path}: not a run record of gmts rl (no 'config')")
     cfg = rec["config"]
@@ -214,7 +214,7 @@ def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: 
         v = fp.get(d)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
             raise GmtsError(f"{path}: final_pass1.{d} is {v!r}, expected a pass rate in [0, 1]")
-    from gmts_analysis.rl.referee_records import check_record_fields
+    from gmts_analysis.rl.arms_records import check_record_fields
 
     check_record_fields(rec, path)  # every other field the report reads: its type, finite
 
