@@ -12,7 +12,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from gmts_analysis.core.estimators import ESTIMATORS
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.checks import check_fields
+from gmts_analysis.options.config import ProbeOptions
+from gmts_analysis.options.fields import fields_of, flag
+from gmts_analysis.readers.formats import _names, _weights
+from gmts_analysis.readers.sources import parse_steps
+from gmts_analysis.util.io import read_json_object, read_parquet
 
 
 def validate_options(cfg: Any) -> None:
@@ -23,10 +30,6 @@ def validate_options(cfg: Any) -> None:
     :class:`~gmts_analysis.options.config.ProbeOptions`, a full
     :class:`~gmts_analysis.options.config.ProbeConfig` or a parsed namespace).
     """
-    from gmts_analysis.options.checks import check_fields
-    from gmts_analysis.options.config import ProbeOptions
-    from gmts_analysis.options.fields import fields_of
-
     fields = fields_of(ProbeOptions)
     check_fields(fields, {k: getattr(cfg, k, None) for k in fields})
     lo, hi = getattr(cfg, "vllm_is_min", None), getattr(cfg, "vllm_is_max", None)
@@ -40,12 +43,8 @@ def _check_reader_options(cfg: Any) -> None:
     """How rollouts are read: group size, completion length limit, --steps, reward columns and
     their weights."""
     if getattr(cfg, "steps", None) is not None:
-        from gmts_analysis.readers.sources import parse_steps
-
         parse_steps(cfg.steps)
     if getattr(cfg, "reward_columns", None) is not None or getattr(cfg, "reward_weights", None) is not None:
-        from gmts_analysis.readers.formats import _names, _weights
-
         cols = _names(getattr(cfg, "reward_columns", None), "--reward-columns")
         _weights(getattr(cfg, "reward_weights", None), None if cols is None else len(cols))
 
@@ -53,7 +52,7 @@ def _check_reader_options(cfg: Any) -> None:
 def _check_resolvable(cfg: Any) -> None:
     """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max)."""
     if hasattr(cfg, "loss_agg"):
-        from gmts_analysis.core.objective import settings_of
+        from gmts_analysis.core.objective import settings_of  # deferred: torch
 
         settings_of(cfg)
 
@@ -241,7 +240,7 @@ def _tokens_schema(path: Any, required: Sequence[str] | None) -> Any:
     ``required`` contract columns (default all of them)."""
     import pyarrow.parquet as pq
 
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS
+    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
 
     if not path.is_file():
         raise GmtsError(f"{path}: no such file (a run directory holds tokens.parquet)")
@@ -264,8 +263,7 @@ def _check_token_column_types(path: Any, schema: Any) -> tuple[list[str], list[s
     """The type of every contract and estimator column the tokens file has, checked; ``(read, scores)``: the
     columns whose values are checked next (``answer_id`` and every number not all null) and the estimator
     columns besides the contract ones (read as they are, not recomputed)."""
-    from gmts_analysis.core.estimators import ESTIMATORS
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS
+    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
 
     names = set(schema.names)
     for c in ID_COLUMNS:
@@ -326,8 +324,6 @@ def validate_run_dir(run_dir: Any) -> None:
 
     import pyarrow.parquet as pq
 
-    from gmts_analysis.util.io import read_json_object
-
     d = Path(run_dir)
     tok = d / "tokens.parquet"
     validate_tokens_file(tok)
@@ -364,8 +360,6 @@ def validate_answers_file(path: Any) -> None:
     ids; ``length`` a whole number. The rollouts' own extra fields (``truncated`` ...) are read leniently
     where they are read."""
     import pyarrow.parquet as pq
-
-    from gmts_analysis.util.io import read_parquet
 
     a = read_parquet(path)
     schema = pq.read_schema(path)
@@ -405,8 +399,6 @@ def validate_namespace(command: str, args: Any, checks: Mapping[str, Any] | None
     work: every option's declared ``check`` (``checks``: ``{dest: check}`` of the subcommand,
     :func:`gmts_analysis.options.parser.parser_checks`), then for ``gmts probe`` what holds between
     the probe options (:func:`validate_options`)."""
-    from gmts_analysis.options.fields import flag
-
     for dest, value in vars(args).items():
         check = (checks or {}).get(dest)
         if check is not None and value is not None:
