@@ -39,7 +39,7 @@ def _notebook_figures() -> None:
     import sys
 
     if "IPython" in sys.modules:
-        from gmts_analysis.views.ipython import quiet_widgetless_tqdm, register_figure_formatter
+        from gmts_analysis.views.ipython import quiet_widgetless_tqdm, register_figure_formatter  # deferred: optional
 
         register_figure_formatter()
         quiet_widgetless_tqdm()

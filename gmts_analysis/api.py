@@ -25,8 +25,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.config import ProbeOptions, options_from_kwargs
-from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN  # noqa: F401 - the sampling worlds' names
+from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
+from gmts_analysis.options.config import ProbeConfig, ProbeOptions, options_from_kwargs
+from gmts_analysis.probing.inputs import prepare_inputs
+from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, sample_rows, sampling_options  # noqa: F401 - the sampling worlds' names
+from gmts_analysis.util.io import atomic_write_text
+from gmts_analysis.util.progress import bars_off
+from gmts_analysis.util.threads import api_threads
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -63,7 +68,7 @@ class Run(RunTables):
         Returns:
             The directory written (also stored as ``run.path``).
         """
-        from gmts_analysis.run.finalize import write_run_dir
+        from gmts_analysis.run.finalize import write_run_dir  # deferred: torch, pandas
 
         out = write_run_dir(self, path, figures=figures, overwrite=overwrite)
         self.path = out
@@ -87,7 +92,7 @@ class Run(RunTables):
         Returns:
             A new, unsaved :class:`Run`; this one is unchanged.
         """
-        from gmts_analysis.run.rescore import rescore
+        from gmts_analysis.run.rescore import rescore  # deferred: pandas
 
         new = rescore(self, verifier=verifier, rewards=rewards, mask_truncated_completions=mask_truncated_completions,
                       seed=seed, n_boot=n_boot)
@@ -103,7 +108,7 @@ class Run(RunTables):
         Returns:
             A matplotlib ``Figure``, or ``None`` when the run lacks its data (e.g. no gradient norms).
         """
-        from gmts_analysis.views.figures import FIGURES
+        from gmts_analysis.views.figures import FIGURES  # deferred: matplotlib, pandas
 
         if name not in FIGURES:
             raise GmtsError(f"unknown figure '{name}' (choose from {', '.join(FIGURES)})")
@@ -118,7 +123,7 @@ class Run(RunTables):
         Returns:
             The files written.
         """
-        from gmts_analysis.views.figures import render_all
+        from gmts_analysis.views.figures import render_all  # deferred: matplotlib, pandas
 
         if to is None and self.path is None:
             raise GmtsError("Run.figures: give a directory (this run is not saved; or call run.save(path))")
@@ -133,13 +138,11 @@ class Run(RunTables):
         Returns:
             The HTML text, or the path written.
         """
-        from gmts_analysis.views.report import render_report
+        from gmts_analysis.views.report import render_report  # deferred: pandas
 
         html = render_report(self)
         if path is None:
             return html
-        from gmts_analysis.util.io import atomic_write_text
-
         return atomic_write_text(path, html)
 
     def show(self, n: int = 5, **kw: Any) -> "TokenView":
@@ -154,7 +157,7 @@ class Run(RunTables):
         Returns:
             A ``TokenView`` (its ``html``; displays itself in Jupyter).
         """
-        from gmts_analysis.views.notebook_view import show
+        from gmts_analysis.views.notebook_view import show  # deferred: pandas
 
         return show(self, n, **kw)
 
@@ -173,7 +176,7 @@ def figure_names() -> list[str]:
         The figure names, in the order the report draws them (one per entry of
         :data:`gmts_analysis.views.figures.FIGURE_ENTRIES`).
     """
-    from gmts_analysis.views.figures import FIGURES
+    from gmts_analysis.views.figures import FIGURES  # deferred: matplotlib, pandas
 
     return list(FIGURES)
 
@@ -252,8 +255,6 @@ def api_spelling(message: str) -> str:
     (``pass --max-completion-length`` -> ``pass max_completion_length=``, ``--kl-beta 0`` -> ``kl_beta=0``)."""
     import re
 
-    from gmts_analysis.options.config import ProbeConfig
-
     fields = {f.name: f for f in dataclasses.fields(ProbeConfig)}
     names = set(fields) | set(PROBE_SETTINGS) | {"threads"}
 
@@ -278,8 +279,6 @@ def api_spelling(message: str) -> str:
 
 def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: "int | str | None",
            options: dict[str, Any]) -> Run:
-    from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
-
     options = dict(options)
     settings = {k: options.pop(k) for k in list(options) if k in PROBE_SETTINGS}
     progress = progress and not settings.get("quiet", False)
@@ -287,21 +286,17 @@ def _probe(model: Any, rollouts: Any, tokenizer: Any, progress: bool, threads: "
     aliases = {k: ALIAS_BY_NAME[k].dest if k in ALIAS_BY_NAME else k for k in options
                if (k in ALIAS_BY_NAME and k not in names) or k in TRL_NAMES}
     opts = options_from_kwargs(options)
-    from gmts_analysis.util.progress import bars_off
-    from gmts_analysis.util.threads import api_threads
-
     with api_threads(threads), bars_off(not progress):
         return _probe_with(model, rollouts, tokenizer, progress, opts, options, settings, aliases)
 
 
 def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts: ProbeOptions, options: dict[str, Any],
                 settings: dict[str, Any], aliases: dict[str, str]) -> Run:
-    from gmts_analysis.probing import kernel
-    from gmts_analysis.probing.inputs import prepare_inputs
-    from gmts_analysis.probing.preflight import check_before_probe
-    from gmts_analysis.probing.validate import validate_options
-    from gmts_analysis.run.finalize import result_tables
-    from gmts_analysis.run.sharding.worker import probe_with_retry  # gmts probe's out-of-memory back-off
+    from gmts_analysis.probing import kernel  # deferred: torch, pandas
+    from gmts_analysis.probing.preflight import check_before_probe  # deferred: torch
+    from gmts_analysis.probing.validate import validate_options  # deferred: numpy
+    from gmts_analysis.run.finalize import result_tables  # deferred: torch, pandas
+    from gmts_analysis.run.sharding.worker import probe_with_retry  # deferred: torch, pandas
 
     validate_options(opts)
     if isinstance(rollouts, (str, os.PathLike)):
@@ -356,10 +351,6 @@ def sample(model: Any = None, domains: str | Sequence[str] | None = None, *, tok
         Rollout rows (dicts; docs/definitions.md section 7), domain-major then prompt-major, ready for
         :func:`probe`; the same arguments give the same rows on one device.
     """
-    from gmts_analysis.sampling.domains import sample_rows, sampling_options
-    from gmts_analysis.util.progress import bars_off
-    from gmts_analysis.util.threads import api_threads
-
     opts = sampling_options(model, domains, options)
     with api_threads(threads), bars_off(not progress):
         return sample_rows(opts.model if model is None else model, opts, tokenizer=tokenizer, progress=progress,

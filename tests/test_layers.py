@@ -40,16 +40,43 @@ def _module_top(path: Path) -> str:
     return rel.parts[0]
 
 
-def _imports(path: Path) -> list[tuple[int, str]]:
+def _package_of(path: Path) -> list[str]:
+    """The dotted package ``path`` sits in (``["gmts_analysis", "engine"]``); a file outside the package
+    counts as sitting in ``gmts_analysis`` itself."""
+    try:
+        rel = path.relative_to(PKG)
+    except ValueError:
+        return ["gmts_analysis"]
+    return ["gmts_analysis", *rel.parts[:-1]]
+
+
+def _imports(path: Path, package: list[str] | None = None) -> list[tuple[int, str]]:
+    """Every import of the package in ``path``: at the top, inside functions, relative ones (resolved) and
+    ``importlib.import_module`` with a literal name (or an f-string: its literal start)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "gmts_analysis":
-            if node.module == "gmts_analysis":
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package or _package_of(path)
+                base = base[: len(base) - (node.level - 1)]
+                module = ".".join(base + ([module] if module else []))
+            if module.split(".")[0] != "gmts_analysis":
+                continue
+            if module == "gmts_analysis":
                 out += [(node.lineno, f"gmts_analysis.{a.name}") for a in node.names if a.name != "__version__"]
             else:
-                out.append((node.lineno, node.module))
+                out.append((node.lineno, module))
         elif isinstance(node, ast.Import):
             out += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "gmts_analysis"]
+        elif (isinstance(node, ast.Call) and node.args and getattr(node.func, "attr", getattr(node.func, "id", None))
+              == "import_module"):
+            arg = node.args[0]
+            name = arg.value if isinstance(arg, ast.Constant) else (
+                arg.values[0].value if isinstance(arg, ast.JoinedStr) and arg.values
+                and isinstance(arg.values[0], ast.Constant) else None)
+            if isinstance(name, str) and name.startswith("gmts_analysis."):
+                out.append((node.lineno, name.rstrip(".")))
     return out
 
 
@@ -84,3 +111,19 @@ def test_the_layer_check_can_fail(tmp_path):
     f.write_text("def f():\n    from gmts_analysis.run.job import run_job\n")
     assert [(2, "gmts_analysis.run.job")] == _imports(f)
     assert LEVEL[_top("gmts_analysis.run.job")] > LEVEL["core"]
+
+
+def test_the_layer_check_reads_relative_and_dynamic_imports(tmp_path):
+    """A relative import resolves against the module's package; ``importlib.import_module`` with a literal
+    name (or an f-string's literal start) counts too."""
+    f = tmp_path / "m.py"
+    f.write_text("from ..run import job\n"
+                 "from . import ranks\n"
+                 "import importlib\n"
+                 "def f(name):\n"
+                 "    importlib.import_module('gmts_analysis.views.report')\n"
+                 "    return importlib.import_module(f'gmts_analysis.commands.{name}')\n")
+    assert _imports(f, package=["gmts_analysis", "core"]) == [
+        (1, "gmts_analysis.run"), (2, "gmts_analysis.core"),
+        (5, "gmts_analysis.views.report"), (6, "gmts_analysis.commands")]
+    assert _package_of(PKG / "engine" / "exact.py") == ["gmts_analysis", "engine"]

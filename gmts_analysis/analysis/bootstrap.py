@@ -23,14 +23,13 @@ import numpy as np
 
 from gmts_analysis.analysis.score_roles import paired_references
 from gmts_analysis.analysis.stats_types import PairedDiff, PairedDifferences
+from gmts_analysis.core.seeding import numpy_rng
 
 CI_LEVEL = 0.95
 
 
 def block_rng(seed: int, *key: object) -> np.random.Generator:
     """A Generator seeded from ``seed`` and ``key`` (:func:`gmts_analysis.core.seeding.numpy_rng`)."""
-    from gmts_analysis.core.seeding import numpy_rng
-
     return numpy_rng(int(seed), "stats", *key)
 
 

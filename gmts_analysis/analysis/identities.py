@@ -11,7 +11,9 @@ import pandas as pd
 
 from gmts_analysis.analysis.stat_inputs import informative_mask
 from gmts_analysis.analysis.stats_types import Block, Identity, NestedMap, Record
+from gmts_analysis.core.estimators import MASKED, SAME_WITHIN_ANSWER, ZERO_WHERE_OMEGA_ZERO
 from gmts_analysis.core.rank import n_keep
+from gmts_analysis.core.selection import scope_codes
 
 
 def _constant_abs_omega_within_answers(df: pd.DataFrame) -> bool:
@@ -41,8 +43,6 @@ def by_construction(block: Block, df: pd.DataFrame, prefix: str = "") -> list[di
 
 def _zero_waste_identities(block: Block, prefix: str) -> list[dict]:
     """A score that is 0 where omega = 0 wastes nothing when every resample agrees (waste 0, CI 0)."""
-    from gmts_analysis.core.estimators import ZERO_WHERE_OMEGA_ZERO
-
     out: list[dict] = []
     for scope, per_s in block.selection_waste.values.items():
         for s_ in ZERO_WHERE_OMEGA_ZERO:
@@ -66,8 +66,6 @@ def _group_waste_identities(block: Block, df: pd.DataFrame, prefix: str) -> list
     grp_inf = pd.Series(inf).groupby(df["group_id"].to_numpy(), sort=False)
     if not bool((grp_inf.all() | ~grp_inf.any()).all()):
         return []
-    from gmts_analysis.core.selection import scope_codes
-
     out: list[dict] = []
     sc = scope_codes(df, "group")
     n = np.bincount(sc)
@@ -87,8 +85,6 @@ def _group_waste_identities(block: Block, df: pd.DataFrame, prefix: str) -> list
 
 def _masked_identities(block: Block, prefix: str) -> list[dict]:
     """A masked score equals its score on every informative token (and their paired difference is 0)."""
-    from gmts_analysis.core.estimators import MASKED
-
     out: list[dict] = []
     cai = block.cross_answer_informative
     pdc = block.paired_difference.of("cross_answer_informative")
@@ -107,8 +103,6 @@ def _masked_identities(block: Block, prefix: str) -> list[dict]:
 def _within_identities(block: Block, prefix: str) -> list[dict]:
     """With |omega| constant inside every answer: scores that rank an answer's tokens alike
     (:data:`SAME_WITHIN_ANSWER`), their paired differences, and abs_omega's rho of 0."""
-    from gmts_analysis.core.estimators import SAME_WITHIN_ANSWER
-
     out: list[dict] = []
     wa = block.within_answer
     for s_, ref in SAME_WITHIN_ANSWER.items():

@@ -84,7 +84,7 @@ def wilcoxon_signed_rank(d: Sequence[float]) -> float:
     ``p = P(|T+ - E| >= |t - E|)``. Exact (the whole permutation distribution, ties included) up to
     :data:`WILCOXON_EXACT_MAX` non-zero differences, the normal approximation with the tie correction
     beyond; 1.0 when every difference is 0."""
-    from gmts_analysis.core.rank import average_ranks
+    from gmts_analysis.core.rank import average_ranks  # deferred: pandas
 
     x = _diffs(d)
     x = x[x != 0]

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.stats_types import RewardAudit
+from gmts_analysis.readers.verifiers import reference_text
 
 #: the keys of ``reward_audit``, in order (the first six are SPEC's; the rest count what they mean for rewards)
 KEYS = RewardAudit.KEYS
@@ -86,8 +87,6 @@ def modal_answers(answers: pd.DataFrame | None) -> dict[str, Any]:
             out["modal_answer"], out["modal_answer_share"] = mode[0], mode[1] / n
     ref = next((c for c in REFERENCE_COLUMNS if c in answers.columns), None)
     if ref is not None:
-        from gmts_analysis.readers.verifiers import reference_text
-
         mode = _mode([None if _text(x) is None else (reference_text(x).strip() or None) for x in answers[ref]])
         if mode is not None:
             out["modal_solution_share"] = mode[1] / n

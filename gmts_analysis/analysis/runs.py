@@ -21,12 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.settings import RunSettings
+from gmts_analysis.util import io
+from gmts_analysis.util.io import read_json_object, read_parquet, to_json
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from gmts_analysis.analysis.stats_types import Statistics
 
 CONTRACT_FILES = ("tokens.parquet", "answers.parquet", "stats.json", "manifest.json")
 LIST_COLUMNS = ("prompt_ids", "response_ids")
@@ -34,8 +36,6 @@ LIST_COLUMNS = ("prompt_ids", "response_ids")
 
 def json_normalise(obj: Any) -> Any:
     """``obj`` as stats.json / manifest.json give it back (NaN and inf -> None, numpy -> Python)."""
-    from gmts_analysis.util.io import to_json
-
     return json.loads(to_json(obj))
 
 
@@ -71,8 +71,6 @@ class RunTables:
         string paths). Built once per ``stats`` dict and kept: assigning ``run.stats`` a new dict builds it
         again; after editing the dict in place, assign a copy (``run.stats = dict(run.stats)``) for the
         edit to show."""
-        from gmts_analysis.analysis.stats_types import Statistics
-
         built = self.__dict__.get("_statistics")  # (the dict it was built from, the Statistics); not a field
         if built is None or built[0] is not self.stats:
             built = self.__dict__["_statistics"] = (self.stats, Statistics.coerce(self.stats))
@@ -111,15 +109,19 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     tokens.parquet is missing, or a column the statistics and figures read is of the wrong type, null or not
     finite (:func:`gmts_analysis.probing.validate.validate_tokens_file`, ``validate_answers_file``).
     """
-    from gmts_analysis.analysis.stats import compute_stats, is_current, kept_fidelity, prepare_tokens
-    from gmts_analysis.util.io import read_json_object, read_parquet
+    from gmts_analysis.analysis.stats import (  # deferred: torch, pandas
+        compute_stats,
+        is_current,
+        kept_fidelity,
+        prepare_tokens,
+    )
 
     path = Path(run_dir)
     if not path.is_dir():
         raise GmtsError(f"{path}: no such run directory")
     if not (path / "tokens.parquet").exists():
         raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
-    from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file
+    from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file  # deferred: numpy
 
     validate_tokens_file(path / "tokens.parquet", required=("answer_id", "position"))  # each column it has: its type
     if (path / "answers.parquet").exists():
@@ -139,30 +141,24 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
 def manifest_uncertain_below(manifest: Any) -> float:
     """The uncertain-token threshold a run was made with (manifest ``config.uncertain_below``; old runs'
     default applied by :class:`~gmts_analysis.options.settings.RunSettings`)."""
-    from gmts_analysis.options.settings import RunSettings
-
     return float(RunSettings.from_manifest(manifest).uncertain_below)
 
 
 def manifest_rho(manifest: Any) -> float:
     """The keep fraction a run was made with (manifest ``config.rho``; old runs' default applied by
     :class:`~gmts_analysis.options.settings.RunSettings`)."""
-    from gmts_analysis.options.settings import RunSettings
-
     return float(RunSettings.from_manifest(manifest).rho)
 
 
 def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
     """Write the contract files (and grad_groups.parquet) of ``run`` into ``run_dir``, each atomically."""
-    from gmts_analysis.util import io
-
     d = Path(run_dir)
     out = [io.atomic_write_parquet(d / "tokens.parquet", run.tokens)]
     if run.answers is not None:
         out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
     if run.grad_groups is not None:
         out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
-    from gmts_analysis.analysis.stats import write_stats
+    from gmts_analysis.analysis.stats import write_stats  # deferred: torch, pandas
 
     out += write_stats(d, run.stats)  # stats.json and the estimator ranking estimators.csv
     out.append(io.atomic_write_json(d / "manifest.json", run.manifest))

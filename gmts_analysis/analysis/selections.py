@@ -12,7 +12,8 @@ import pandas as pd
 from gmts_analysis.analysis.bootstrap import cumulative_indicator, quantile_ci
 from gmts_analysis.analysis.stat_inputs import TARGET, rho_key
 from gmts_analysis.core.rank import n_keep
-from gmts_analysis.core.selection import RHOS, SCOPES, selection_order
+from gmts_analysis.core.selection import RHOS, SCOPES, scope_codes, selection_order
+from gmts_analysis.core.selection_tensor import keep_first
 
 
 def _scopes(df: pd.DataFrame) -> list[str]:
@@ -22,8 +23,6 @@ def _scopes(df: pd.DataFrame) -> list[str]:
 def _keep(order_scope: tuple[np.ndarray, np.ndarray], rho: float) -> np.ndarray:
     """Boolean mask of a top-``rho`` selection from its :func:`selection_order` (as select_top)."""
     import torch
-
-    from gmts_analysis.core.selection_tensor import keep_first
 
     order, scope_id = order_scope
     if len(order) == 0:
@@ -52,8 +51,6 @@ def topk_and_waste(df: pd.DataFrame, estimators: Iterable[str], informative: np.
     gn0 = np.where(pos, gn, 0.0)
     zero = ~informative
     for scope in _scopes(df):
-        from gmts_analysis.core.selection import scope_codes
-
         sc = scope_codes(df, scope)
         has_pos = np.bincount(sc, weights=pos.astype(float), minlength=int(sc.max()) + 1 if len(sc) else 0) > 0
         excl[scope] = int((~has_pos).sum())

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import read_json_object, to_json
 
 __all__ = [
     "BLOCK_KEYS", "Block", "CIGrid", "CrossEntry", "Fidelity", "Grid", "Identity", "Interval", "Meta",
@@ -473,8 +474,6 @@ class Statistics(Block):
     @classmethod
     def read(cls, path: str | Path) -> Statistics:
         """The statistics of a stats.json file (errors name the file)."""
-        from gmts_analysis.util.io import read_json_object
-
         try:
             return cls.from_dict(read_json_object(path))
         except GmtsError as e:
@@ -482,8 +481,6 @@ class Statistics(Block):
 
     def to_json(self) -> str:
         """The stats.json text (NaN written as null), as :func:`gmts_analysis.analysis.stats.write_stats` writes it."""
-        from gmts_analysis.util.io import to_json
-
         return to_json(self.to_dict())
 
     @property

@@ -35,6 +35,8 @@ from gmts_analysis.analysis.score_roles import (
 from gmts_analysis.analysis.stats_types import Block, CrossEntry, Slice, Statistics, WithinEntry
 from gmts_analysis.core.scores import UNCERTAIN_CONTRAST_SCORES
 from gmts_analysis.core.vocabulary import MIN_GROUPS
+from gmts_analysis.util.io import atomic_write_text, read_json
+from gmts_analysis.util.markers import block_markers, find_block
 
 StatsLike = Statistics | Mapping[str, Any]
 
@@ -207,7 +209,7 @@ def _leader_clause(st: Statistics, t: Any, stat: str, col: str, rank_col: str, w
 
 def _ranking_sentence(st: Statistics) -> str | None:
     """Who agrees best with the gradient, with the scores the paired CI cannot tell apart from it."""
-    from gmts_analysis.analysis.stats import estimator_table
+    from gmts_analysis.analysis.stats import estimator_table  # deferred: torch, pandas
 
     t = estimator_table(st)
     t = t[t["estimator"] != "abs_omega"]  # a baseline, constant inside answers
@@ -391,7 +393,7 @@ def findings(stats: StatsLike) -> list[str]:
     r = _ranking_sentence(st) if too_small(st) is None else None  # no leader without intervals
     if r:
         out.append(r)
-    from gmts_analysis.analysis.reward_audit import audit_sentence
+    from gmts_analysis.analysis.reward_audit import audit_sentence  # deferred: pandas
 
     audit = audit_sentence(st.reward_audit.to_dict() if st.reward_audit else None)
     if audit:
@@ -437,8 +439,6 @@ def update_readme(readme: str, stats: StatsLike, slices: Sequence[str] | None = 
     """``readme`` (the text) with the results block of ``name`` (default: the original one)
     replaced by :func:`readme_block` of ``stats``. The begin marker is found by its prefix, so a
     block generated from another source is replaced too."""
-    from gmts_analysis.util.markers import block_markers, find_block
-
     readme_markers(name, source)  # checks the name
     tag = "gmts-results" if name is None else f"gmts-results:{name}"
     span = find_block(readme, tag)
@@ -452,8 +452,6 @@ def update_readme_from_run(readme_path: str, run_dir: str, name: str | None = No
     """Render the block of ``name`` in the file ``readme_path`` from the run directory ``run_dir``
     (its stats.json, and the manifest's domains as the table's slices); written atomically."""
     from pathlib import Path
-
-    from gmts_analysis.util.io import atomic_write_text, read_json
 
     run = Path(run_dir)
     stats = read_json(run / "stats.json")

@@ -31,6 +31,7 @@ import pandas as pd
 
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import atomic_write_text
 
 ALL = "all"
 COLUMNS = (
@@ -47,7 +48,7 @@ def token_strings_table(tokens: pd.DataFrame, rho: float = DEFAULT_RHO, by: str 
     ``answer_id``, ``position``). rho: keep fraction of the selections. by: the column whose
     values define the per-slice rows besides the overall slice ``all`` (ignored if absent).
     """
-    from gmts_analysis.core.selection import select_top
+    from gmts_analysis.core.selection import select_top  # deferred: torch
 
     need = [c for c in ("token", "grad_norm", "entropy", "gmts", "answer_id", "position") if c not in tokens.columns]
     if need:
@@ -95,8 +96,6 @@ def token_strings_table(tokens: pd.DataFrame, rho: float = DEFAULT_RHO, by: str 
 def write_token_strings(run_dir: str | os.PathLike, tokens: pd.DataFrame, rho: float = DEFAULT_RHO) -> Path | None:
     """Write ``token_strings.csv`` into ``run_dir`` (atomic); ``None`` when the run has no
     grad_norm or no token strings (nothing to count)."""
-    from gmts_analysis.util.io import atomic_write_text
-
     try:
         t = token_strings_table(tokens, rho)
     except GmtsError:

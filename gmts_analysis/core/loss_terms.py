@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.errors import GmtsError
+
 # --- aggregations -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -159,8 +161,6 @@ def k3_kl_grad(x: Any) -> Any:
 
 
 def _kl_omega(p: OmegaParts) -> Tensor:
-    from gmts_analysis.errors import GmtsError
-
     s = p.settings
     if p.ref is None:
         raise GmtsError(f"kl_beta={s.kl_beta}: the KL term of omega needs ref_logprobs for every answer")

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from gmts_analysis.core.loss_terms import AGGREGATIONS
 from gmts_analysis.core.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
 from gmts_analysis.core.scores import MASKED_ARMS, SELECTION_ARMS, get_score
 from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, NORMALIZERS, SCOPES
@@ -76,7 +77,7 @@ def scope_order(scores: Tensor, scope: Tensor) -> Tensor:
 def keep_first(order: Tensor, scope: Tensor, rho: float) -> Tensor:
     """``(n,)`` bool: the first :func:`gmts_analysis.core.rank.n_keep` ``(rho, n_scope)`` tokens of each
     scope in ``order`` (from :func:`scope_order`); ``scope`` holds codes ``0..S-1`` per token."""
-    from gmts_analysis.core.rank import n_keep
+    from gmts_analysis.core.rank import n_keep  # deferred: pandas
 
     out = torch.zeros(order.numel(), dtype=torch.bool, device=order.device)
     if order.numel() == 0:
@@ -368,8 +369,6 @@ def aggregate_loss(
     sel = m if selected is None else selected.to(per_token_loss.dtype) * m
     denom_mask = m if normalizer == "all" else sel
     num = per_token_loss * sel
-    from gmts_analysis.core.loss_terms import AGGREGATIONS
-
     if loss_agg not in AGGREGATIONS:
         raise ValueError(f"loss aggregation {loss_agg!r}; choose from {LOSS_AGGS}")
     return AGGREGATIONS[loss_agg].reduce(num, denom_mask, per_token_loss.shape[0], max_len)

@@ -10,7 +10,17 @@ from dataclasses import dataclass
 
 import torch
 
-from gmts_analysis.core.tokens import TokenQuantities
+from gmts_analysis.core.tokens import (
+    TokenQuantities,
+    compute_dtype,
+    response_prefix,
+    response_targets,
+    token_quantities,
+)
+from gmts_analysis.engine.head import check_transformed_logits
+from gmts_analysis.engine.logit_transforms import detect_logit_transform, logit_jacobian
+from gmts_analysis.engine.numerics import pinned_numerics
+from gmts_analysis.engine.params import attention_implementation
 
 
 @dataclass
@@ -37,8 +47,6 @@ def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from gmts_analysis.engine.params import attention_implementation
-
     params = list(model.parameters())
     flags = [p.requires_grad for p in params]
     impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
@@ -55,7 +63,7 @@ def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
 
 def group_of(model: torch.nn.Module, module_name: str, groups: str) -> str:
     """Group name of a module for ``groups`` = ``module`` or ``layer``."""
-    from gmts_analysis.engine.plan import layer_group
+    from gmts_analysis.engine.plan import layer_group  # deferred: transformers
 
     return module_name if groups == "module" else layer_group(model, module_name)
 
@@ -80,9 +88,6 @@ def forward_quantities(
     head would have without it.
 
     input_ids ``(S,)``, ``prompt_len`` = P >= 1. See :func:`gmts_analysis.core.tokens.token_quantities`."""
-    from gmts_analysis.core.tokens import compute_dtype, response_prefix, response_targets, token_quantities
-    from gmts_analysis.engine.numerics import pinned_numerics
-
     T = int(input_ids.shape[0]) - int(prompt_len)
     L = response_prefix(prompt_len, 0, T)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -111,9 +116,6 @@ def _checked_jacobian(model: torch.nn.Module, z: torch.Tensor | None, logits: to
                       dtype: torch.dtype) -> torch.Tensor | None:
     """``f'(z)`` ``(T, V)`` of the transform the model's config declares when its logits ``(T, V)`` are
     that transform of the head's output ``z`` ``(1, >=T, V)``; else ``None``."""
-    from gmts_analysis.engine.head import check_transformed_logits
-    from gmts_analysis.engine.logit_transforms import detect_logit_transform, logit_jacobian
-
     if not isinstance(z, torch.Tensor) or z.dim() != 3:
         return None
     z = z[0, -T:]

@@ -61,6 +61,7 @@ from gmts_analysis.engine.logit_transforms import (
     detect_logit_transform,
     logit_jacobian,
 )
+from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.engine.plan import Capture, GhostRule, Plan, Tap, make_plan
 
 log = logging.getLogger(__name__)
@@ -165,8 +166,6 @@ def _plan_key(model: nn.Module, named: list[tuple[str, nn.Parameter]]) -> tuple:
 
 def plan_key(model: nn.Module) -> tuple:
     """What the plan of ``model`` depends on (see :func:`cached_plan`)."""
-    from gmts_analysis.engine.params import trainable_parameters
-
     return _plan_key(model, trainable_parameters(model))
 
 
@@ -227,8 +226,6 @@ class ExactEngine:
     """
 
     def __init__(self, model: nn.Module, acc: torch.dtype):
-        from gmts_analysis.engine.params import trainable_parameters
-
         self.model = model
         self.named = trainable_parameters(model)  # before requires_grad is switched off
         self.acc = acc

@@ -28,12 +28,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gmts_analysis.core.estimators import add_estimator_columns
+from gmts_analysis.core.estimators import add_estimator_columns, available
+from gmts_analysis.core.seeding import numpy_rng
 from gmts_analysis.core.selection import select_top
 from gmts_analysis.core.tokens import sequence_logprobs
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.progress import tqdm
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +61,6 @@ def fidelity_selections(
         if s not in df.columns:
             raise GmtsError(f"update fidelity: estimator column '{s}' not in the tokens table")
         sels[s] = select_top(df, s, rho, scope)
-    from gmts_analysis.core.seeding import numpy_rng
-
     rng = numpy_rng(int(seed), "fidelity", "random")
     for j in range(n_random):
         sels[f"random_{j}"] = select_top(df, rng.random(len(df)), rho, scope)
@@ -111,8 +111,6 @@ def selection_gradients(
     seen: set = set()
     it = batches
     if progress:
-        from gmts_analysis.util.progress import tqdm
-
         it = tqdm(batches, desc="update fidelity", unit="answer", leave=False)
     pending: list[tuple[torch.Tensor, int, np.ndarray]] = []
     pending_tokens = 0
@@ -295,8 +293,6 @@ def fidelity_for_run(
     their accumulators fit the memory budget (else only the overall block, with a warning). Batch
     scope, ``rho`` (0.2 by default), ``n_random`` random draws.
     """
-    from gmts_analysis.core.estimators import available
-
     df = add_estimator_columns(tokens.copy()).reset_index(drop=True)
     ests = list(estimators) if estimators is not None else available(df)
     seed = int(seed)

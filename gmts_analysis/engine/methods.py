@@ -23,8 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from gmts_analysis.core.sizes import parse_chunk_size
 from gmts_analysis.core.tokens import TokenQuantities, cat_quantities
 from gmts_analysis.engine.base import GradNorms, forward_quantities, frozen_for_transforms, group_of
+from gmts_analysis.engine.memory import exact_budget, limited_chunking, noting_batch
+from gmts_analysis.engine.numerics import pinned_numerics
+from gmts_analysis.engine.params import trainable_parameters
+from gmts_analysis.engine.reference import loop_grad_norms
 from gmts_analysis.errors import GmtsError
 
 log = logging.getLogger("gmts_analysis.engine")
@@ -84,9 +89,6 @@ def _check_args(model, input_ids, prompt_len, temperature, method, groups) -> Gr
 
 
 def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
-    from gmts_analysis.engine.params import trainable_parameters
-    from gmts_analysis.engine.reference import loop_grad_norms
-
     q = forward_quantities(model, input_ids, prompt_len, temperature)
     if groups is None:
         return GradNorms(loop_grad_norms(model, input_ids, prompt_len, temperature), None, None, None, "loop", q)
@@ -98,8 +100,12 @@ def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
 
 
 def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
-    from gmts_analysis.engine.exact import CPU_BLOCK, ExactEngine, exact_chunks, model_acc_dtype
-    from gmts_analysis.engine.memory import exact_budget, limited_chunking, noting_batch
+    from gmts_analysis.engine.exact import (  # deferred: transformers
+        CPU_BLOCK,
+        ExactEngine,
+        exact_chunks,
+        model_acc_dtype,
+    )
 
     acc = model_acc_dtype(model)
     S = input_ids.shape[0]
@@ -148,7 +154,7 @@ def _check_sketch(a: MethodArgs) -> None:
 
 def _run_sketch(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     """The sketch; an answer it refuses goes to :func:`_run_exact` (``strict``: refused)."""
-    from gmts_analysis.engine.sketch import sketch_grad_norms
+    from gmts_analysis.engine.sketch import sketch_grad_norms  # deferred: transformers
 
     try:
         return sketch_grad_norms(
@@ -171,7 +177,7 @@ def _run_sketch(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
 
 def _run_exact(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     """The exact engine; a model or answer it refuses goes to the per-token loop (:func:`_fallback`)."""
-    from gmts_analysis.engine.exact import plan_key
+    from gmts_analysis.engine.exact import plan_key  # deferred: transformers
 
     key = plan_key(model)
     known = _NO_EXACT.get(model)
@@ -181,7 +187,7 @@ def _run_exact(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     try:
         return _exact(model, input_ids, prompt_len, a.temperature, a.chunk_size, a.max_memory, a.groups)
     except NotImplementedError as e:
-        from gmts_analysis.engine.exact import NumericalRefusal
+        from gmts_analysis.engine.exact import NumericalRefusal  # deferred: transformers
 
         if not isinstance(e, NumericalRefusal):  # a check on numbers decides for this answer only
             _NO_EXACT[model] = (key, str(e))
@@ -226,11 +232,7 @@ def grad_norms(
     entry = _check_args(model, input_ids, prompt_len, temperature, method, groups)
     if entry.check is not None:
         entry.check(args)
-    from gmts_analysis.core.sizes import parse_chunk_size
-
     args = dataclasses.replace(args, chunk_size=parse_chunk_size(chunk_size, "chunk_size"))
-    from gmts_analysis.engine.numerics import pinned_numerics
-
     with pinned_numerics():  # autocast off, float32 matmuls in full precision; restored on exit
         return entry.run(model, input_ids, prompt_len, args)
 
@@ -242,8 +244,6 @@ def expected_loop_slowdown(model: torch.nn.Module, prompt_len: int, T: int) -> f
     an activation backward and the ghost norms over the mean truncated prefix ``P + T/2``,
     ``~4 n_body (P + T/2)`` (``n_body``: without the embedding and head), plus the head's closed
     form ``2 V d``."""
-    from gmts_analysis.engine.params import trainable_parameters
-
     n = sum(p.numel() for _, p in trainable_parameters(model))
     emb = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None

@@ -52,6 +52,10 @@ from gmts_analysis.core.tokens import (
     response_targets,
     token_quantities,
 )
+from gmts_analysis.engine import exact  # check_head_logits through its module: tests replace it there
+from gmts_analysis.engine.base import GradNorms, frozen_for_transforms
+from gmts_analysis.engine.logit_transforms import declared_post_processing, detect_logit_transform, logit_jacobian
+from gmts_analysis.engine.memory import current_limit, noting_batch, sketch_budget
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.engine.plan import ScaledEmbeddingRule
 
@@ -79,8 +83,6 @@ def sketch_grad_norms(
 
     Returns :class:`gmts_analysis.engine.GradNorms` with ``method="sketch"``.
     """
-    from gmts_analysis.engine.base import GradNorms, frozen_for_transforms
-
     layout = _sketch_layout(model)
     acc = compute_dtype(next(model.parameters()).dtype)
     S = int(input_ids.shape[0])
@@ -216,8 +218,6 @@ def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, 
     rounding bound of ``h W^T + b`` (:func:`gmts_analysis.engine.exact.check_head_logits`, the exact engine's
     check: a float32 head on a real model differs from a float64 product by more than any fixed tolerance, and
     a fixed ``allclose`` refused SmolLM2 answers that are plain linear heads). ``NotImplementedError`` otherwise."""
-    from gmts_analysis.engine.logit_transforms import declared_post_processing, detect_logit_transform, logit_jacobian
-
     transform = detect_logit_transform(model)
     head = layout.head
     kw = {"input_ids": ids, "use_cache": False}
@@ -225,15 +225,13 @@ def _forward_once(model: nn.Module, layout: _SketchLayout, hooks: _SketchHooks, 
         kw["logits_to_keep"] = T
     logits = model(**kw).logits[0, -T:]
     hooks.base_handle.remove()
-    from gmts_analysis.engine.exact import check_head_logits
-
     h = hooks.captured["h"][0, -T:]
     hb = hooks.captured.get("base")
     if not isinstance(hb, Tensor) or not torch.equal(hb[0, -T:], h):
         raise NotImplementedError("head input is not the base model's last hidden state")
     out = hooks.captured.get("head_out")
     z = out[0, -T:] if isinstance(out, Tensor) else None
-    check_head_logits(h, z, logits, head.weight, head.bias, transform, declared_post_processing(model))
+    exact.check_head_logits(h, z, logits, head.weight, head.bias, transform, declared_post_processing(model))
     return logits, h, logit_jacobian(z, transform, acc)
 
 
@@ -329,8 +327,6 @@ def _sketched_part(layout: _SketchLayout, hooks: _SketchHooks, head: _ClosedForm
     batched with vmap over as many directions as ``budget`` bytes allow (``S``: the answer's
     length in tokens, prompt included; ``T``: its response tokens)."""
     es = torch.finfo(acc).bits // 8
-    from gmts_analysis.engine.memory import current_limit, noting_batch, sketch_budget
-
     gen = stream_generator(ids.device, seed)
     primals_rest = {n: p.detach() for n, p in layout.rest.items()}
     primals_emb = {

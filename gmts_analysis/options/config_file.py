@@ -12,6 +12,7 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.spellings import CONFIG_FLAG, _bool, _is_switch, _Spelling
+from gmts_analysis.util.io import require_regular
 
 #: limits of a --config file: a flat mapping of options needs none of these to be large
 CONFIG_MAX_BYTES = 1 << 20
@@ -52,8 +53,6 @@ def read_config_file(path: str) -> Any:
     :data:`CONFIG_MAX_BYTES`, UTF-8, no anchors or aliases, nesting at most :data:`CONFIG_MAX_DEPTH`.
     Every failure is a :class:`GmtsError` naming the file (and the line where YAML gives one)."""
     import yaml
-
-    from gmts_analysis.util.io import require_regular
 
     p = Path(path)
     require_regular(p, f"{CONFIG_FLAG} {path}")

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows, validate_against_model
+from gmts_analysis.readers.sources import input_sha256
+from gmts_analysis.readers.verifiers import resolve_verifier
 
 if TYPE_CHECKING:
     import torch
@@ -66,7 +69,7 @@ def truncation_counts(cfg: "ProbeOptions", answers: Sequence[Any], n_cut: int) -
 
 def _dtype_name(model: "torch.nn.Module") -> str:
     """The ``--dtype`` name of a loaded model's parameters (refused when the probe has none for it)."""
-    from gmts_analysis.readers.models import DTYPES
+    from gmts_analysis.readers.models import DTYPES  # deferred: torch
 
     dt = next(model.parameters()).dtype
     names = {v: k for k, v in DTYPES.items()}
@@ -83,7 +86,7 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
     ``tokenizer``, when given, replaces the checkpoint's."""
     import torch
 
-    from gmts_analysis.readers.models import load_model, resolve_device
+    from gmts_analysis.readers.models import load_model, resolve_device  # deferred: torch
 
     given = given or {}
     if isinstance(model, (str, os.PathLike)):
@@ -119,9 +122,6 @@ def read_answers(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", max_tokens
     the options' reader settings (``max_tokens``: the model's context), and the manifest's note of the
     source. A path's note names it as given (``str(rollouts)``) with its sha256 (``rollouts_sha256``
     when the caller has it already, else computed here)."""
-    from gmts_analysis.readers.rollouts import ReaderOptions
-    from gmts_analysis.readers.verifiers import resolve_verifier
-
     reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
     verifier = resolve_verifier(opts.verifier)
     answers, note = _read(rollouts, tokenizer, opts, verifier, reader_opts, rollouts_sha256)
@@ -151,11 +151,7 @@ def check_sampling_temperature(answers: Sequence, temperature: float) -> int:
 
 def _read(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", verifier: Any, reader_opts: Any,
           rollouts_sha256: str | None) -> tuple[list, dict]:
-    from gmts_analysis.readers.rollouts import read_rollouts, read_rollouts_rows
-
     if isinstance(rollouts, (str, os.PathLike)):
-        from gmts_analysis.readers.sources import input_sha256
-
         p = Path(rollouts)
         answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
         sha = rollouts_sha256 if rollouts_sha256 is not None else input_sha256(p)
@@ -186,10 +182,9 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
     answers ``--truncate`` cut and those without a stop token (nothing is logged without it).
     Raises :class:`GmtsError` for a model or answers that cannot be probed.
     """
-    from gmts_analysis.probing import kernel
-    from gmts_analysis.probing.validate import check_answers
-    from gmts_analysis.readers.models import context_length
-    from gmts_analysis.readers.rollouts import validate_against_model
+    from gmts_analysis.probing import kernel  # deferred: torch, pandas
+    from gmts_analysis.probing.validate import check_answers  # deferred: numpy
+    from gmts_analysis.readers.models import context_length  # deferred: torch
 
     t0 = time.perf_counter()
     name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None

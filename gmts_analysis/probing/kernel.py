@@ -24,11 +24,16 @@ import torch
 from gmts_analysis.core import advantages as adv_mod
 from gmts_analysis.core.estimators import add_estimator_columns, gmts_score, times_abs_omega
 from gmts_analysis.core.objective import clipped_mask, k3_kl, policy_ratio, settings_of
+from gmts_analysis.core.sizes import parse_chunk_size
+from gmts_analysis.core.tokens import TokenQuantities
+from gmts_analysis.engine import forward_quantities, grad_norms
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions
 from gmts_analysis.probing.tables import answers_table, concat_columns, id_column
+from gmts_analysis.probing.validate import check_finite, check_finite_scalars
 from gmts_analysis.readers.rollouts import Answer
 from gmts_analysis.util.interrupt import raise_if_interrupted
+from gmts_analysis.util.progress import tqdm
 
 log = logging.getLogger("gmts_analysis.probing.kernel")
 
@@ -130,8 +135,6 @@ class TokenText:
 
 
 def _chunk_size(cfg: ProbeOptions) -> int | str:
-    from gmts_analysis.core.sizes import parse_chunk_size
-
     return parse_chunk_size(cfg.chunk_size)
 
 
@@ -148,8 +151,6 @@ def probe_answer(
     ``strict`` (a job setting, :attr:`~gmts_analysis.options.config.JobSettings.strict`): refuse, with a
     :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
     per-token loop. The column ``grad_norm_method`` says which method gave each answer's norms."""
-    from gmts_analysis.probing.validate import check_finite_scalars
-
     where = f"{answer.where}: answer '{answer.answer_id}'"
     check_finite_scalars({"reward": answer.reward, "advantage": coef.advantage, "loss_weight": coef.loss_weight},
                          where)
@@ -213,9 +214,6 @@ def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions
     """``(q, gn)``: the answer's :class:`~gmts_analysis.core.tokens.TokenQuantities` and its
     gradient norms (``None`` under ``--grad-norm none``, where one no-grad forward gives ``q``).
     Raises :class:`GmtsError` when the model produced non-finite logits."""
-    from gmts_analysis.core.tokens import TokenQuantities
-    from gmts_analysis.engine import forward_quantities, grad_norms
-
     device = next(model.parameters()).device
     ids = torch.tensor(answer.prompt_ids + answer.response_ids, dtype=torch.long, device=device)
     P, T = len(answer.prompt_ids), len(answer.response_ids)
@@ -264,8 +262,6 @@ def _grad_norm_columns(answer: Answer, gn) -> tuple[dict[str, np.ndarray], pd.Da
 def _check_finite(cols: dict[str, Any], groups_df: pd.DataFrame | None, cfg: ProbeOptions, where: str) -> None:
     """Finite or nothing: a non-finite value in any float column fails the answer (errors.jsonl);
     grad_norm_logp (and so grad_norm) is NaN by design under --grad-norm none."""
-    from gmts_analysis.probing.validate import check_finite
-
     check_finite(cols, where, allow_nan=("grad_norm_logp", "grad_norm") if cfg.grad_norm == "none" else ())
     if groups_df is not None:
         check_finite({"grad_norm_logp of a group": groups_df["grad_norm_logp"].to_numpy()}, where)
@@ -287,8 +283,6 @@ def probe_answers(
     ``strict``: as :func:`probe_answer`. ``probe_one``: how one answer is probed (default
     :func:`probe_answer`, same arguments; :func:`gmts_analysis.probe` passes the out-of-memory back-off).
     """
-    from gmts_analysis.util.progress import tqdm
-
     if coefs is None:
         coefs = answer_coefficients(answers, cfg)
     token_text = TokenText(tokenizer)

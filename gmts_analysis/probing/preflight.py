@@ -27,6 +27,14 @@ from typing import Any, Sequence
 
 import torch
 
+from gmts_analysis.core.estimators import ESTIMATORS
+from gmts_analysis.engine import (
+    frozen_for_transforms,
+    memory,  # free_device_memory through its module: tests replace it there
+)
+from gmts_analysis.engine.choice import choose_method
+from gmts_analysis.engine.memory import kept_bytes
+from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeOptions
 
@@ -61,16 +69,13 @@ def n_fidelity_selections(grad_norm: str, has_head: bool) -> int:
     """Selections update fidelity makes for a probe with ``--grad-norm grad_norm``: ``all``,
     ``oracle`` (unless ``none``), every estimator of :data:`gmts_analysis.core.estimators.ESTIMATORS`
     (the two head estimators only with an output head) and the random ones."""
-    from gmts_analysis.core.estimators import ESTIMATORS
-
     n_est = sum(1 for name, (needs, _) in ESTIMATORS.items() if has_head or "head_grad_norm" not in needs)
     return 1 + (grad_norm != "none") + n_est + N_RANDOM_SELECTIONS
 
 
 def fidelity_need(model: torch.nn.Module, grad_norm: str, budget: int | None = None) -> FidelityNeed:
     """The accumulators' memory for ``model`` (it depends on nothing else: known before any work)."""
-    from gmts_analysis.engine.fidelity import DEFAULT_BUDGET
-    from gmts_analysis.engine.params import trainable_parameters
+    from gmts_analysis.engine.fidelity import DEFAULT_BUDGET  # deferred: pandas
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     has_head = isinstance(getattr(head, "weight", None), torch.Tensor)
@@ -104,9 +109,7 @@ def engine_need(model: torch.nn.Module, longest: int, prompt_len: int, sample_id
     :meth:`gmts_analysis.engine.exact.ExactEngine.bytes_per_token` and
     :func:`gmts_analysis.engine.memory.kept_bytes`, one token per block). Makes the model's plan
     (one short planning forward, cached for the probe)."""
-    from gmts_analysis.engine import frozen_for_transforms
-    from gmts_analysis.engine.exact import ExactEngine, model_acc_dtype
-    from gmts_analysis.engine.memory import kept_bytes
+    from gmts_analysis.engine.exact import ExactEngine, model_acc_dtype  # deferred: transformers
 
     engine = ExactEngine(model, model_acc_dtype(model))
     with frozen_for_transforms(model):
@@ -121,9 +124,7 @@ def available_memory(device: torch.device) -> int | None:
     (:func:`gmts_analysis.engine.memory.free_device_memory`), else the host's ``MemAvailable``
     (Linux); None when unknown."""
     if device.type == "cuda":
-        from gmts_analysis.engine.memory import free_device_memory
-
-        return free_device_memory(device)
+        return memory.free_device_memory(device)
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -157,8 +158,6 @@ def check_before_probe(cfg: ProbeOptions, model: torch.nn.Module, answers: Seque
     ``figures``: the job draws figures and a report (their disk space is counted)."""
     n_tokens = sum(a.length for a in answers)
     if cfg.grad_norm == "sketch" and answers:
-        from gmts_analysis.engine.choice import choose_method
-
         method, reason = choose_method([a.length for a in answers], int(cfg.probes))
         if method == "exact":  # the sketch is an estimate: say when it does not even save time
             log.warning("--grad-norm sketch: %s; --grad-norm exact is cheaper here, and exact", reason)

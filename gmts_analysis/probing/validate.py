@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import numpy as np
 
+from gmts_analysis.core.estimators import ESTIMATORS
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.checks import check_fields
+from gmts_analysis.options.config import ProbeOptions
+from gmts_analysis.options.fields import fields_of, flag
+from gmts_analysis.readers.formats import _names, _weights
+from gmts_analysis.readers.sources import parse_steps
+from gmts_analysis.util.io import read_json_object, read_parquet
 
 if TYPE_CHECKING:
     from gmts_analysis.options.config import ProbeOptions
@@ -27,10 +34,6 @@ def validate_options(cfg: "ProbeOptions") -> None:
     :class:`~gmts_analysis.options.config.ProbeConfig` (the job's, checked once, where it enters the job:
     :func:`gmts_analysis.run.sharding.run.check_inputs`, or before ``gmts run`` samples).
     """
-    from gmts_analysis.options.checks import check_fields
-    from gmts_analysis.options.config import ProbeOptions
-    from gmts_analysis.options.fields import fields_of
-
     fields = fields_of(ProbeOptions)
     check_fields(fields, {k: getattr(cfg, k) for k in fields})
     lo, hi = cfg.vllm_is_min, cfg.vllm_is_max
@@ -44,19 +47,15 @@ def _check_reader_options(cfg: "ProbeOptions") -> None:
     """How rollouts are read: group size, completion length limit, --steps, reward columns and
     their weights."""
     if cfg.steps is not None:
-        from gmts_analysis.readers.sources import parse_steps
-
         parse_steps(cfg.steps)
     if cfg.reward_columns is not None or cfg.reward_weights is not None:
-        from gmts_analysis.readers.formats import _names, _weights
-
         cols = _names(cfg.reward_columns, "--reward-columns")
         _weights(cfg.reward_weights, None if cols is None else len(cols))
 
 
 def _check_resolvable(cfg: "ProbeOptions") -> None:
     """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max)."""
-    from gmts_analysis.core.objective import settings_of
+    from gmts_analysis.core.objective import settings_of  # deferred: torch
 
     settings_of(cfg)
 
@@ -244,7 +243,7 @@ def _tokens_schema(path: Any, required: Sequence[str] | None) -> Any:
     ``required`` contract columns (default all of them)."""
     import pyarrow.parquet as pq
 
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS
+    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
 
     if not path.is_file():
         raise GmtsError(f"{path}: no such file (a run directory holds tokens.parquet)")
@@ -267,8 +266,7 @@ def _check_token_column_types(path: Any, schema: Any) -> tuple[list[str], list[s
     """The type of every contract and estimator column the tokens file has, checked; ``(read, scores)``: the
     columns whose values are checked next (``answer_id`` and every number not all null) and the estimator
     columns besides the contract ones (read as they are, not recomputed)."""
-    from gmts_analysis.core.estimators import ESTIMATORS
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS
+    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
 
     names = set(schema.names)
     for c in ID_COLUMNS:
@@ -329,8 +327,6 @@ def validate_run_dir(run_dir: Any) -> None:
 
     import pyarrow.parquet as pq
 
-    from gmts_analysis.util.io import read_json_object
-
     d = Path(run_dir)
     tok = d / "tokens.parquet"
     validate_tokens_file(tok)
@@ -367,8 +363,6 @@ def validate_answers_file(path: Any) -> None:
     ids; ``length`` a whole number. The rollouts' own extra fields (``truncated`` ...) are read leniently
     where they are read."""
     import pyarrow.parquet as pq
-
-    from gmts_analysis.util.io import read_parquet
 
     a = read_parquet(path)
     schema = pq.read_schema(path)
@@ -408,7 +402,6 @@ def validate_namespace(command: str, args: argparse.Namespace, checks: Mapping[s
     work: every option's declared ``check`` (``checks``: ``{dest: check}`` of the subcommand,
     :func:`gmts_analysis.options.parser.parser_checks`). What holds between the probe options
     (:func:`validate_options`) is checked once, on the job's settings, where the job starts."""
-    from gmts_analysis.options.fields import flag
 
     for dest, value in vars(args).items():
         check = (checks or {}).get(dest)

@@ -22,9 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
+from gmts_analysis import __version__
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.rl.config import run_path, runs_dir
+from gmts_analysis.readers import models as model_io  # load_model through its module: tests replace it there
+from gmts_analysis.rl.config import SELECTION_ARMS, run_path, runs_dir
 from gmts_analysis.rl.trainer import RLConfig, evaluate, train
+from gmts_analysis.util.io import atomic_write_json, read_json
+from gmts_analysis.util.io import to_json as _text
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +40,6 @@ def to_json(obj):
     """A JSON-ready copy (tuples as lists, NaN as None), so records compare equal after a round trip."""
     import json
 
-    from gmts_analysis.util.io import to_json as _text
-
     return json.loads(_text(obj))
 
 
@@ -48,8 +50,6 @@ def _shared(cfg: dict) -> dict:
 def _versions() -> dict[str, str]:
     import torch
     import transformers
-
-    from gmts_analysis import __version__
 
     return {"gmts_analysis": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version()}
@@ -96,8 +96,6 @@ def run_experiment(
     of ``base.policy`` on ``base.device``, no hub download when ``offline``); every run starts from the
     same weights.
     """
-    from gmts_analysis.util.io import atomic_write_json
-
     out = Path(out)
     if load is None:
         load = partial(_load_policy, base.policy, base.device, offline)
@@ -129,9 +127,7 @@ def run_experiment(
 def _load_policy(policy: str, device: str, offline: bool = False) -> tuple:
     """``(model, tokenizer)`` of ``policy`` (a shipped policy name or a checkpoint) on ``device``; refuses a
     checkpoint without a tokenizer."""
-    from gmts_analysis.readers.models import load_model
-
-    model, tok = load_model(policy, device, offline=offline)
+    model, tok = model_io.load_model(policy, device, offline=offline)
     if tok is None:
         raise GmtsError(f"policy={policy}: the checkpoint ships no tokenizer")
     return model, tok
@@ -140,8 +136,6 @@ def _load_policy(policy: str, device: str, offline: bool = False) -> tuple:
 def _initial_pass1(base: RLConfig, shared: dict, out: Path, load: Callable[[], tuple]) -> dict[str, float]:
     """pass@1 of the untrained policy, read from ``<out stem>.runs/initial.json`` when its configuration is
     ``shared``, else measured once and written there."""
-    from gmts_analysis.util.io import atomic_write_json, read_json
-
     init_path = runs_dir(out) / "initial.json"
     if init_path.exists():
         rec = read_json(init_path)
@@ -159,8 +153,6 @@ def _one_run(cfg: RLConfig, out: Path, initial: dict[str, float], load: Callable
              reward_fn: Callable[[dict], float] | None) -> dict:
     """The run record of ``cfg``: its file under ``<out stem>.runs/`` when it holds the same configuration,
     else a fresh training run from ``load()``, written there as soon as it ends."""
-    from gmts_analysis.util.io import atomic_write_json, read_json
-
     sel, seed = cfg.selection, cfg.seed
     p = run_path(out, sel, seed)
     if p.exists():
@@ -184,8 +176,6 @@ def load_experiment(out: str | Path) -> dict:
     (``<out stem>.runs/*.json``), so a partial or interrupted experiment can be read: ``runs``
     holds every finished run, ``summary`` summarises them, ``complete`` says whether
     ``<out>.json`` (written only when every run ended) exists."""
-    from gmts_analysis.util.io import read_json
-
     out = Path(out)
     rdir = runs_dir(out)
     if not rdir.is_dir():
@@ -201,8 +191,6 @@ def load_experiment(out: str | Path) -> dict:
     if not runs:
         raise GmtsError(f"{rdir}: no finished run yet")
     cfg = init["config"] if init is not None else to_json(_shared(runs[0]["config"]))
-    from gmts_analysis.rl.config import SELECTION_ARMS
-
     sels = [s for s in SELECTION_ARMS if any(r["config"]["selection"] == s for r in runs)]
     return {
         "config": cfg,

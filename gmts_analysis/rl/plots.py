@@ -21,6 +21,8 @@ import numpy as np
 from gmts_analysis.core.scores import ARM_COLORS as COLORS  # {arm: colour}, live view of the registry
 from gmts_analysis.core.scores import CHANCE_ARMS, DIAGNOSTIC_SCORES, diagnostic_pairs
 from gmts_analysis.core.scores import SELECTION_ARMS as ARMS
+from gmts_analysis.rl.arms_report import SE_MEAN_DIFF
+from gmts_analysis.util.io import atomic_write_bytes
 
 
 def _runs_by_arm(result: dict) -> dict[str, list[dict]]:
@@ -40,8 +42,6 @@ def _curve(runs: list[dict], key) -> tuple[np.ndarray, np.ndarray]:
 
 def plot_learning_curves(result: dict, path: str | Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
-
-    from gmts_analysis.util.io import atomic_write_bytes
 
     domains = list(result["config"]["domains"])
     panels = domains + (["mean"] if len(domains) > 1 else [])
@@ -72,8 +72,6 @@ def plot_learning_curves(result: dict, path: str | Path) -> Path:
 
 def plot_diagnostics(result: dict, path: str | Path) -> Path:
     from matplotlib.figure import Figure  # no pyplot: no global backend or figure registry
-
-    from gmts_analysis.util.io import atomic_write_bytes
 
     a, b = diagnostic_pairs()[0]  # the first two diagnostic scores (entropy, gmts)
     keys = [
@@ -167,8 +165,6 @@ def plot_selection_diagnostics(results: dict[str, dict], path: str | Path) -> Pa
     |S_gmts ∩ S_gmts_lgn| / |S_gmts_lgn|."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.util.io import atomic_write_bytes
-
     labels = list(results)
     fig = Figure(figsize=(4.2 * len(labels), 8.4))
     axes = fig.subplots(3, len(labels), squeeze=False)
@@ -226,8 +222,6 @@ def plot_final_pass1(results: dict[str, dict], path: str | Path) -> Path:
     paired differences), the mean of the seeds a black tick; the untrained policy dotted."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.util.io import atomic_write_bytes
-
     labels = list(results)
     fig = Figure(figsize=(3.8 * len(labels) + 0.6, 3.8), layout="constrained")
     axes = fig.subplots(1, len(labels), squeeze=False, sharey=True)
@@ -266,8 +260,6 @@ def forest_legend_labels(report: dict) -> list[str]:
     """The forest plot's legend: the three verdicts, then the grey bar, named as the report's text names
     the same quantity (:data:`gmts_analysis.rl.arms_report.SE_MEAN_DIFF`: the SE of the mean over the seeds,
     not the "evaluation SE of one seed's difference" of the tables)."""
-    from gmts_analysis.rl.arms_report import SE_MEAN_DIFF
-
     return ["beats (Holm p and CI agree)", "above, exploratory (unadjusted)", "not distinguishable",
             "+-1.96 " + SE_MEAN_DIFF.format(n=len(report["plan"]["seeds"]))]
 
@@ -280,7 +272,7 @@ def plot_forest(report: dict, path: str | Path) -> Path:
     Deterministic bytes (fixed PNG metadata, title :data:`FOREST_TITLE`)."""
     from matplotlib.figure import Figure
 
-    from gmts_analysis.views.figures import save_figure
+    from gmts_analysis.views.figures import save_figure  # deferred: matplotlib, pandas
 
     rows = [r for r in report["contrasts"] if r["status"] == "reported"]
     order = [s["name"] for s in report["settings"]]

@@ -46,8 +46,21 @@ from typing import Any
 import numpy as np
 import torch
 
+from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
 from gmts_analysis.core.scores import CHANCE_ARMS, DIAGNOSTIC_SCORES, diagnostic_pairs, get_score
+from gmts_analysis.core.selection_tensor import select_tokens
+from gmts_analysis.core.tokens import (
+    entropy_from_logprobs,
+    gather_positions,
+    response_positions,
+    scaled_log_softmax,
+    target_logprobs,
+    token_quantities,
+)
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, stable_seed
+from gmts_analysis.toy.sample import sample_rollouts
 
 log = logging.getLogger(__name__)
 
@@ -63,8 +76,6 @@ def collate(rows: list[dict], pad_id: int, device: torch.device | str = "cpu") -
     response positions ``targets``, ``mask``, ``logit_index`` ``(B, T)`` (``T`` the longest
     response): response token ``t`` of row ``i`` is ``input_ids[i, P_i + t]``, predicted by
     the logits at ``P_i + t - 1`` (the shift of :mod:`gmts_analysis.core.tokens`)."""
-    from gmts_analysis.core.tokens import response_positions
-
     B = len(rows)
     P = [len(r["prompt_ids"]) for r in rows]
     L = [len(r["response_ids"]) for r in rows]
@@ -95,14 +106,6 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
     with_lgn: also return the detached ``logit_grad_norm`` ``(B, T)`` (closed form of
     :func:`gmts_analysis.core.tokens.token_quantities`) as a third element.
     """
-    from gmts_analysis.core.tokens import (
-        entropy_from_logprobs,
-        gather_positions,
-        scaled_log_softmax,
-        target_logprobs,
-        token_quantities,
-    )
-
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
     resp = gather_positions(logits, batch["logit_index"])
     logp = scaled_log_softmax(resp, temperature)
@@ -122,8 +125,6 @@ def policy_forward(model: torch.nn.Module, batch: dict[str, torch.Tensor], tempe
 def evaluate(model, tokenizer, cfg: RLConfig, n_prompts: int | None = None) -> dict[str, float]:
     """pass@1 per domain at temperature 1.0 on ``n_prompts`` (default ``cfg.eval_prompts``) held-out
     prompts per domain, one sample each, sampling noise fixed by ``cfg.eval_seed``."""
-    from gmts_analysis.toy.sample import sample_rollouts
-
     out = {}
     for d in cfg.domains:
         rows = sample_rollouts(
@@ -146,7 +147,7 @@ def batch_fidelity(
 
     logprobs: ``(B, T)`` differentiable (graph retained); omega ``(B, T)`` (0 on padding).
     """
-    from gmts_analysis.engine.fidelity import compare
+    from gmts_analysis.engine.fidelity import compare  # deferred: pandas
 
     def flat_grad(weights: torch.Tensor) -> torch.Tensor:
         gs = torch.autograd.grad((weights * logprobs).sum(), params, retain_graph=True, allow_unused=True)
@@ -167,9 +168,6 @@ def mass_capture(model, rows: list[dict], omega: torch.Tensor, mask: torch.Tenso
     omega != 0; tokens of answers with omega = 0 carry no mass. 1.0 = the selection holds as much
     mass as the best selection of its size could.
     """
-    from gmts_analysis.core.selection_tensor import select_tokens
-    from gmts_analysis.engine import grad_norms
-
     mass = torch.zeros(mask.shape, dtype=torch.float64)
     device = next(model.parameters()).device
     for i, r in enumerate(rows):
@@ -198,8 +196,7 @@ def grad_norm_correlations(model, rows: list[dict], entropy: list[np.ndarray], s
 
     entropy/omega_abs and each score: one array per row (``(L_i,)``), aligned with ``rows``.
     """
-    from gmts_analysis.core.rank import spearman, within_spearman
-    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.core.rank import spearman, within_spearman  # deferred: pandas
 
     within, gn_all = [], []
     device = next(model.parameters()).device
@@ -226,8 +223,6 @@ def grad_norm_correlations(model, rows: list[dict], entropy: list[np.ndarray], s
 
 
 def _rows_for_step(model, tokenizer, cfg: RLConfig, step: int, reward_fn=None) -> list[dict]:
-    from gmts_analysis.toy.sample import sample_rollouts
-
     rows = []
     for d in cfg.domains:
         rows += sample_rollouts(
@@ -334,8 +329,6 @@ def train(
 
 def _start(model: torch.nn.Module, tokenizer: Any, cfg: RLConfig, on_eval, reward_fn) -> _Run:
     """Check ``cfg``, build the AdamW optimizer over the trainable parameters, put the policy in eval mode."""
-    from gmts_analysis.engine.params import trainable_parameters
-
     cfg.check()  # every random stream below is a local generator seeded from cfg.seed (gmts_analysis.core.seeding)
     params = [p for _, p in trainable_parameters(model)]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -383,7 +376,7 @@ def _final_pass1(run: _Run) -> dict[str, float]:
 def _train_step(run: _Run, step: int) -> dict[str, Any]:
     """Sample the step's groups, leave out all-equal groups under ``cfg.dynamic_sampling`` (DAPO; a batch
     left empty is logged as skipped), take one optimizer step; returns the step's log record."""
-    from gmts_analysis.core.selection import selection_overlap
+    from gmts_analysis.core.selection import selection_overlap  # deferred: pandas
 
     cfg = run.cfg
     ts = time.perf_counter()
@@ -429,8 +422,6 @@ def _train_step(run: _Run, step: int) -> dict[str, Any]:
 
 def _batch(run: _Run, rows: list[dict]) -> _Batch:
     """Group advantages (``cfg.advantage``; singleton groups get 0 without a warning) and the collated tensors."""
-    from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
-
     rewards = np.array([r["reward"] for r in rows], dtype=np.float64)
     group_ids = [r["group_id"] for r in rows]
     with warnings.catch_warnings():
@@ -445,7 +436,7 @@ def _update(run: _Run, step: int, b: _Batch) -> _Update:
     """One forward, the selections, the loss ``aggregate_loss(-A * ratio, ...)`` of the trained selection,
     the diagnostics every ``cfg.diag_every`` steps (before the backward, on the same graph), one clipped
     AdamW step."""
-    from gmts_analysis.core.selection import aggregate_loss
+    from gmts_analysis.core.selection import aggregate_loss  # deferred: pandas
 
     cfg, mask = run.cfg, b.mask
     with torch.enable_grad():
@@ -470,7 +461,7 @@ def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict)
     """``{name: (B, T) bool}``: the diagnostic scores of the registry on every step (entropy, gmts,
     gmts_lgn), and the trained arm when it is another arm of the registry (random with its seeded
     generator, a masked baseline, a registered score)."""
-    from gmts_analysis.core.selection import selection_mask
+    from gmts_analysis.core.selection import selection_mask  # deferred: pandas
 
     gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
     sels = {name: selection_mask(name, ent, adv, mask, token_logprobs=lp, logit_grad_norm=lgn, **sel_kw)
@@ -484,7 +475,7 @@ def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict)
 def _diagnostics(run: _Run, step: int, b: _Batch, lp, ent, lgn, sels: dict, sel_kw: dict) -> dict[str, Any]:
     """Update fidelity and mass capture of every selection (a seeded random one added when not trained) and
     the grad-norm correlations; their time counted in ``run.t_diag``."""
-    from gmts_analysis.core.selection import selection_mask, token_omega
+    from gmts_analysis.core.selection import selection_mask, token_omega  # deferred: pandas
 
     cfg, mask = run.cfg, b.mask
     td = time.perf_counter()

@@ -37,6 +37,11 @@ from functools import partial
 import torch
 
 from gmts_analysis.core.seeding import derive_seed, seeded_global_rng
+from gmts_analysis.core.tokens import sequence_logprobs
+from gmts_analysis.engine import grad_norms
+from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers import models as model_io  # load_model through its module: tests replace it there
 
 log = logging.getLogger(__name__)
 
@@ -141,12 +146,9 @@ def build_bench_model(
 ) -> BenchModel:
     """``small`` (the shipped policy, or a random model of its shape until it exists) or
     ``qwen0.5b`` (random init, Qwen2.5-0.5B shape with ``layers`` decoder layers)."""
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import context_length, data_dir, load_model
-
     if name == "small":
-        if (data_dir() / "policies" / "small" / "config.json").exists():
-            model, _ = load_model("small", device=device, dtype=dtype)
+        if (model_io.data_dir() / "policies" / "small" / "config.json").exists():
+            model, _ = model_io.load_model("small", device=device, dtype=dtype)
             label = "shipped policy data/policies/small"
         else:
             model = _from_config(SMALL_FALLBACK, max_len, seed, dtype, device)
@@ -158,7 +160,7 @@ def build_bench_model(
     else:
         raise GmtsError(f"--models: unknown bench model '{name}' (choose small, qwen0.5b)")
     n = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    return BenchModel(name, label, model, n, context_length(model))
+    return BenchModel(name, label, model, n, model_io.context_length(model))
 
 
 def sample_answer(model: torch.nn.Module, P: int, T: int, seed: int, device: torch.device) -> torch.Tensor:
@@ -213,8 +215,6 @@ def _timed(mem: PeakMemory, fn, device):
 
 
 def _fwd_bwd(model, ids, P):
-    from gmts_analysis.core.tokens import sequence_logprobs
-
     lp = sequence_logprobs(model(input_ids=ids.unsqueeze(0), use_cache=False).logits[0], ids, P)
     lp.sum().backward()
     model.zero_grad(set_to_none=True)
@@ -303,9 +303,6 @@ def _timed_tokens(T: int, naive_tokens: int, full_reference_max_t: int) -> tuple
 def _reference_rows(run: _BenchRun, subset: list[int], note: str, rows: list[Row]) -> tuple[torch.Tensor, dict]:
     """Time fwd+bwd, the naive and shared-forward loops (on ``subset``) and the exact engine, appending
     their rows; returns the exact norms ``(T,)`` and the accuracy record of the answer."""
-    from gmts_analysis.engine import grad_norms
-    from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
-
     mname, T = run.bm.name, run.T
     ctx = run.bm.context
     note_ctx = f"beyond context {ctx}" if ctx and run.prompt_len + T > ctx else ""
@@ -331,8 +328,7 @@ def _reference_rows(run: _BenchRun, subset: list[int], note: str, rows: list[Row
 def _sketch_row(run: _BenchRun, exact: torch.Tensor, K: int, seed: int, rows: list[Row]) -> dict:
     """Time the sketch with ``K`` directions, append its row; returns its accuracy fields (Spearman
     against the exact norms, coverage of their 95% intervals)."""
-    from gmts_analysis.core.rank import spearman
-    from gmts_analysis.engine import grad_norms
+    from gmts_analysis.core.rank import spearman  # deferred: pandas
 
     sk, secs, peak = run.time(f"sketch K={K}", grad_norms, method="sketch", probes=K, seed=seed,
                               max_memory=run.max_memory)

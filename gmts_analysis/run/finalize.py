@@ -22,10 +22,19 @@ from typing import Mapping, Sequence
 
 import torch
 
+from gmts_analysis import __version__
 from gmts_analysis.analysis.runs import RunTables, json_normalise, write_tables
+from gmts_analysis.analysis.stats import compute_stats, run_rho_key
+from gmts_analysis.analysis.token_strings import write_token_strings
+from gmts_analysis.core.objective import settings_of
+from gmts_analysis.engine.fidelity import fidelity_for_run
+from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions
 from gmts_analysis.probing.kernel import ProbeResult
+from gmts_analysis.probing.preflight import fidelity_decision
 from gmts_analysis.readers.rollouts import Answer
+from gmts_analysis.util import io
+from gmts_analysis.views.report import write_report
 
 
 def package_versions() -> dict[str, str]:
@@ -37,8 +46,6 @@ def package_versions() -> dict[str, str]:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
             if name == "gmts_analysis":
-                from gmts_analysis import __version__
-
                 out[name] = __version__
     return out
 
@@ -49,7 +56,6 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``cfg``
     (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`). ``aliases`` (the TRL/verl
     names the command used, mapped to ours) and ``config_file`` (its --config file): the job's, when it has them."""
-    from gmts_analysis.engine.params import trainable_parameters
 
     dev = next(model.parameters()).device
     method, counts = run_grad_norm_method(cfg, result)
@@ -81,8 +87,6 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
         m["sketch_stream_device"] = dev.type
     # the objective omega was computed under, after TRL's loss_type and the aliases are resolved
     # (loss_type dr_grpo is recorded as loss_agg seq-mean-token-sum-norm with its L_max)
-    from gmts_analysis.core.objective import settings_of
-
     m["objective"] = asdict(settings_of(cfg))
     # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
     m["aliases"] = dict(aliases or {})
@@ -127,8 +131,6 @@ def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | 
     """Whether update fidelity runs: :func:`gmts_analysis.probing.preflight.fidelity_decision` (auto: on under
     100k tokens when its accumulators fit the budget; the model gives their size)."""
     if model is not None:
-        from gmts_analysis.probing.preflight import fidelity_decision
-
         return fidelity_decision(cfg, model, n_tokens)[0]
     if cfg.fidelity == "on":
         return True
@@ -141,13 +143,10 @@ def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answe
               progress: bool = False) -> dict:
     """The stats.json dict of a probe result: statistics, and update fidelity when enabled
     (:func:`fidelity_enabled`; needs the model; ``progress``: its bar). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
-    from gmts_analysis.analysis.stats import compute_stats
 
     rho = float(cfg.rho)
     fidelity: dict = {}
     if fidelity_enabled(cfg, len(result.tokens), model):
-        from gmts_analysis.engine.fidelity import fidelity_for_run
-
         t0 = time.perf_counter()
         fidelity = fidelity_for_run(model, answers, result.tokens, temperature=float(cfg.temperature),
                                     seed=int(cfg.seed), progress=progress, rho=rho)
@@ -177,19 +176,13 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
     (name -> text), and with ``figures`` the figures/ and report.html. The directory appears
     complete or not at all; an existing non-empty ``out`` is refused unless ``overwrite``.
     ``run.manifest["timings"]["figures_s"]`` is set when figures are drawn."""
-    from gmts_analysis.util import io
-
     with io.staged_directory(out, overwrite=overwrite) as tmp:
         write_tables(tmp, run)
-        from gmts_analysis.analysis.stats import run_rho_key
-        from gmts_analysis.analysis.token_strings import write_token_strings
-
         write_token_strings(tmp, run.tokens, rho=float(run_rho_key(run.stats)))  # token_strings.csv
         for name, text in (extra_files or {}).items():  # a text, or a file to copy
             io.atomic_write_text(tmp / name, text.read_text(encoding="utf-8") if isinstance(text, Path) else text)
         if figures:
-            from gmts_analysis.views.figures import render_all
-            from gmts_analysis.views.report import write_report
+            from gmts_analysis.views.figures import render_all  # deferred: matplotlib
 
             t0 = time.perf_counter()
             render_all(tmp)

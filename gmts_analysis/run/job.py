@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.sampling.domains import sample_rows, sampling_options
+from gmts_analysis.util import io
+from gmts_analysis.util.io import to_json
 
 SAMPLE_ROLLOUTS = "rollouts.jsonl"
 
@@ -38,7 +41,7 @@ def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str
     :mod:`gmts_analysis.run.sharding` and docs/scaling.md). ``extra`` adds manifest entries and
     ``extra_files`` (name -> path) files copied into the finished directory.
     """
-    from gmts_analysis.run.sharding import run_sharded
+    from gmts_analysis.run.sharding import run_sharded  # deferred: torch, pandas
 
     return run_sharded(cfg, extra=extra, extra_files=extra_files)
 
@@ -49,8 +52,6 @@ SAMPLE_STEM = "gmts-sample"
 def sample_work_dir(out: str | Path) -> Path:
     """Where ``gmts run`` keeps its sampled rollouts until the run is finished: a hidden sibling of
     ours (by its marker; :func:`gmts_analysis.util.io.ours_beside`), or the name a new one gets."""
-    from gmts_analysis.util import io
-
     out = Path(out)
     found = io.ours_beside(out, "sample", SAMPLE_STEM)
     if found:
@@ -62,8 +63,6 @@ def sample_work_dir(out: str | Path) -> Path:
 def _own_work_dir(out: str | Path) -> Path:
     """:func:`sample_work_dir`, created with our marker when absent; a look-alike without it
     (someone else's) is never written into or removed."""
-    from gmts_analysis.util import io
-
     work = sample_work_dir(out)
     if not os.path.lexists(work):
         work.mkdir(parents=True)
@@ -74,8 +73,6 @@ def _own_work_dir(out: str | Path) -> Path:
 def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool) -> Path:
     """The rollouts file of this sampling: reused when a work file of the same sampling exists,
     else sampled and written (atomically) with its parameters beside it."""
-    from gmts_analysis.util import io
-
     work = _own_work_dir(cfg.out)
     path, params = work / SAMPLE_ROLLOUTS, work / "sampling.json"
     key = {"model": cfg.model, **sampling}
@@ -86,8 +83,6 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
             same = False
         if same:
             return path
-    from gmts_analysis.sampling.domains import sample_rows, sampling_options
-
     opts = sampling_options(cfg.model, sampling["domains"], {
         "num_prompts": sampling["num_prompts"], "num_generations": sampling["group_size"],
         "temperature": sampling["temperature"], "max_completion_length": sampling["max_new_tokens"],
@@ -104,16 +99,12 @@ def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     max_new_tokens, seed, device) with ``cfg.model``, then :func:`run_probe` on the rows into
     ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. The whole job, sampling
     included, holds the run directory's lock (a second job on ``--out`` stops at once)."""
-    from gmts_analysis.util import io
-
     with io.exclusive_lock(cfg.out):
         return _sample_and_probe(cfg, sampling)
 
 
 def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     import dataclasses
-
-    from gmts_analysis.util import io
 
     out = Path(cfg.out)
     key = json.loads(_json({"model": cfg.model, **sampling}))
@@ -126,8 +117,6 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
         except (OSError, ValueError):
             old = None
         if old == key:
-            from gmts_analysis.util import io
-
             work = _own_work_dir(out)
             io.atomic_write_text(work / SAMPLE_ROLLOUTS, (out / SAMPLE_ROLLOUTS).read_text(encoding="utf-8"))
             io.atomic_write_json(work / "sampling.json", key)
@@ -145,8 +134,6 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
 def _record_own_rollouts(out: Path) -> None:
     """The finished run names the rollouts it holds (``out/rollouts.jsonl``), not the work file they
     were sampled into: ``manifest["config"]["rollouts"]`` and ``manifest["rollouts_file"]``."""
-    from gmts_analysis.util import io
-
     path = out / "manifest.json"
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
@@ -166,6 +153,4 @@ def _record_own_rollouts(out: Path) -> None:
 
 
 def _json(obj: Any) -> str:
-    from gmts_analysis.util.io import to_json
-
     return to_json(obj)

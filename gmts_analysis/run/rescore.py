@@ -26,7 +26,11 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, manifest_rho, manifest_uncertain_below
+from gmts_analysis.core.estimators import ESTIMATORS, add_estimator_columns, times_abs_omega
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.audit import audit_fields
+from gmts_analysis.readers.verifiers import resolve_verifier, score
+from gmts_analysis.util.io import check_regular_file, file_sha256, jsonl_objects
 
 if TYPE_CHECKING:
     from gmts_analysis.core.objective import LossSettings
@@ -44,8 +48,6 @@ def _rollouts_file(run: RunTables) -> Path | None:
     rec = run.manifest.get("rollouts") if isinstance(run.manifest, dict) else None
     if not (isinstance(rec, dict) and isinstance(rec.get("path"), str) and rec.get("sha256")):
         return None
-    from gmts_analysis.util.io import file_sha256
-
     given = Path(rec["path"])
     places = [given] + ([Path(run.path) / given] if run.path is not None and not given.is_absolute() else [])
     return next((p for p in places if p.is_file() and file_sha256(p) == rec["sha256"]), None)
@@ -58,8 +60,6 @@ def _responses(run: RunTables) -> tuple[list[Any], list[Any]]:
     by_id: dict[str, dict] = {}
     src = _rollouts_file(run)
     if src is not None:
-        from gmts_analysis.util.io import jsonl_objects
-
         by_id = {str(r["answer_id"]): r for _, r in jsonl_objects(src) if r.get("answer_id") is not None}
     prompts, responses = [], []
     for _, a in ans.iterrows():
@@ -94,9 +94,6 @@ def _keep_recorded_copies(ans: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
 
 def verifier_rewards(run: RunTables, name: str) -> tuple[np.ndarray, list[dict]]:
     """``(rewards, audit fields)`` of every answer of ``run`` scored by the verifier ``name``."""
-    from gmts_analysis.readers.audit import audit_fields
-    from gmts_analysis.readers.verifiers import resolve_verifier, score
-
     fn = resolve_verifier(name)
     prompts, responses = _responses(run)
     ans = run.answers
@@ -114,8 +111,6 @@ def verifier_rewards(run: RunTables, name: str) -> tuple[np.ndarray, list[dict]]
 def file_rewards(run: RunTables, path: str | Path) -> np.ndarray:
     """Rewards of every answer of ``run`` from a JSONL (``{"answer_id": ..., "reward": ...}`` per line) or CSV
     file (columns ``answer_id``, ``reward``); each answer exactly once, each reward a finite number."""
-    from gmts_analysis.util.io import check_regular_file
-
     path = check_regular_file(path, "--rewards")
     rows: list[tuple[str, Any, str]] = []
     if path.suffix.lower() == ".csv":
@@ -128,8 +123,6 @@ def file_rewards(run: RunTables, path: str | Path) -> np.ndarray:
                 raise GmtsError(f"--rewards {path}: no column '{c}' (expected answer_id, reward)")
         rows = [(str(a), v, f"{path}: line {i + 2}") for i, (a, v) in enumerate(zip(df["answer_id"], df["reward"]))]
     else:
-        from gmts_analysis.util.io import jsonl_objects
-
         for n, r in jsonl_objects(path, f"--rewards {path}"):
             if "answer_id" not in r or "reward" not in r:
                 raise GmtsError(f"--rewards {path}: line {n}: expected an object with answer_id and reward")
@@ -161,7 +154,7 @@ def _truncated(answers: pd.DataFrame) -> np.ndarray:
 
 def _check_rescorable(run: RunTables) -> Any:
     """The run's loss settings, when its omega can be recomputed from its tables; else a one-line error."""
-    from gmts_analysis.core.objective import LossSettings
+    from gmts_analysis.core.objective import LossSettings  # deferred: torch
 
     if run.answers is None:
         raise GmtsError(f"{run.path}: no answers.parquet (re-scoring needs the answers table)")
@@ -185,7 +178,7 @@ def _check_rescorable(run: RunTables) -> Any:
 
 def _omega_columns(tokens: pd.DataFrame, adv: dict, w: dict, settings: LossSettings) -> np.ndarray:
     """Per-token omega of every answer (tokens in the table's order), by the probe's formula."""
-    from gmts_analysis.core import advantages as adv_mod
+    from gmts_analysis.core import advantages as adv_mod  # deferred: torch
 
     om = np.empty(len(tokens), dtype=np.float64)
     ref = tokens["ref_logprob"].to_numpy(np.float64) if "ref_logprob" in tokens.columns else None
@@ -211,9 +204,8 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
     """A new run: ``run`` with rewards from ``verifier`` (a name) or the file ``rewards``, and/or its truncated
     answers masked (TRL's ``mask_truncated_completions``), every reward-dependent column and statistic
     recomputed. ``source``: how the run was named (recorded in ``rescored_from``; default its path)."""
-    from gmts_analysis.analysis.stats import DEFAULT_N_BOOT, compute_stats
-    from gmts_analysis.core import advantages as adv_mod
-    from gmts_analysis.core.estimators import ESTIMATORS, add_estimator_columns, times_abs_omega
+    from gmts_analysis.analysis.stats import DEFAULT_N_BOOT, compute_stats  # deferred: torch
+    from gmts_analysis.core import advantages as adv_mod  # deferred: torch
 
     if verifier is not None and rewards is not None:
         raise GmtsError("re-scoring: give --verifier or --rewards, not both")
@@ -230,8 +222,6 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
         ans = _keep_recorded_copies(ans, run.answers)
         how = f"verifier {verifier}"
     elif rewards is not None:
-        from gmts_analysis.util.io import file_sha256
-
         r = file_rewards(run, rewards)
         # the old verifier's facts no longer apply (a copied example is a fact of the answer and its prompt,
         # whoever scores it: copies_example stays)

@@ -6,14 +6,15 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gmts_analysis.errors import GmtsError
-
-if TYPE_CHECKING:
-    from gmts_analysis.options.config import SamplingOptions
-
+from gmts_analysis.options import resolve_aliases
+from gmts_analysis.options.config import SamplingOptions, check_values
+from gmts_analysis.readers.verifiers import resolve_verifier
 from gmts_analysis.sampling.names import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, domain_list  # noqa: F401
+from gmts_analysis.sampling.signal import warn_if_no_signal
+from gmts_analysis.sampling.wordproblems import word_problems
 
 #: the word world's defaults (``gmts run --model smollm2``, ``gmts sample --domains word``), sized for
 #: SmolLM2-135M-Instruct on 2 CPU cores (README, "A real model"): a budget that lets at least 90% of its
@@ -43,9 +44,6 @@ def card_max_new_tokens(model_path: str, default: int = 96) -> int:
 def sampling_options(model: Any, domains: Any, options: dict[str, Any], where: str = "gmts.sample") -> SamplingOptions:
     """:class:`SamplingOptions` from keywords (aliases resolved; unknown names refused, named as ``where``)."""
     import difflib
-
-    from gmts_analysis.options import resolve_aliases
-    from gmts_analysis.options.config import SamplingOptions, check_values
 
     names = tuple(f.name for f in dataclasses.fields(SamplingOptions))
     kw = resolve_aliases(options, names)
@@ -79,7 +77,7 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     """Rollout rows of ``opts`` (docs/definitions.md section 7) from ``model``: a name or path (loaded on
     ``opts.device``; no hub download when ``offline``) or a loaded model with ``tokenizer``. Warns when most
     groups have no reward variance (:func:`gmts_analysis.sampling.signal.warn_if_no_signal`)."""
-    from gmts_analysis.readers.models import load_model, resolve_model_path
+    from gmts_analysis.readers.models import load_model, resolve_model_path  # deferred: torch
 
     doms = domain_list(opts.domains)
     check_word_verifier(opts.verifier, doms)
@@ -101,8 +99,6 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     rows = sample_domains(model, tokenizer, doms, n_prompts, opts.num_generations, opts.temperature, budget,
                           opts.seed, difficulty=opts.difficulty, batch_size=opts.batch_size, progress=progress,
                           verifier=opts.verifier)
-    from gmts_analysis.sampling.signal import warn_if_no_signal
-
     warn_if_no_signal(rows, "sample")  # all rewards of a group equal: no gradient there (one line on stderr)
     return rows
 
@@ -126,7 +122,7 @@ def sample_domains(model: Any, tokenizer: Any, domains: list[str], num_prompts: 
     """``num_generations`` answers to ``num_prompts`` prompts of each domain, domain-major then prompt-major;
     ``verifier``: the word problems' (default :data:`WORD_VERIFIER`)."""
     check_word_verifier(verifier, domains)
-    from gmts_analysis.toy.sample import sample_rollouts
+    from gmts_analysis.toy.sample import sample_rollouts  # deferred: torch
 
     rows: list[dict] = []
     for d in domains:
@@ -146,9 +142,7 @@ def sample_word_problems(model: Any, tokenizer: Any, num_prompts: int, group_siz
     """``group_size`` answers to each of ``num_prompts`` word problems (:mod:`gmts_analysis.sampling.wordproblems`):
     the chat template, scored by ``verifier`` (:data:`WORD_VERIFIER`, boxed-only, unless ``math`` asks for the
     fallback); ids ``word-<i:04d>`` and ``word-<i:04d>-<j>``, ``domain`` word."""
-    from gmts_analysis.readers.verifiers import resolve_verifier
-    from gmts_analysis.sampling.generate import sample_prompts
-    from gmts_analysis.sampling.wordproblems import word_problems
+    from gmts_analysis.sampling.generate import sample_prompts  # deferred: torch
 
     check_word_verifier(verifier, [WORD_DOMAIN])
     rows = sample_prompts(model, tokenizer, word_problems(num_prompts, seed), group_size,

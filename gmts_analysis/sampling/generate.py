@@ -35,7 +35,11 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.audit import audit_fields
+from gmts_analysis.readers.verifiers import score, verifier_name
+from gmts_analysis.util.io import jsonl_objects, read_parquet
 
 log = logging.getLogger(__name__)
 CHAT_TEMPLATE_MODES = ("auto", "on", "off")
@@ -43,8 +47,6 @@ CHAT_TEMPLATE_MODES = ("auto", "on", "off")
 
 def row_seed(seed: int, *key: object) -> int:
     """A 63-bit seed of one answer's sampling noise (:func:`gmts_analysis.core.seeding.derive_seed`)."""
-    from gmts_analysis.core.seeding import derive_seed
-
     return derive_seed(seed, "sample-prompts", *key)
 
 
@@ -59,14 +61,10 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[dict]:
         raise GmtsError(f"--prompts {path}: no such file")
     rows: list[dict] = []
     if path.suffix.lower() == ".parquet":
-        from gmts_analysis.util.io import read_parquet
-
         df = read_parquet(path)
         rows = [{k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in r.items()}
                 for r in df.to_dict(orient="records")]
     elif path.suffix.lower() in (".jsonl", ".json"):
-        from gmts_analysis.util.io import jsonl_objects
-
         rows = [r for _, r in jsonl_objects(path)]
     else:
         raise GmtsError(f"--prompts {path}: expected a .jsonl or .parquet file")
@@ -234,8 +232,6 @@ def sample_prompts(
 ) -> list[dict]:
     """``group_size`` answers to each prompt row, scored by ``verifier`` (a TRL reward function; None:
     no reward column). Returns rollout rows, prompt-major (see the module docstring)."""
-    from gmts_analysis.readers.verifiers import score
-
     if group_size < 1:
         raise GmtsError("--group-size must be >= 1")
     stops = stop_ids(model, tokenizer)
@@ -272,9 +268,6 @@ def sample_prompts(
         columns = {k: [r.get(k) for r in out] for k in cols}
         rewards = score(verifier, [r["prompt"] for r in out], [r["response"] for r in out],
                         [r["response_ids"] for r in out], columns)
-        from gmts_analysis.readers.audit import audit_fields
-        from gmts_analysis.readers.verifiers import verifier_name
-
         audit = audit_fields(verifier_name(verifier), [r["prompt"] for r in out], [r["response"] for r in out])
         for r, x, fields in zip(out, rewards, audit):
             r.update(fields)  # the reward audit's per-answer facts (gmts_analysis.readers.audit)

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.domains import draw_distinct
 
 DOMAIN = "word"
 DIFFICULTIES = (1, 2)
@@ -122,8 +123,6 @@ def generate(n: int, seed: int = 0, difficulty: int | None = None) -> list[WordP
         raise GmtsError(f"word problems: need n >= 1, got {n}")
     if difficulty is not None and difficulty not in DIFFICULTIES:
         raise GmtsError(f"--difficulty: word problems have levels {DIFFICULTIES}, got {difficulty}")
-    from gmts_analysis.toy.domains import draw_distinct
-
     rng = random.Random(f"gmts-word/{seed}")
     names = list(TEMPLATES)
     return draw_distinct(

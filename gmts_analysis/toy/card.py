@@ -15,6 +15,10 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.toy.domains import DOMAINS
+from gmts_analysis.toy.sample import sample_rollouts
+from gmts_analysis.util.io import atomic_write_json, atomic_write_text
+
 CARD_PROMPTS = 200
 CARD_SAMPLES = 4
 CARD_SEED = 1_000_003  # prompt and sampling seed of the card's evaluation
@@ -57,9 +61,6 @@ def evaluate_pass_at_1(
     progress: bool = False,
 ) -> dict:
     """Per-domain :func:`summarize` of ``samples`` answers to ``n_prompts`` held-out prompts each."""
-    from gmts_analysis.toy.domains import DOMAINS
-    from gmts_analysis.toy.sample import sample_rollouts
-
     out: dict[str, Any] = {
         "settings": {"n_prompts": n_prompts, "samples_per_prompt": samples, "seed": seed,
                      "temperature": temperature, "max_new_tokens": max_new_tokens, "split": "heldout"},
@@ -74,8 +75,6 @@ def evaluate_pass_at_1(
 
 def write_card(out_dir: str | Path, train_info: dict, evaluation: dict) -> dict:
     """Write ``card.json`` and ``README.md`` into ``out_dir``; returns the card dict."""
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
-
     out_dir = Path(out_dir)
     card = _card(train_info, evaluation)
     atomic_write_json(out_dir / "card.json", card)

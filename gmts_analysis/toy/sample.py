@@ -21,15 +21,16 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.domains import generate_problems, get_domain
+from gmts_analysis.util.io import atomic_write_text
 
 log = logging.getLogger(__name__)
 
 
 def answer_seed(seed: int, *key: object) -> int:
     """A 63-bit seed for one answer's sampling noise (:func:`gmts_analysis.core.seeding.derive_seed`)."""
-    from gmts_analysis.core.seeding import derive_seed
-
     return derive_seed(seed, *key)
 
 
@@ -144,8 +145,6 @@ def sample_rollouts(
     ``"<domain>-<prompt index:04d>"`` and ``answer_id`` ``"<group_id>-<answer index>"``.
     The same arguments give the same rows.
     """
-    from gmts_analysis.toy.domains import generate_problems, get_domain
-
     dom = get_domain(domain)
     if num_prompts < 1 or group_size < 1:
         raise GmtsError("--num-prompts and --group-size must be >= 1")
@@ -185,7 +184,5 @@ def sample_rollouts(
 
 def write_rollouts(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rollout rows as JSONL (one object per line, keys in insertion order), atomically."""
-    from gmts_analysis.util.io import atomic_write_text
-
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     atomic_write_text(path, text)

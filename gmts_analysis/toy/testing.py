@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 
+from gmts_analysis.core.seeding import seeded_global_rng
+from gmts_analysis.toy.tokenizer import build_char_tokenizer
+
 ARCHS = ("gpt2", "llama", "qwen2")
 
 
@@ -43,8 +46,6 @@ def build_tiny_model(arch: str, dtype: torch.dtype = torch.float32, seed: int = 
     the softmax is far from uniform (random init gives near-uniform logits)."""
     from transformers import AutoModelForCausalLM
 
-    from gmts_analysis.core.seeding import seeded_global_rng
-
     cfg = tiny_config(arch, **kw)
     with seeded_global_rng(seed):  # from_config initialises from the global generator
         model = AutoModelForCausalLM.from_config(cfg)
@@ -59,8 +60,6 @@ def build_tiny_model(arch: str, dtype: torch.dtype = torch.float32, seed: int = 
 
 def save_tiny_model(arch: str, path: str | Path, seed: int = 0, **kw) -> Path:
     """Save a tiny model and a character tokenizer to ``path``; returns ``path``."""
-    from gmts_analysis.toy.tokenizer import build_char_tokenizer
-
     path = Path(path)
     tok = build_char_tokenizer()
     kw.setdefault("vocab_size", len(tok))

@@ -24,6 +24,11 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.core.seeding import seeded_global_rng
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.toy.domains import DOMAINS, split_of
+from gmts_analysis.toy.tokenizer import SPECIALS, build_char_tokenizer
+
 log = logging.getLogger(__name__)
 
 
@@ -70,8 +75,6 @@ def build_policy(spec: PolicySpec, vocab_size: int, seed: int = 0):
     """A freshly initialised ``Qwen2ForCausalLM`` for ``spec`` (float32, seeded)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from gmts_analysis.toy.tokenizer import SPECIALS
-
     config = Qwen2Config(
         vocab_size=vocab_size,
         hidden_size=spec.hidden_size,
@@ -87,7 +90,6 @@ def build_policy(spec: PolicySpec, vocab_size: int, seed: int = 0):
         bos_token_id=SPECIALS.index("<bos>"),
         eos_token_id=SPECIALS.index("<eos>"),
     )
-    from gmts_analysis.core.seeding import seeded_global_rng
 
     with seeded_global_rng(seed):  # the constructor initialises from the global generator
         model = Qwen2ForCausalLM(config)
@@ -111,8 +113,6 @@ def training_examples(
 
     ``switches`` are ``(example index, weights)``: the mixture used from that example on.
     """
-    from gmts_analysis.toy.domains import DOMAINS, split_of
-
     rng = random.Random(f"gmts-toy-train/{seed}")
     pending = sorted(switches, key=lambda x: x[0])
     index = 0
@@ -204,8 +204,6 @@ def train_policy(
     ``start_step`` continues a run from its weights at ``start_step``, which must be a warm
     restart of the spec (no optimizer state to carry): the result equals the uninterrupted run. Deterministic for a seed on a given machine and thread count.
     """
-    from gmts_analysis.toy.tokenizer import build_char_tokenizer
-
     spec = _policy_spec(size)
     total = spec.steps if steps is None else int(steps)
     if threads:  # only when asked (gmts toy-train asks for 2, as the shipped runs)
@@ -262,8 +260,6 @@ def _policy_spec(size: str | PolicySpec) -> PolicySpec:
         return size
     if size in SIZES:
         return SIZES[size]
-    from gmts_analysis.errors import GmtsError
-
     raise GmtsError(f"size: unknown size '{size}' (choose from {', '.join(SIZES)})")
 
 

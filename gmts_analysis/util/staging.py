@@ -14,6 +14,7 @@ from typing import Iterator
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.atomic import _umask, atomic_write_json
+from gmts_analysis.util.interrupt import raise_if_interrupted
 from gmts_analysis.util.locks import exclusive_lock
 from gmts_analysis.util.ownership import (
     _TMP_NAME,
@@ -32,8 +33,6 @@ def swap_in(new: Path, out: Path, kind: str = "run") -> None:
     in, the backup removed. A failure before the second rename puts the previous directory back; a
     job killed between the two renames leaves the marked backup, which :func:`clean_stale_siblings`
     restores. The previous directory is never emptied before the new one is complete."""
-    from gmts_analysis.util.interrupt import raise_if_interrupted
-
     raise_if_interrupted()  # a Ctrl-C lost on the way: the finished directory is not put in place
     old = None
     if os.path.lexists(out):

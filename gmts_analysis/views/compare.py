@@ -55,15 +55,23 @@ import pandas as pd
 
 from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.analysis.summary import too_small_caution
-from gmts_analysis.core.scores import HEADLINE_SCORES
+from gmts_analysis.core.scores import HEADLINE_SCORES, score_color
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.config import JobSettings
+from gmts_analysis.options.settings import RunSettings
+from gmts_analysis.util.io import (
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_parquet,
+    atomic_write_text,
+    read_json,
+)
+from gmts_analysis.views.compare_page import render_page
 
 log = logging.getLogger(__name__)
 
 def _job_fields() -> frozenset:
     import dataclasses
-
-    from gmts_analysis.options.config import JobSettings
 
     return frozenset(f.name for f in dataclasses.fields(JobSettings))
 
@@ -153,8 +161,6 @@ def _natural(p: Path) -> list:
 
 
 def _read(path: Path, name: str) -> dict:
-    from gmts_analysis.util.io import read_json
-
     f = path / name
     if not f.is_file():
         raise GmtsError(f"{f}: missing (a run directory has stats.json and manifest.json)")
@@ -280,8 +286,6 @@ def settings_of(manifest: Mapping) -> dict[str, Any]:
     flagged as different settings, never mixed (checkpoints of one model are what is compared).
     A setting an older run does not record is the default it was made with
     (:class:`~gmts_analysis.options.settings.RunSettings`), so it matches a newer run that records it."""
-    from gmts_analysis.options.settings import RunSettings
-
     cfg = manifest.get("config")
     out = {k: v for k, v in cfg.items() if k not in IGNORED_SETTINGS} if isinstance(cfg, Mapping) else {}
     if out:
@@ -466,8 +470,6 @@ def series_figure(table: pd.DataFrame, series: str, x_label: str, estimators: Se
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    from gmts_analysis.core.scores import score_color
-
     xs = sorted({float(x) for x in table["x"].dropna()})  # every run's x, whether or not it has this value
     sub = table[table["series"] == series]
     shown = [e for e in (estimators or ()) if e in set(sub["estimator"])]
@@ -570,8 +572,6 @@ def plot_series(table: pd.DataFrame, series: str, path: Path, x_label: str, esti
     """:func:`series_figure` written as a PNG at ``path`` (atomically)."""
     import io
 
-    from gmts_analysis.util.io import atomic_write_bytes
-
     buf = io.BytesIO()
     series_figure(table, series, x_label, estimators, too_small).savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path, buf.getvalue())
@@ -583,15 +583,11 @@ def figure_name(series: str) -> str:
 
 def render_html(cmp: Comparison, figs: Sequence[tuple[str, Path]] = ()) -> str:
     """The self-contained compare.html (:func:`gmts_analysis.views.compare_page.render_page`)."""
-    from gmts_analysis.views.compare_page import render_page
-
     return render_page(cmp, figure_series(cmp.table), figs)
 
 
 def write_comparison(cmp: Comparison, out: str | os.PathLike, figures: bool = True) -> list[Path]:
     """``compare.parquet``, ``compare.json``, ``figures/*.png`` and ``compare.html`` under ``out``."""
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_parquet, atomic_write_text
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = [atomic_write_parquet(out / "compare.parquet", cmp.table), atomic_write_json(out / "compare.json", cmp.to_json())]

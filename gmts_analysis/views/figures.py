@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import atomic_write_bytes
 from gmts_analysis.views.plots import (
     Run,
     fig_decomposition,
@@ -34,6 +35,7 @@ from gmts_analysis.views.plots import (
     fig_within_vs_cross,
     load_run,
 )
+from gmts_analysis.views.plots_tokens import fig_token_strings
 from gmts_analysis.views.token_strip import fig_token_strip
 
 log = logging.getLogger("gmts_analysis.views.plots")
@@ -41,14 +43,12 @@ log = logging.getLogger("gmts_analysis.views.plots")
 
 def run_rho(run: Run) -> float:
     """The keep fraction of a run (stats ``meta.rho``, the probe's ``--rho``; 0.2 for older runs)."""
-    from gmts_analysis.analysis.stats import run_rho_key
+    from gmts_analysis.analysis.stats import run_rho_key  # deferred: torch
 
     return float(run_rho_key(run.stats))
 
 
 def _token_strings(run: Run) -> Figure | None:
-    from gmts_analysis.views.plots_tokens import fig_token_strings
-
     return fig_token_strings(run.tokens, rho=run_rho(run))
 
 
@@ -186,8 +186,6 @@ def save_figure(fig: Figure, stem: Path, formats: Sequence[str] = ("png", "pdf")
     import io as _io
 
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    from gmts_analysis.util.io import atomic_write_bytes
 
     FigureCanvasAgg(fig)
     out = []

@@ -14,6 +14,8 @@ import io
 import sys
 from typing import Any
 
+from gmts_analysis.util.progress import widgetless_kernel
+
 
 def figure_png(fig: Any) -> bytes:
     """The PNG bytes of a matplotlib figure, as the inline backend draws it (tight box)."""
@@ -47,8 +49,6 @@ def quiet_widgetless_tqdm() -> None:
     ``import transformers`` (through ``tqdm.auto``) prints into the cell; our own bars are one
     line there (:mod:`gmts_analysis.util.progress`), transformers' loading bars are off."""
     import warnings
-
-    from gmts_analysis.util.progress import widgetless_kernel
 
     if widgetless_kernel():
         warnings.filterwarnings("ignore", message="IProgress not found")

@@ -31,6 +31,7 @@ import pandas as pd
 
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.settings import RunSettings
 
 # (column, label, unit) shown on hover, in this order, when the column is present
 HOVER_FIELDS: tuple[tuple[str, str, str], ...] = (
@@ -96,7 +97,7 @@ def rank_disagreement(
     omega = 0 (no gradient at all, whatever their entropy) come after the others. NaN ranks
     count as no disagreement.
     """
-    from gmts_analysis.core.selection import token_disagreement
+    from gmts_analysis.core.selection import token_disagreement  # deferred: torch
 
     for c in (a, b):
         if c not in tokens.columns:
@@ -135,7 +136,7 @@ def render_tokens_html(
     show these answers (in this order) instead of the most disagreeing ones. max_tokens:
     tokens shown per answer (the header says when an answer is cut).
     """
-    from gmts_analysis.core.selection import select_top
+    from gmts_analysis.core.selection import select_top  # deferred: torch
 
     if colour not in COLOURS:
         raise GmtsError(f"colour must be one of {', '.join(COLOURS)}, got '{colour}'")
@@ -258,7 +259,5 @@ def show(run: Any, n: int = 5, **kw: Any) -> TokenView:
     The keep fraction defaults to the run's ``rho`` (manifest config) when it recorded one.
     """
     if "rho" not in kw:
-        from gmts_analysis.options.settings import RunSettings
-
         kw["rho"] = RunSettings.from_manifest(getattr(run, "manifest", None)).rho
     return TokenView(render_tokens_html(run.tokens, getattr(run, "answers", None), n, **kw))

@@ -39,8 +39,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.resources import example_run_dir
 from gmts_analysis.util.style import display_token  # noqa: F401 - display_token re-exported (report)
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,6 @@ Run = RunTables  # a run's tables; the one home is gmts_analysis.analysis.runs
 
 def default_run_dir() -> Path:
     """``$GMTS_RUN_DIR``, else the shipped example run (:func:`gmts_analysis.util.resources.example_run_dir`)."""
-    from gmts_analysis.util.resources import example_run_dir
-
     env = os.environ.get("GMTS_RUN_DIR")
     return Path(env) if env else example_run_dir()
 
@@ -65,8 +64,6 @@ def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bo
 
     stats.json is computed (and not written) when absent and ``compute_missing_stats``.
     """
-    from gmts_analysis.analysis.runs import read_run
-
     path = Path(run_dir) if run_dir is not None else default_run_dir()
     if not path.is_dir():
         raise GmtsError(f"{path}: no such run directory (set GMTS_RUN_DIR or pass a path)")

@@ -78,7 +78,7 @@ def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entrop
     positive; tokens with zero gradient (omega = 0) as a rug under the axis at their score. The
     title gives Spearman over all tokens (the zero-gradient ones included) and over informative
     tokens (omega != 0), and says how many tokens each mark stands for."""
-    from gmts_analysis.analysis.stats import informative_mask, spearman
+    from gmts_analysis.analysis.stats import informative_mask, spearman  # deferred: torch
 
     ests = [s for s in estimators if s in tokens.columns]
     fig = Figure(figsize=(5.6 * max(1, len(ests)), 5.0), layout="constrained")

@@ -24,7 +24,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from gmts_analysis.analysis.runs import RunTables
 from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
+from gmts_analysis.analysis.summary import findings
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import atomic_write_text
 from gmts_analysis.views.report_audit import CSS, JS, _audit_section
 from gmts_analysis.views.report_text import (  # noqa: F401 - MAX_ANSWERS, PAGE_SIZE importable from here
     MAX_ANSWERS,
@@ -100,15 +104,13 @@ def _short(v: Any, n: int = 300) -> str:
 
 def _findings_section(st: Statistics) -> str:
     """What the run shows, in sentences generated from its stats (:func:`gmts_analysis.analysis.summary.findings`)."""
-    from gmts_analysis.analysis.summary import findings
-
     items = "".join(f"<li>{_e(x)}</li>" for x in findings(st))
     return f'<section id="findings"><h2>What this run shows</h2><ul class="findings">{items}</ul></section>' if items else ""
 
 
 def _ranking_table(st: Statistics) -> str:
     """The estimator ranking (the run's estimators.csv) as an HTML table."""
-    from gmts_analysis.analysis.stats import estimator_table
+    from gmts_analysis.analysis.stats import estimator_table  # deferred: torch
 
     t = estimator_table(st)
     if t.empty:
@@ -134,7 +136,7 @@ def _ranking_table(st: Statistics) -> str:
 
 
 def _stats_section(st: Statistics) -> str:
-    from gmts_analysis.analysis.stats import stats_table
+    from gmts_analysis.analysis.stats import stats_table  # deferred: torch
 
     rho_label = f"{float(st.rho_key):g}"
     t = stats_table(st)
@@ -221,7 +223,7 @@ def _slice_table(st: Statistics, section: str, title: str) -> str:
 
 
 def _figures_section(run_dir: Path | None, run: Any) -> str:
-    from gmts_analysis.views.figures import FIGURE_CAPTIONS, FIGURES
+    from gmts_analysis.views.figures import FIGURE_CAPTIONS, FIGURES  # deferred: matplotlib
 
     figdir = run_dir / "figures" if run_dir is not None else None
     items = []
@@ -241,8 +243,7 @@ def _figures_section(run_dir: Path | None, run: Any) -> str:
 def _render_png(name: str, run: Any) -> bytes | None:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.figures import FIGURES
+    from gmts_analysis.views.figures import FIGURES  # deferred: matplotlib
 
     try:
         fig = FIGURES[name](run)
@@ -264,9 +265,7 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
 
     A stats.json or manifest.json whose values are not what gmts writes (edited by hand, damaged)
     is a :class:`GmtsError` naming the run's files, not a raw exception from the rendering."""
-    from gmts_analysis.analysis.runs import RunTables
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.plots import load_run
+    from gmts_analysis.views.plots import load_run  # deferred: matplotlib
 
     run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
     try:
@@ -281,8 +280,6 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
 
 def _unreadable(run: Any, e: Exception) -> Exception:
     """The one-line error of a run whose stats or manifest hold values gmts did not write."""
-    from gmts_analysis.errors import GmtsError
-
     where = f"{run.path}/stats.json or manifest.json" if run.path is not None else "the run's stats or manifest"
     why = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
     return GmtsError(f"{where}: holds values gmts did not write, the report cannot be drawn "
@@ -331,7 +328,5 @@ def _render_report(run: Any, st: Statistics, max_answers: int) -> str:
 
 def write_report(run_dir: str | os.PathLike, out: str | os.PathLike | None = None, max_answers: int = MAX_ANSWERS) -> Path:
     """Write ``report.html`` into the run directory (or ``out``) atomically; returns its path."""
-    from gmts_analysis.util.io import atomic_write_text
-
     path = Path(out) if out is not None else Path(run_dir) / "report.html"
     return atomic_write_text(path, render_report(run_dir, max_answers))

@@ -52,7 +52,7 @@ class _AuditTokens:
 
 def _audit_tokens(tokens: pd.DataFrame, rho: float) -> _AuditTokens:
     """The selections (top ``rho`` of the batch) and colour levels of every token."""
-    from gmts_analysis.core.selection import select_top
+    from gmts_analysis.core.selection import select_top  # deferred: torch
 
     df = tokens.reset_index(drop=True)
     extra = [(c, k, label, unit) for c, k, label, unit in (("omega", "om", "omega", ""),
@@ -69,7 +69,7 @@ def _audit_tokens(tokens: pd.DataFrame, rho: float) -> _AuditTokens:
 
 def _token_span(a: _AuditTokens, i: int) -> str:
     """One token of the audit: its classes (selections), data attributes (hover values) and colour."""
-    from gmts_analysis.views.plots import display_token
+    from gmts_analysis.views.plots import display_token  # deferred: matplotlib
 
     t = a.df.iloc[i]
     level = a.level
@@ -117,7 +117,7 @@ def _answer_block(a: _AuditTokens, d: Mapping[str, Any], rows: np.ndarray, ans_i
 
 def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = DEFAULT_RHO) -> str:
     """The audit: the ``max_answers`` answers whose tokens entropy and GMTS select most differently."""
-    from gmts_analysis.core.selection import answer_disagreement
+    from gmts_analysis.core.selection import answer_disagreement  # deferred: torch
 
     a = _audit_tokens(tokens, rho)
     df = a.df

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import atomic_write_bytes, atomic_write_json, atomic_write_text, read_parquet
 
 #: the top fraction whose persistence is reported (the paper's budget)
 TOP = 0.2
@@ -42,8 +43,6 @@ def _step_of(d: Path) -> int:
 def token_table(dirs: Sequence[str | os.PathLike]) -> tuple[pd.DataFrame, list[int]]:
     """``(table, steps)``: one row per token of the answers every run probed, with ``share_<step>`` and
     ``entropy_<step>`` columns, and ``delta`` (last step's share minus the first's)."""
-    from gmts_analysis.util.io import read_parquet
-
     parts, steps = [], []
     keys = ["answer_id", "position"]
     for d in dirs:
@@ -118,8 +117,6 @@ def plot_moves(strings: pd.DataFrame, steps: Sequence[int], k: int = 10):
 
 
 def _png(fig, path: Path) -> Path:
-    from gmts_analysis.util.io import atomic_write_bytes
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110)
     return atomic_write_bytes(path, buf.getvalue())
@@ -127,8 +124,6 @@ def _png(fig, path: Path) -> Path:
 
 def write_token_moves(dirs: Sequence[str | os.PathLike], out: str | os.PathLike, figures: bool = True) -> dict:
     """Write the files of the module docstring into ``out``; returns the summary."""
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
-
     out = Path(out)
     table, steps = token_table(dirs)
     strings = by_string(table)

@@ -19,7 +19,7 @@ from gmts_analysis.views.plots import _empty
 def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = DEFAULT_RHO) -> Any:
     """The answer whose tokens ``a`` and ``b`` select most differently (batch scope), among
     answers with a non-zero gradient when there are any."""
-    from gmts_analysis.core.selection import answer_disagreement
+    from gmts_analysis.core.selection import answer_disagreement  # deferred: torch
 
     d = answer_disagreement(tokens, a, b, rho, "batch")
     if "grad_norm" in tokens.columns:  # prefer answers whose tokens have a gradient at all
@@ -47,7 +47,7 @@ def fig_token_strip(
     Colours are log-scaled inside the answer (dark = high). Long answers are cut to
     ``max_tokens``; the strip wraps every ``per_line`` tokens.
     """
-    from gmts_analysis.core.selection import select_top
+    from gmts_analysis.core.selection import select_top  # deferred: torch
 
     if answer_id is None:
         answer_id = pick_answer(tokens, rho=rho)

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.estimators import add_estimator_columns
 from gmts_analysis.core.scores import NAN_SCORES
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
@@ -224,8 +225,6 @@ def _merged_tables(work: Path, run_hash: str, n_answers: int, parts: list[dict] 
     """The run's rows in single-process order (:func:`assemble`) without the answer index column: the
     token table (an empty one when no row was probed) with its estimator columns, the per-group table
     of gradient norms (or None), and the errors in answer order."""
-    from gmts_analysis.core.estimators import add_estimator_columns
-
     tokens, groups, errors = assemble(work, run_hash, n_answers, parts)
     if tokens is None:
         tokens = tables.concat_columns([])

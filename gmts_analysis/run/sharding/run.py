@@ -28,6 +28,10 @@ from typing import Any
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing.inputs import ProbeInputs, prepare_inputs
+from gmts_analysis.probing.preflight import check_before_probe
+from gmts_analysis.probing.validate import validate_options
+from gmts_analysis.readers.models import resolve_model_path
+from gmts_analysis.readers.sources import rollout_files
 from gmts_analysis.run.sharding import merge, state
 from gmts_analysis.run.sharding.context import (
     DistContext,
@@ -47,17 +51,11 @@ def check_inputs(cfg: ProbeConfig) -> None:
     """Errors any rank can tell before touching the disk: options in their domains and together (the one
     check of the job's settings, :func:`gmts_analysis.probing.validate.validate_options`), the
     rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.probing.validate`)."""
-    from gmts_analysis.probing.validate import validate_options
-    from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.util import io
-
     validate_options(cfg)
     if cfg.out is None:
         raise GmtsError("--out: an output directory is required")
     if not Path(cfg.rollouts).exists():
         raise GmtsError(f"{cfg.rollouts}: rollouts file not found")
-    from gmts_analysis.readers.sources import rollout_files
-
     rollout_files(cfg.rollouts, cfg.steps)  # a file, or a directory of per-step files
     io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
 
@@ -156,8 +154,6 @@ def _inspect_out(cfg: ProbeConfig, out: Path) -> tuple[str, state.Fingerprint]:
 def _chunked_and_checked(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, out: Path) -> ProbeConfig:
     """``cfg`` with ``--answers-per-chunk`` auto resolved for the run (the same on every rank), once every
     need knowable before the model runs (memory, disk) is checked on rank 0 (refused on every rank)."""
-    from gmts_analysis.probing.preflight import check_before_probe
-
     # recorded so, not fingerprinted: a run started with another value (an old run's 16) resumes as it is
     cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(inputs.answers),
                                                                        ctx.world_size))

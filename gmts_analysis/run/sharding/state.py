@@ -38,7 +38,9 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.readers.models import resolve_model_path
 from gmts_analysis.readers.sources import input_sha256
+from gmts_analysis.util import io
 from gmts_analysis.util.io import file_sha256
 
 log = logging.getLogger("gmts_analysis.run.sharding")
@@ -105,8 +107,6 @@ def model_fingerprint(name_or_path: str) -> dict[str, Any]:
     local directory or file (a hub id) is
     kept as given. The path itself is not part of it: nodes may mount it differently.
     """
-    from gmts_analysis.readers.models import resolve_model_path
-
     path = Path(resolve_model_path(name_or_path))
     if path.is_file():  # a GGUF file (smollm2 or a .gguf path): its content, sampled
         return {"files": {path.name: "sampled:" + _sampled_sha256(path)}}
@@ -181,8 +181,6 @@ NEXT_STEM = "gmts-next"  # the work area of a run replacing another (--overwrite
 def work_area_sibling(out: Path) -> Path:
     """The work area of ``out`` stepped aside (ours, by its marker) while the finished directory is
     renamed into place; a new name when there is none (never a look-alike's)."""
-    from gmts_analysis.util import io
-
     found = io.ours_beside(out, "work", WORK_STEM)
     return found[0] if found else io.fresh_sibling_name(out, WORK_STEM)
 
@@ -190,8 +188,6 @@ def work_area_sibling(out: Path) -> Path:
 def replacement_area(out: Path) -> Path:
     """Where a run started with ``--overwrite`` works while the previous run stays intact at ``out``
     (one of ours left by an interrupted job, else a new name)."""
-    from gmts_analysis.util import io
-
     found = io.ours_beside(out, "next", NEXT_STEM)
     return found[0] if found else io.fresh_sibling_name(out, NEXT_STEM)
 
@@ -202,8 +198,6 @@ def recover_work_area(out: Path) -> None:
     Only a sibling carrying our marker (:func:`gmts_analysis.util.io.is_ours`, written when the work area
     was created) is touched; a directory that merely has such a name is left alone."""
     import shutil
-
-    from gmts_analysis.util import io
 
     for work in io.ours_beside(out, "work", WORK_STEM):
         if out.exists() and (out / "manifest.json").exists():
@@ -228,8 +222,6 @@ def inspect_directory(out: Path, fp: Fingerprint, overwrite: bool, finishing: di
     Raises :class:`GmtsError` when ``out`` holds anything else than this run (another
     model, rollouts or configuration, or files that are not a run) and not ``overwrite``.
     """
-    from gmts_analysis.util import io
-
     recover_work_area(out)
     if out.exists() and not out.is_dir():
         raise GmtsError(f"{out}: exists and is not a directory")
@@ -269,8 +261,6 @@ def _interrupted_start(out: Path) -> bool:
     the folder was made) left no work; the same command starts it afresh instead of refusing the folder."""
     import re
 
-    from gmts_analysis.util import io
-
     tmp = re.compile(r"^\..+\.tmp$")
     for c in out.iterdir():
         if c.name in (CHUNKS, PARTS) and c.is_dir() and not c.is_symlink() and not any(c.iterdir()):
@@ -295,8 +285,6 @@ def prepare_directory(out: Path, fp: Fingerprint, cfg: ProbeConfig, status: str,
     the chunk records); chunk records are kept.
     """
     import shutil
-
-    from gmts_analysis.util import io
 
     work = replacement_area(out) if status == "overwrite" else out
     state = None
@@ -366,8 +354,6 @@ def chunk_name(indices: Sequence[int]) -> str:
 def write_chunk(out: Path, run_hash: str, indices: Sequence[int], tokens: Any, groups: Any, errors: list[dict],
                 seconds: float, n_tokens: int, meta: dict) -> ChunkRecord:
     """Write a chunk's tables, then its record (the commit point)."""
-    from gmts_analysis.util import io
-
     name = chunk_name(indices)
     d = out / CHUNKS
     rec = ChunkRecord(name=name, answers=[int(i) for i in indices], errors=errors, seconds=seconds,

@@ -42,6 +42,7 @@ from gmts_analysis.readers.rollouts import Answer
 from gmts_analysis.run.sharding import state
 from gmts_analysis.run.sharding.context import DistContext
 from gmts_analysis.util.interrupt import raise_if_interrupted
+from gmts_analysis.util.progress import tqdm
 
 log = logging.getLogger("gmts_analysis.run.sharding")
 
@@ -158,8 +159,6 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
                 todo: Sequence[int], cfg: ProbeConfig, out: Path, run_hash: str, ctx: DistContext,
                 attempt: int, progress: bool) -> ShareSummary:
     """Probe the answers ``todo`` (indices into ``answers``) in chunks, recording each chunk."""
-    from gmts_analysis.util.progress import tqdm
-
     per_chunk = answers_per_chunk(cfg.answers_per_chunk, len(todo))  # run_sharded resolves auto for the run
     fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)
     slow = float(os.environ.get(SLOW_ENV) or 0)

@@ -10,6 +10,7 @@ import random
 from collections.abc import Callable
 from typing import TypeVar
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.toy.domains.arithmetic import ARITHMETIC
 from gmts_analysis.toy.domains.base import ANSWER_MARKER, Domain, Problem, final_answer, split_of
 from gmts_analysis.toy.domains.logic import LOGIC
@@ -26,8 +27,6 @@ __all__ = ["ANSWER_MARKER", "DOMAINS", "SPLITS", "Domain", "Problem", "final_ans
 
 def get_domain(name: str) -> Domain:
     """The domain called ``name``; ``GmtsError`` naming the choices otherwise."""
-    from gmts_analysis.errors import GmtsError
-
     if name not in DOMAINS:
         raise GmtsError(f"domain: unknown domain '{name}' (choose from {', '.join(DOMAINS)})")
     return DOMAINS[name]
@@ -47,8 +46,6 @@ def generate_problems(
     ``(domain, split, seed)`` is independent of the others; with ``unique`` a prompt
     appears at most once.
     """
-    from gmts_analysis.errors import GmtsError
-
     dom = get_domain(domain)
     if split not in SPLITS:
         raise GmtsError(f"split must be one of {SPLITS}, got '{split}'")
@@ -76,8 +73,6 @@ def draw_distinct(
     with ``unique``, those whose ``key`` was kept before; a GmtsError ``error`` after ``max_tries`` draws.
     The one loop behind the toy domains' and the word problems' prompt streams (each draw consumes the
     caller's random stream in the same order as before)."""
-    from gmts_analysis.errors import GmtsError
-
     out: list[T] = []
     seen: set[str] = set()
     tries = 0
