@@ -408,7 +408,7 @@ def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_di
     to on the training machine: the series uses the name (no machine path in its manifests); a series made with
     the path goes on with it (it resumes)."""
     from gmts_analysis.readers.trl_output import read_trl_output
-    from gmts_analysis.run.trl_series import SeriesSettings, _keep_recorded_base
+    from gmts_analysis.run.trl_series import _keep_recorded_base
 
     run = _copy(run_dir, tmp_path)
     (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "tiny",
@@ -418,7 +418,7 @@ def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_di
     out = tmp_path / "audit"
     out.mkdir()
     (out / "series.json").write_text(json.dumps({"checkpoints": [{"step": 0, "checkpoint": "/elsewhere/policies/tiny"}]}))
-    _keep_recorded_base(SeriesSettings(output_dir=str(run), out=str(out)), t)
+    _keep_recorded_base(str(out), None, t)
     assert t.checkpoints[0] == (0, "/elsewhere/policies/tiny")
     (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "./my-model", "model_path": "/abs/m"}))
     assert read_trl_output(run).checkpoints[0] == (0, "/abs/m")

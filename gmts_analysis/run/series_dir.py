@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.run.series_types import SERIES_FILE
 
-SERIES_FILE = "series.json"
 SERIES_ROLE = "series"
 #: what a series folder holds at its top (besides the run directories ``step-NNNNN``)
 SERIES_ENTRIES = frozenset({SERIES_FILE, "samples", "tokens", "exact_subset", "batches", "compare", "pass1.png"})
