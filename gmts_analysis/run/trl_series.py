@@ -44,8 +44,6 @@ from gmts_analysis.options.config import ProbeConfig, RunControl
 from gmts_analysis.readers.sources import parse_steps
 from gmts_analysis.readers.trl_output import (
     CHECKPOINT_RE,
-    TRAINING_ARGS_BIN,
-    TRAINING_ARGS_JSON,
     TrlOutput,
     check_checkpoint,
     defaulted_loss_fields,
@@ -53,6 +51,7 @@ from gmts_analysis.readers.trl_output import (
     probe_loss_options,
     read_trl_output,
     training_args,
+    training_args_file,
 )
 from gmts_analysis.run.heldout import key_path, pass_at_1, read_jsonl, sample_answers
 from gmts_analysis.run.series import SeriesStep, probe_checkpoint, run_series
@@ -181,8 +180,7 @@ def _series_inputs(output_dir: str, s: SeriesSettings, rc: RunControl) -> _Serie
     newest = next((p for st, p in reversed(trl.checkpoints) if st > 0), None)
     if newest is None:
         raise GmtsError(f"{output_dir}: holds only a checkpoint-0; nothing was trained to audit")
-    src = (Path(output_dir) / TRAINING_ARGS_JSON if (Path(output_dir) / TRAINING_ARGS_JSON).is_file()
-           else Path(newest) / TRAINING_ARGS_BIN)
+    src = training_args_file(newest)  # the run's gmts_training_args.json, else the newest checkpoint's .bin
     args = training_args(newest)
     defaulted = defaulted_loss_fields(args)
     loss = TrainedLoss.from_dict(probe_loss_options(args, where=src), "loss")
