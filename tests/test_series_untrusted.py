@@ -444,3 +444,38 @@ def test_planted_parquet_extension_type_never_runs(run_dir, tmp_path):
                        "-q", "--no-figures", "--fidelity", "off"])
     assert "Traceback" not in err and not marker.exists(), err[-2000:]
     assert rc == 0, err[-2000:]
+
+
+def test_a_broken_logged_batch_is_refused_in_one_line(run_dir, tmp_path):
+    """--own-batches reads the run's logged rollouts (untrusted): a line that is not a JSON object is one error
+    naming the file and the line (it was a JSONDecodeError traceback)."""
+    run = _copy(run_dir, tmp_path)
+    (run / "rollouts").mkdir()
+    (run / "rollouts" / "rollouts_rank0_00001.jsonl").write_text('{"prompt_ids": [1]}\n{no\n')
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), "--steps", "0", *FAST, "--own-batches"])
+    assert_one_line_error(rc, err, "rollouts_rank0_00001.jsonl", "line 2")
+
+
+def test_a_fifo_named_series_json_is_refused_not_waited_on(tmp_path):
+    """An --out holding a FIFO named series.json (no owner marker): refused as not a series of gmts, at once (the
+    check read it with read_text and waited for a writer forever)."""
+    import threading
+
+    from gmts_analysis.run.series_dir import check_series_out
+
+    out = tmp_path / "audit"
+    out.mkdir()
+    os.mkfifo(out / "series.json")
+    got: dict = {}
+
+    def check():
+        try:
+            check_series_out(out, {})
+        except GmtsError as e:
+            got["error"] = str(e)
+
+    t = threading.Thread(target=check, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "check_series_out waited on the FIFO"
+    assert "is not a gmts series" in got["error"] and "\n" not in got["error"]
