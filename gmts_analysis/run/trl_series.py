@@ -72,6 +72,10 @@ from gmts_analysis.views.token_moves import plot_pass1, write_token_moves
 
 log = logging.getLogger(__name__)
 
+#: the held-out answers' budget in tokens when neither --max-completion-length nor the run's arguments give one (the
+#: audit's own fallback, said in its first log line; a GRPOConfig always records its max_completion_length)
+DEFAULT_BUDGET = 256
+
 
 def _steps_wanted(spec: str | None, have: list[int]) -> list[int]:
     if not spec:
@@ -203,7 +207,7 @@ def _series_inputs(output_dir: str, s: SeriesSettings, rc: RunControl) -> _Serie
     out = check_series_out(s.out, inputs, overwrite=s.overwrite)
     return _Series(settings=s, control=rc, trl=trl, ckpts=[(st, p) for st, p in trl.checkpoints if st in steps],
                    rows=read_prompts(prompts, limit=s.num_prompts), prompts=str(prompts), loss=loss,
-                   max_new=s.max_completion_length or loss.max_completion_length or 256, out=out,
+                   max_new=s.max_completion_length or loss.max_completion_length or DEFAULT_BUDGET, out=out,
                    loss_source=str(src), defaulted=defaulted)
 def _audit_checkpoint(ser: _Series, st: SeriesStep) -> CheckpointEntry:
     """One checkpoint: sample, choose the method, probe; the exact subset, its own batch and the token view as
