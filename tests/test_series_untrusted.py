@@ -387,6 +387,10 @@ def test_layout_checkpoints_by_step_completeness_and_resume(run_dir, tmp_path):
     shutil.copytree(run / "checkpoint-1", run / "checkpoint-001")
     with pytest.raises(GmtsError, match="checkpoint-001 and checkpoint-1 are both step 1"):
         t.checkpoint_dirs(run)
+    # which file holds the trained loss: the run's JSON arguments first, else the checkpoint's own .bin
+    assert t.training_args_file(run / "checkpoint-2") == run / "checkpoint-2" / "training_args.bin"
+    (run / "gmts_training_args.json").write_text("{}")
+    assert t.training_args_file(run / "checkpoint-2") == t.training_args_file(run) == run / "gmts_training_args.json"
 
 
 def test_a_crafted_pickle_cannot_hide_what_the_reader_says(tmp_path):
