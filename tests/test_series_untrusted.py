@@ -387,6 +387,10 @@ def test_layout_checkpoints_by_step_completeness_and_resume(run_dir, tmp_path):
     shutil.copytree(run / "checkpoint-1", run / "checkpoint-001")
     with pytest.raises(GmtsError, match="checkpoint-001 and checkpoint-1 are both step 1"):
         t.checkpoint_dirs(run)
+    # which file holds the trained loss: the run's JSON arguments first, else the checkpoint's own .bin
+    assert t.training_args_file(run / "checkpoint-2") == run / "checkpoint-2" / "training_args.bin"
+    (run / "gmts_training_args.json").write_text("{}")
+    assert t.training_args_file(run / "checkpoint-2") == t.training_args_file(run) == run / "gmts_training_args.json"
 
 
 def test_a_crafted_pickle_cannot_hide_what_the_reader_says(tmp_path):
@@ -408,7 +412,7 @@ def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_di
     to on the training machine: the series uses the name (no machine path in its manifests); a series made with
     the path goes on with it (it resumes)."""
     from gmts_analysis.readers.trl_output import read_trl_output
-    from gmts_analysis.run.trl_series import SeriesSettings, _keep_recorded_base
+    from gmts_analysis.run.trl_series import _keep_recorded_base
 
     run = _copy(run_dir, tmp_path)
     (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "tiny",
@@ -418,7 +422,7 @@ def test_base_is_recorded_as_the_user_named_it_and_old_series_keep_theirs(run_di
     out = tmp_path / "audit"
     out.mkdir()
     (out / "series.json").write_text(json.dumps({"checkpoints": [{"step": 0, "checkpoint": "/elsewhere/policies/tiny"}]}))
-    _keep_recorded_base(SeriesSettings(output_dir=str(run), out=str(out)), t)
+    _keep_recorded_base(str(out), None, t)
     assert t.checkpoints[0] == (0, "/elsewhere/policies/tiny")
     (run / "gmts_script_args.json").write_text(json.dumps({"model_name_or_path": "./my-model", "model_path": "/abs/m"}))
     assert read_trl_output(run).checkpoints[0] == (0, "/abs/m")
@@ -444,3 +448,38 @@ def test_planted_parquet_extension_type_never_runs(run_dir, tmp_path):
                        "-q", "--no-figures", "--fidelity", "off"])
     assert "Traceback" not in err and not marker.exists(), err[-2000:]
     assert rc == 0, err[-2000:]
+
+
+def test_a_broken_logged_batch_is_refused_in_one_line(run_dir, tmp_path):
+    """--own-batches reads the run's logged rollouts (untrusted): a line that is not a JSON object is one error
+    naming the file and the line (it was a JSONDecodeError traceback)."""
+    run = _copy(run_dir, tmp_path)
+    (run / "rollouts").mkdir()
+    (run / "rollouts" / "rollouts_rank0_00001.jsonl").write_text('{"prompt_ids": [1]}\n{no\n')
+    rc, err = run_cli(["series", str(run), "--out", str(tmp_path / "audit"), "--steps", "0", *FAST, "--own-batches"])
+    assert_one_line_error(rc, err, "rollouts_rank0_00001.jsonl", "line 2")
+
+
+def test_a_fifo_named_series_json_is_refused_not_waited_on(tmp_path):
+    """An --out holding a FIFO named series.json (no owner marker): refused as not a series of gmts, at once (the
+    check read it with read_text and waited for a writer forever)."""
+    import threading
+
+    from gmts_analysis.run.series_dir import check_series_out
+
+    out = tmp_path / "audit"
+    out.mkdir()
+    os.mkfifo(out / "series.json")
+    got: dict = {}
+
+    def check():
+        try:
+            check_series_out(out, {})
+        except GmtsError as e:
+            got["error"] = str(e)
+
+    t = threading.Thread(target=check, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "check_series_out waited on the FIFO"
+    assert "is not a gmts series" in got["error"] and "\n" not in got["error"]

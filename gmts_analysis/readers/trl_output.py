@@ -229,14 +229,20 @@ def training_args(path: str | os.PathLike) -> Any:
     any type but the arguments' own is refused in one line). Needs neither TRL nor torch."""
     from gmts_analysis.readers.saved_args import read_training_args_bin, read_training_args_json
 
-    p = Path(path)
-    root = p.parent if CHECKPOINT_RE.match(p.name) else p
-    if (root / TRAINING_ARGS_JSON).is_file():
-        return read_training_args_json(root / TRAINING_ARGS_JSON)
-    f = p / TRAINING_ARGS_BIN
+    f = training_args_file(path)
+    if f.name == TRAINING_ARGS_JSON:
+        return read_training_args_json(f)
     if not f.is_file():
         raise GmtsError(f"{f}: missing (TRL writes it into every checkpoint)")
     return read_training_args_bin(f)
+
+
+def training_args_file(path: str | os.PathLike) -> Path:
+    """The file :func:`training_args` reads for ``path`` (a checkpoint or a TRL output directory): the output
+    directory's :data:`TRAINING_ARGS_JSON` when it holds one, else ``path``'s :data:`TRAINING_ARGS_BIN`."""
+    p = Path(path)
+    root = p.parent if CHECKPOINT_RE.match(p.name) else p
+    return root / TRAINING_ARGS_JSON if (root / TRAINING_ARGS_JSON).is_file() else p / TRAINING_ARGS_BIN
 
 
 #: the ``GRPOConfig`` fields that set the trained loss (:func:`probe_loss_options` reads them; a plain

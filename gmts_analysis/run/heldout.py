@@ -19,11 +19,14 @@ import numpy as np
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.atomic import atomic_write_jsonl
+from gmts_analysis.util.files import jsonl_objects
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    """The JSON lines of ``path`` (a file this module wrote)."""
-    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The JSON objects, one per line, of ``path`` (answers this module wrote, or a run's logged batch): a line
+    that is not a JSON object is one error naming the file and the line
+    (:func:`gmts_analysis.util.files.jsonl_objects`)."""
+    return [obj for _, obj in jsonl_objects(path)]
 
 
 def sampling_key(model_path: str, rows: list[dict], n: int, *, temperature: float, max_new_tokens: int,

@@ -15,14 +15,13 @@ A series folder of ours is resumed (its finished samples and runs are reused); `
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.run.series_types import SERIES_FILE, SeriesRecord
 
-SERIES_FILE = "series.json"
 SERIES_ROLE = "series"
 #: what a series folder holds at its top (besides the run directories ``step-NNNNN``)
 SERIES_ENTRIES = frozenset({SERIES_FILE, "samples", "tokens", "exact_subset", "batches", "compare", "pass1.png"})
@@ -33,13 +32,13 @@ _BESIDE = re.compile(r"^\.(step-\d{5,}|compare|tokens|samples|batches|exact_subs
 
 
 def _is_series_record(d: Path) -> bool:
-    """A ``series.json`` that gmts wrote (a series made before folders were marked): a JSON object with the
-    series' own keys."""
+    """A ``series.json`` that gmts wrote (a series made before folders were marked): a regular file holding a
+    :class:`~gmts_analysis.run.series_types.SeriesRecord` with the series' own keys."""
     try:
-        j = json.loads((d / SERIES_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        rec = SeriesRecord.read(d / SERIES_FILE)
+    except GmtsError:
         return False
-    return isinstance(j, dict) and {"output_dir", "checkpoints", "loss", "num_generations"} <= set(j)
+    return all(rec.has(k) for k in ("output_dir", "checkpoints", "loss", "num_generations"))
 
 
 def _inside(inner: Path, outer: Path) -> bool:
