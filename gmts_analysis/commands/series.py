@@ -13,29 +13,14 @@ outside the run. Killed, the same command resumes.
 
 from __future__ import annotations
 
-import argparse
-
-from gmts_analysis.options.config import ExamplesHelpFormatter, RunControl, add_options, from_args
+from gmts_analysis.options.command import Command, Positional
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.run.series_types import SeriesSettings
 
 EXAMPLES = """examples:
   gmts series runs/grpo-gmts --out runs/grpo-gmts-audit
   gmts series runs/grpo-gmts --base smollm2 --prompts heldout.jsonl --num-prompts 8 --steps 0,20,40
   gmts series runs/grpo-gmts --own-batches --grad-norm exact --threads 2"""
-
-
-def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "series", help="audit a TRL training run across its checkpoints (sample, probe, compare, token view)",
-        description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES, formatter_class=ExamplesHelpFormatter,
-    )
-    p.add_argument("output_dir", metavar="OUTPUT_DIR", help="a TRL output directory with checkpoint-N folders")
-    add_options(p, SeriesSettings, RunControl, skip=("offline",))
-    p.set_defaults(func=run)
-
-
-def run(args: argparse.Namespace) -> int:
-    return series(args.output_dir, from_args(SeriesSettings, args), from_args(RunControl, args))
 
 
 def series(output_dir: str, s: SeriesSettings, rc: RunControl) -> int:
@@ -57,3 +42,12 @@ def series(output_dir: str, s: SeriesSettings, rc: RunControl) -> int:
     out = audit_series(output_dir, s, rc)
     logging.getLogger("gmts").info("series audit written to %s (series.json, compare/, tokens/)", out)
     return 0
+
+
+COMMAND = Command(
+    "series", job=series, settings=(SeriesSettings, RunControl), skip=("offline",),
+    positionals=(Positional("output_dir", "OUTPUT_DIR", "a TRL output directory with checkpoint-N folders"),),
+    help="audit a TRL training run across its checkpoints (sample, probe, compare, token view)",
+    description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
+)
+register = COMMAND.register

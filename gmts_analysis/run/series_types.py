@@ -26,6 +26,8 @@ from gmts_analysis.analysis.stats_types import Record
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.fields import opt
+from gmts_analysis.util.atomic import atomic_write_json
+from gmts_analysis.util.files import read_json_object
 
 __all__ = ["Agreement", "CheckpointEntry", "SERIES_FILE", "SeriesRecord", "SeriesSettings", "StepSeconds",
            "TrainedLoss"]
@@ -210,8 +212,6 @@ class SeriesRecord(Record):
     @classmethod
     def read(cls, path: str | os.PathLike) -> SeriesRecord:
         """The record of a series.json file (errors name the file and the field)."""
-        from gmts_analysis.util.files import read_json_object
-
         try:
             return cls.from_dict(read_json_object(path), "")
         except GmtsError as e:
@@ -223,6 +223,4 @@ class SeriesRecord(Record):
 
     def write(self, out: str | os.PathLike) -> Path:
         """Write this record as ``out/series.json`` (atomically, NaN as null): the one writer of the file."""
-        from gmts_analysis.util.atomic import atomic_write_json
-
         return atomic_write_json(Path(out) / SERIES_FILE, self.to_dict())
