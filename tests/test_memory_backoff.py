@@ -29,6 +29,23 @@ def _rollouts(path, lengths, seed=0):
 def _oom(msg="CUDA out of memory. Tried to allocate 2.00 GiB (simulated)"):
     return torch.OutOfMemoryError(msg)
 
+def _oom_above(monkeypatch, limit: int) -> list[int]:
+    """Make the exact engine run out of memory on any chunk of more than ``limit`` tokens; returns the list
+    of chunk sizes tried (filled as the probe runs)."""
+    real = ExactEngine.chunk
+    seen: list[int] = []
+
+    def chunk(self, input_ids, P, s, e, temperature, sub=None):
+        used = min(sub or e - s, e - s)
+        seen.append(used)
+        if used > limit:
+            raise _oom()
+        return real(self, input_ids, P, s, e, temperature, sub)
+
+    monkeypatch.setattr(ExactEngine, "chunk", chunk)
+    return seen
+
+
 
 def test_exact_retries_halve_the_chunk_used_last(tmp_path, monkeypatch):
     """A chunk of more than 64 tokens runs out of memory: 256 -> 128 -> 64, then the answer is
@@ -39,17 +56,7 @@ def test_exact_retries_halve_the_chunk_used_last(tmp_path, monkeypatch):
     r = _rollouts(tmp_path / "r.jsonl", [300])
     ref = tmp_path / "ref"
     assert main(probe_args(model, r, ref, "--chunk-size", "64")) == 0
-    real = ExactEngine.chunk
-    seen = []
-
-    def chunk(self, input_ids, P, s, e, temperature, sub=None):
-        used = min(sub or e - s, e - s)
-        seen.append(used)
-        if used > 64:
-            raise _oom()
-        return real(self, input_ids, P, s, e, temperature, sub)
-
-    monkeypatch.setattr(ExactEngine, "chunk", chunk)
+    seen = _oom_above(monkeypatch, 64)
     out = tmp_path / "run"
     assert main(probe_args(model, r, out, "--chunk-size", "256")) == 0
     assert seen == [256, 128, 64, 64, 64, 64, 44]
@@ -214,17 +221,7 @@ def test_the_api_backs_off_as_gmts_probe_does(tmp_path, monkeypatch):
     model = save_tiny_model("qwen2", tmp_path / "m", seed=1, max_len=512)
     r = _rollouts(tmp_path / "r.jsonl", [300])
     want = gmts.probe(str(model), str(r), chunk_size=64, device="cpu", progress=False, threads=1).tokens
-    real = ExactEngine.chunk
-    seen = []
-
-    def chunk(self, input_ids, P, s, e, temperature, sub=None):
-        used = min(sub or e - s, e - s)
-        seen.append(used)
-        if used > 64:
-            raise _oom()
-        return real(self, input_ids, P, s, e, temperature, sub)
-
-    monkeypatch.setattr(ExactEngine, "chunk", chunk)
+    seen = _oom_above(monkeypatch, 64)
     got = gmts.probe(str(model), str(r), chunk_size=256, device="cpu", progress=False, threads=1).tokens
     assert seen == [256, 128, 64, 64, 64, 64, 44]
     np.testing.assert_allclose(got.grad_norm_logp, want.grad_norm_logp, rtol=1e-5)
