@@ -27,6 +27,7 @@ from typing import Any
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.sampling.domains import sample_rows, sampling_options
 from gmts_analysis.util import io
+from gmts_analysis.util.atomic import atomic_write_jsonl
 from gmts_analysis.util.io import to_json
 
 SAMPLE_ROLLOUTS = "rollouts.jsonl"
@@ -89,7 +90,7 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
         "seed": sampling["seed"], "device": sampling["device"],
         **({"verifier": sampling["verifier"]} if sampling.get("verifier") else {})}, where="gmts run")
     rows = sample_rows(cfg.model, opts, progress=progress, offline=cfg.offline)
-    io.atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    atomic_write_jsonl(path, rows)
     io.atomic_write_json(params, key)
     return path
 

@@ -13,7 +13,6 @@ Rollout rows follow docs/definitions.md section 7: ``prompt``, ``prompt_ids`` (w
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -24,7 +23,7 @@ import torch
 from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.toy.domains import generate_problems, get_domain
-from gmts_analysis.util.io import atomic_write_text
+from gmts_analysis.util.atomic import atomic_write_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -184,5 +183,4 @@ def sample_rollouts(
 
 def write_rollouts(path: str | os.PathLike, rows: Iterable[dict]) -> None:
     """Write rollout rows as JSONL (one object per line, keys in insertion order), atomically."""
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    atomic_write_text(path, text)
+    atomic_write_jsonl(path, rows)

@@ -106,5 +106,9 @@ def atomic_write_jsonl(path: str | os.PathLike, rows: Any, ensure_ascii: bool = 
     line, keys in their order, each line ended by a newline (no rows: an empty file). Non-ASCII text is kept as
     is unless ``ensure_ascii``; ``default`` as in :func:`json.dumps` (e.g. ``str``). The package's one JSON-lines
     writer."""
-    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=ensure_ascii, default=default) + "\n"
-                                           for r in rows))
+    return atomic_write_text(path, jsonl_text(rows, ensure_ascii=ensure_ascii, default=default))
+
+
+def jsonl_text(rows: Any, ensure_ascii: bool = False, default: Any = None) -> str:
+    """``rows`` as JSON-lines text (what :func:`atomic_write_jsonl` writes), for a file written with others."""
+    return "".join(json.dumps(r, ensure_ascii=ensure_ascii, default=default) + "\n" for r in rows)

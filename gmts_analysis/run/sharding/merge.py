@@ -6,7 +6,6 @@ in input order (the ``_answer_index`` each row carries), tokens by position.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -27,6 +26,7 @@ from gmts_analysis.probing.inputs import ProbeInputs
 from gmts_analysis.run import finalize as finalize_mod
 from gmts_analysis.run.sharding import state
 from gmts_analysis.util import io
+from gmts_analysis.util.atomic import jsonl_text
 
 log = logging.getLogger("gmts_analysis.run.sharding")
 
@@ -204,7 +204,7 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     tokens, groups, errors = _merged_tables(work, fp.run_hash, len(answers), parts)
     failed = {e["index"] for e in errors}
     keep = [i for i in range(len(answers)) if i not in failed]
-    errors_text = "".join(json.dumps(e, default=str) + "\n" for e in errors)
+    errors_text = jsonl_text(errors, default=str)
     if not keep:  # nothing to analyse: say so in one line, keep the reasons (and the work area)
         _refuse_all_failed(work, errors, errors_text, len(answers))
     ok_answers = [answers[i] for i in keep]
