@@ -87,8 +87,8 @@ def test_train_steps_select_exact_k_and_move_the_policy(selection):
     torch.manual_seed(0)
     model, tok = _model(), _tok()
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = RLConfig(policy="test", selection=selection, steps=2, domains=("arithmetic", "logic"),
-                   prompts_per_domain=2, group_size=4, max_new_tokens=16, eval_every=2, eval_prompts=4,
+    cfg = RLConfig(model="test", selection=selection, max_steps=2, domains=("arithmetic", "logic"),
+                   prompts_per_domain=2, num_generations=4, max_completion_length=16, eval_every=2, eval_prompts=4,
                    diag_every=2, diag_answers=2, lr=1e-2)
     rec = train(model, tok, cfg, reward_fn=parity_reward)
     assert [e["step"] for e in rec["evals"]] == [0, 2]
@@ -113,8 +113,8 @@ def test_train_steps_select_exact_k_and_move_the_policy(selection):
 
 
 def test_same_seed_same_run():
-    cfg = RLConfig(policy="test", selection="gmts", steps=2, domains=("arithmetic",), prompts_per_domain=3,
-                   group_size=4, max_new_tokens=16, eval_every=5, eval_prompts=2, diag_every=0, lr=1e-2)
+    cfg = RLConfig(model="test", selection="gmts", max_steps=2, domains=("arithmetic",), prompts_per_domain=3,
+                   num_generations=4, max_completion_length=16, eval_every=5, eval_prompts=2, diag_every=0, lr=1e-2)
     a = train(_model(), _tok(), cfg, reward_fn=parity_reward, initial_eval={"arithmetic": 0.0})
     b = train(_model(), _tok(), cfg, reward_fn=parity_reward, initial_eval={"arithmetic": 0.0})
     def strip(r):
@@ -128,8 +128,8 @@ def test_experiment_resume_summary_and_cli(tmp_path):
     from gmts_analysis.rl.experiment import run_experiment, summarise
     from gmts_analysis.toy.testing import save_tiny_model
 
-    cfg = RLConfig(policy="test", steps=1, domains=("logic",), prompts_per_domain=2, group_size=2,
-                   max_new_tokens=8, eval_every=1, eval_prompts=3, diag_every=0)
+    cfg = RLConfig(model="test", max_steps=1, domains=("logic",), prompts_per_domain=2, num_generations=2,
+                   max_completion_length=8, eval_every=1, eval_prompts=3, diag_every=0)
     calls = []
 
     def load():
@@ -204,8 +204,8 @@ def test_one_step_on_the_shipped_tiny_policy():
     if not (data_dir() / "policies" / "tiny" / "model.safetensors").exists():
         pytest.skip("shipped tiny policy not present")
     model, tok = load_model("tiny", "cpu")
-    cfg = RLConfig(policy="tiny", selection="gmts", steps=1, domains=("logic",), prompts_per_domain=3,
-                   group_size=6, eval_every=1, eval_prompts=10, diag_every=1, diag_answers=2)
+    cfg = RLConfig(model="tiny", selection="gmts", max_steps=1, domains=("logic",), prompts_per_domain=3,
+                   num_generations=6, eval_every=1, eval_prompts=10, diag_every=1, diag_answers=2)
     rec = train(model, tok, cfg)
     s = rec["steps"][0]
     assert 0.0 < s["reward_mean"] < 1.0 and s["grad_norm"] > 0
@@ -263,3 +263,34 @@ def test_gmts_lgn_scores_are_autograd_logit_grad_norm_times_abs_omega_and_select
     assert not sel[2:4].any()
     with pytest.raises(ValueError, match="logit_grad_norm"):
         selection_mask("gmts_lgn", ent, adv, mask)
+
+
+def test_one_name_per_setting_from_flag_to_config_and_committed_records_still_read():
+    """Each setting of gmts rl has one name from its flag to RLConfig (TRL's: model, max_steps, num_generations,
+    max_completion_length); run records keep the keys they have always had (RECORD_KEYS), so every committed
+    record of data/rl reads back into an RLConfig and is written again with the same keys, in the same order."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from gmts_analysis.rl.config import RECORD_KEYS, RLOptions, config_of_record, record_config
+
+    run_only = {"offline", "selection", "seed", "device", "threads", "out", "figures", "quiet"}  # per run or the CLI's
+    flags = {f.name for f in fields(RLOptions)} - run_only
+    assert flags <= {f.name for f in fields(RLConfig)}, sorted(flags - {f.name for f in fields(RLConfig)})
+    cfg = RLOptions(num_generations=3, max_completion_length=7, max_steps=5, model="tiny").config(device="cpu")
+    assert (cfg.num_generations, cfg.max_completion_length, cfg.max_steps, cfg.model) == (3, 7, 5, "tiny")
+    rec = record_config(cfg)
+    assert (rec["group_size"], rec["max_new_tokens"], rec["steps"], rec["policy"]) == (3, 7, 5, "tiny")
+    assert set(RECORD_KEYS) <= {f.name for f in fields(RLConfig)}
+    assert config_of_record({"num_generations": 4}) == RLConfig(num_generations=4)  # a field's own name reads too
+    root = Path(__file__).resolve().parents[1] / "data" / "rl"
+    paths = sorted(root.glob("*.runs/*-s*.json"))[:40] + sorted(root.glob("*.runs/initial.json"))[:5]
+    assert paths, root
+    for p in paths:
+        conf = json.loads(p.read_text())["config"]
+        back = json.loads(json.dumps(record_config(config_of_record(conf))))  # initial.json: the shared part
+        assert {k: back[k] for k in conf} == conf and [k for k in back if k in conf] == list(conf), p
+    from gmts_analysis.errors import GmtsError
+
+    with pytest.raises(GmtsError, match="config.group_sizes: not a field"):
+        config_of_record({"group_sizes": 4})

@@ -31,8 +31,8 @@ def parity_reward(row: dict) -> float:
 
 
 def _cfg(**kw) -> RLConfig:
-    base = dict(policy="test", steps=3, domains=("arithmetic",), prompts_per_domain=4, group_size=4,
-                max_new_tokens=12, eval_every=3, eval_prompts=2, diag_every=0, lr=1e-2, rho=0.3)
+    base = dict(model="test", max_steps=3, domains=("arithmetic",), prompts_per_domain=4, num_generations=4,
+                max_completion_length=12, eval_every=3, eval_prompts=2, diag_every=0, lr=1e-2, rho=0.3)
     base.update(kw)
     return RLConfig(**base)
 

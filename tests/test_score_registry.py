@@ -120,8 +120,8 @@ def test_new_score_is_a_gmts_rl_arm_cli_config_and_training(entropy_sq):
     args = build_parser().parse_args(["rl", "--selection", NEW, "gmts", "--seed", "0"])
     assert args.selection == [NEW, "gmts"]
     assert NEW in ARMS and COLORS[NEW] == COLOR
-    cfg = RLConfig(policy="test", selection=NEW, steps=1, domains=("arithmetic",), prompts_per_domain=2, group_size=4,
-                   max_new_tokens=12, eval_every=1, eval_prompts=2, diag_every=0, lr=1e-2)
+    cfg = RLConfig(model="test", selection=NEW, max_steps=1, domains=("arithmetic",), prompts_per_domain=2, num_generations=4,
+                   max_completion_length=12, eval_every=1, eval_prompts=2, diag_every=0, lr=1e-2)
     cfg.check()
     torch.manual_seed(0)
     rec = train(build_tiny_model("qwen2", vocab_size=100, seed=0), build_char_tokenizer(), cfg,

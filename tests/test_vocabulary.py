@@ -272,7 +272,7 @@ def test_formula_errors_name_the_keyword_in_the_api_and_the_flag_in_the_cli(tmp_
 
 def test_trainer_errors_name_the_field_and_the_cli_its_flag():
     """gmts rl's trainer configuration (rl/config) names its fields; the CLI layer writes gmts rl's flags for them
-    (steps is --max-steps, policy --model, group_size --num-generations)."""
+    (each field has its flag's name: max_steps is --max-steps, model --model, num_generations --num-generations)."""
     from gmts_analysis.cli import flag_spelling, keyword_flags
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.rl.config import RLConfig
@@ -280,8 +280,8 @@ def test_trainer_errors_name_the_field_and_the_cli_its_flag():
     flags = keyword_flags(build_parser(), "rl")
     for cfg, api_msg, cli_msg in [
         (RLConfig(rho=1.5), "rho=1.5: must be in (0, 1]", "--rho 1.5: must be in (0, 1]"),
-        (RLConfig(steps=-1), "steps=-1: must be >= 0", "--max-steps -1: must be >= 0"),
-        (RLConfig(group_size=1), "group_size=1: must be >= 2", "--num-generations 1: must be >= 2"),
+        (RLConfig(max_steps=-1), "max_steps=-1: must be >= 0", "--max-steps -1: must be >= 0"),
+        (RLConfig(num_generations=1), "num_generations=1: must be >= 2", "--num-generations 1: must be >= 2"),
         (RLConfig(selection="best"), "selection: unknown 'best' (choose from ",
          "--selection: unknown 'best' (choose from "),
     ]:
@@ -289,7 +289,7 @@ def test_trainer_errors_name_the_field_and_the_cli_its_flag():
             cfg.check()
         assert str(e.value).startswith(api_msg) and "--" not in str(e.value)
         assert flag_spelling(str(e.value), flags).startswith(cli_msg)
-    assert flag_spelling("policy=x: the checkpoint ships no tokenizer", flags) == \
+    assert flag_spelling("model=x: the checkpoint ships no tokenizer", flags) == \
         "--model x: the checkpoint ships no tokenizer"
     assert flag_spelling("see TRL's max_completion_length: rho and a=b", flags) == \
         "see TRL's max_completion_length: rho and a=b"  # only keywords, only as keywords

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import re
+from pathlib import Path
+
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.command import Command
-from gmts_analysis.rl.config import SELECTION_ARMS, RLOptions
+from gmts_analysis.rl.config import SELECTION_ARMS, RLOptions, runs_dir
+from gmts_analysis.util.io import check_output_file
 
 EXAMPLES = """examples:
   gmts rl --model tiny --selection all gmts --seed 0 --max-steps 20 --out /tmp/rl.json
@@ -11,13 +18,8 @@ EXAMPLES = """examples:
   gmts rl --selection entropy gmts --seed 0 1 --threads 1 -q"""
 
 
-#: RLConfig fields spelled otherwise on the command line (errors of the trainer name the field)
-KEYWORD_FLAGS = {"policy": "--model", "steps": "--max-steps"}
-
 
 def _is_rl_result(path) -> bool:
-    import json
-
     with open(path, encoding="utf-8") as f:
         j = json.load(f)
     return isinstance(j, dict) and {"selections", "runs", "summary"} <= set(j)
@@ -27,12 +29,6 @@ def _check_targets(out, figures) -> None:
     """--out: absent, or an experiment JSON of gmts rl; its ``<stem>.runs/`` directory: absent or only
     run records of gmts rl; --figures: the two rl_<stem>_*.png files may be replaced, nothing else is
     touched. Anything else is someone else's: refused before any training."""
-    import re
-
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.rl.config import runs_dir
-    from gmts_analysis.util.io import check_output_file
-
     check_output_file(out, "--out", _is_rl_result, overwrite=None)
     runs = runs_dir(out)
     if runs.exists():
@@ -52,14 +48,10 @@ def _check_targets(out, figures) -> None:
 
 def rl(opts: RLOptions) -> int:
     """Train every ``opts.selection`` x ``opts.seed`` run and write the results JSON and figures."""
-    import logging
-    from pathlib import Path
-
     import torch
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import resolve_device
-    from gmts_analysis.rl.experiment import run_experiment
+    from gmts_analysis.readers.models import resolve_device  # deferred: torch
+    from gmts_analysis.rl.experiment import run_experiment  # deferred: torch
 
     if opts.threads < 1:
         raise GmtsError("--threads must be >= 1")
@@ -71,7 +63,7 @@ def rl(opts: RLOptions) -> int:
     result = run_experiment(cfg, opts.selection, opts.seed, out, progress=not opts.quiet, offline=opts.offline)
     log = logging.getLogger("gmts")
     if opts.figures != "none":
-        from gmts_analysis.rl.plots import plot_diagnostics, plot_learning_curves
+        from gmts_analysis.rl.plots import plot_diagnostics, plot_learning_curves  # deferred: matplotlib
 
         fdir = Path(opts.figures)
         for p in (plot_learning_curves(result, fdir / f"rl_{out.stem}_curves.png"),

@@ -184,11 +184,9 @@ def run_eval_se(rec: dict) -> float:
 def _config_defaults() -> dict:
     """:class:`~gmts_analysis.rl.config.RLConfig`'s defaults, JSON-ready (what a run recorded before a
     field existed ran with)."""
-    from dataclasses import asdict
+    from gmts_analysis.rl.config import RLConfig, record_config
 
-    from gmts_analysis.rl.config import RLConfig
-
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(RLConfig()).items()}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in record_config(RLConfig()).items()}
 
 
 def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: Path) -> None:

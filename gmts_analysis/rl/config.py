@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from gmts_analysis.core.scores import DEFAULT_ARMS, MASKED_ARMS, SELECTION_ARMS  # noqa: F401 - live views
+from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES, check_rho
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
@@ -18,12 +19,16 @@ ALL_DOMAINS = tuple(TOY_DOMAINS)  # the training domains: every toy domain
 
 @dataclass
 class RLConfig:
-    """Everything one training run depends on (recorded in the results JSON)."""
+    """Everything one training run depends on (recorded in the results JSON by :func:`record_config`).
 
-    policy: str = "small"
+    Each setting has one name from the flag of ``gmts rl`` to here, TRL's where TRL has one (``model``,
+    ``max_steps``, ``num_generations``, ``max_completion_length``); the run records keep the keys they have
+    always had (:data:`RECORD_KEYS`)."""
+
+    model: str = "small"
     selection: str = "gmts"  # an arm of gmts_analysis.core.scores (SELECTION_ARMS)
     seed: int = 0
-    steps: int = 100
+    max_steps: int = 100
     domains: tuple[str, ...] = ALL_DOMAINS
     rho: float = DEFAULT_RHO
     scope: str = "batch"  # batch | group
@@ -31,12 +36,12 @@ class RLConfig:
     loss_agg: str = "token-mean"
     advantage: str = "group"
     prompts_per_domain: int = 4
-    group_size: int = 8
+    num_generations: int = 8  # answers per prompt G
     lr: float = 3e-4
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     temperature: float = 1.0
-    max_new_tokens: int = 96
+    max_completion_length: int = 96  # generation budget in tokens
     eval_every: int = 10
     eval_prompts: int = 200
     #: held-out prompts per domain for the final pass@1 only (0: ``eval_prompts``); the curve keeps ``eval_prompts``
@@ -52,19 +57,17 @@ class RLConfig:
 
     def check(self) -> None:
         """Raise :class:`GmtsError` on a bad field."""
-        from gmts_analysis.toy.domains import DOMAINS
-
         if self.selection not in SELECTION_ARMS:
             raise GmtsError(f"selection: unknown '{self.selection}' (choose from {', '.join(SELECTION_ARMS)})")
         for d in self.domains:
-            if d not in DOMAINS:
-                raise GmtsError(f"domains: unknown domain '{d}' (choose from {', '.join(DOMAINS)})")
+            if d not in TOY_DOMAINS:
+                raise GmtsError(f"domains: unknown domain '{d}' (choose from {', '.join(TOY_DOMAINS)})")
         check_rho(self.rho, f"rho={self.rho}:", error=GmtsError)
         if self.scope not in SCOPES:
             raise GmtsError(f"scope={self.scope}: must be {' or '.join(SCOPES)}")
         if self.normalizer not in NORMALIZERS:
             raise GmtsError(f"normalizer={self.normalizer}: must be {' or '.join(NORMALIZERS)}")
-        for name, least in (("steps", 0), ("group_size", 2), ("prompts_per_domain", 1), ("eval_every", 1),
+        for name, least in (("max_steps", 0), ("num_generations", 2), ("prompts_per_domain", 1), ("eval_every", 1),
                             ("eval_prompts", 1), ("diag_every", 0), ("final_eval_prompts", 0)):
             if getattr(self, name) < least:
                 raise GmtsError(f"{name}={getattr(self, name)}: must be >= {least}")
@@ -77,15 +80,40 @@ class RLConfig:
         return self.final_eval_prompts or self.eval_prompts
 
 
+#: RLConfig field -> the key a run record (``<out stem>.runs/*.json``, ``initial.json``, the results JSON's
+#: ``config``) stores it under. The committed records of data/rl and the plans and reports of ``gmts rl-report``
+#: use these keys, so new records keep them: a rerun of a committed experiment finds its runs and writes the
+#: same keys. Every other field is stored under its own name.
+RECORD_KEYS = {"model": "policy", "max_steps": "steps", "num_generations": "group_size",
+               "max_completion_length": "max_new_tokens"}
+
+
+def record_config(cfg: RLConfig) -> dict:
+    """``cfg`` as a run record's ``config`` (field order kept, :data:`RECORD_KEYS` renamed)."""
+    return {RECORD_KEYS.get(k, k): v for k, v in asdict(cfg).items()}
+
+
+def config_of_record(config: dict) -> RLConfig:
+    """The :class:`RLConfig` of a run record's ``config`` (the keys of :func:`record_config`, or a field's own
+    name); a key that is neither is refused."""
+    names = {v: k for k, v in RECORD_KEYS.items()}
+    kw = {names.get(k, k): v for k, v in config.items()}
+    unknown = sorted(set(kw) - set(RLConfig.__dataclass_fields__))
+    if unknown:
+        raise GmtsError(f"config.{unknown[0]}: not a field of a gmts rl run")
+    if "domains" in kw:
+        kw["domains"] = tuple(kw["domains"])
+    return RLConfig(**kw)
+
+
 _D = RLConfig
 
 
 @dataclass
 class RLOptions:
-    """The flags of ``gmts rl`` (defaults: :class:`RLConfig`'s; :meth:`RLConfig` fields are named as the
-    results JSON records them, ``policy``, ``steps``, ``group_size``, ``max_new_tokens``)."""
+    """The flags of ``gmts rl`` (defaults: :class:`RLConfig`'s, whose fields have the same names)."""
 
-    model: str = opt(_D.policy, "shipped policy tiny | small, a checkpoint directory or a hub id", group="inputs",
+    model: str = opt(_D.model, "shipped policy tiny | small, a checkpoint directory or a hub id", group="inputs",
                      metavar="PATH|FILE.gguf|HUB_ID|tiny|small|smollm2", check=checks.model)
     offline: bool = opt(False, OFFLINE_HELP + "; without it a hub id is downloaded as transformers does",
                         group="inputs")
@@ -94,7 +122,7 @@ class RLOptions:
                           choices=SELECTION_ARMS, group="RL objective")
     seed: list = opt([0, 1, 2], "one or more seeds (default: 0 1 2)", nargs="+", type=int, metavar="INT",
                      check=checks.seed)
-    max_steps: int = opt(_D.steps, "optimizer steps per run (TRL's max_steps)", group="RL objective",
+    max_steps: int = opt(_D.max_steps, "optimizer steps per run (TRL's max_steps)", group="RL objective",
                          metavar="STEPS", check=checks.int_at_least(0))  # 0: evaluate the start only
     domains: list = opt(list(ALL_DOMAINS), "toy domains, space- or comma-separated (default: all three)", nargs="+",
                         group="inputs", metavar="DOMAIN", check=checks.toy_domains)
@@ -105,9 +133,9 @@ class RLOptions:
     lr: float = opt(_D.lr, "AdamW learning rate", group="RL objective", metavar="LR", check=checks.positive_finite)
     prompts_per_domain: int = opt(_D.prompts_per_domain, "training prompts per domain per step", group="inputs",
                                   metavar="PROMPTS", check=checks.int_at_least(1))
-    num_generations: int = opt(_D.group_size, "answers per prompt G (TRL's num_generations)", group="inputs",
+    num_generations: int = opt(_D.num_generations, "answers per prompt G (TRL's num_generations)", group="inputs",
                                metavar="G", check=checks.int_at_least(2, "a group needs a baseline"))
-    max_completion_length: int = opt(_D.max_new_tokens, "generation budget in tokens (TRL's max_completion_length)",
+    max_completion_length: int = opt(_D.max_completion_length, "generation budget in tokens (TRL's max_completion_length)",
                                      group="inputs", metavar="TOKENS", check=checks.int_at_least(1))
     eval_every: int = opt(_D.eval_every, "steps between evaluations", metavar="STEPS", check=checks.int_at_least(1))
     eval_prompts: int = opt(_D.eval_prompts, "held-out prompts per domain for pass@1", group="inputs",
@@ -140,10 +168,10 @@ class RLOptions:
     def config(self, device: str) -> RLConfig:
         """The :class:`RLConfig` of one run of these options (``device``: resolved)."""
         return RLConfig(
-            policy=self.model, steps=self.max_steps,
+            model=self.model, max_steps=self.max_steps,
             domains=tuple(d for x in self.domains for d in x.split(",") if d.strip()), rho=self.rho,
             scope=self.scope, normalizer=self.normalizer, lr=self.lr, prompts_per_domain=self.prompts_per_domain,
-            group_size=self.num_generations, max_new_tokens=self.max_completion_length, eval_every=self.eval_every,
+            num_generations=self.num_generations, max_completion_length=self.max_completion_length, eval_every=self.eval_every,
             eval_prompts=self.eval_prompts, final_eval_prompts=self.final_eval_prompts, eval_seed=self.eval_seed,
             dynamic_sampling=self.dynamic_sampling, diag_every=self.diag_every, diag_answers=self.diag_answers,
             device=device)
@@ -151,8 +179,6 @@ class RLOptions:
 
 def stable_seed(*key: object) -> int:
     """A 31-bit seed from a key (:func:`gmts_analysis.core.seeding.derive_seed` with ``bits=31``)."""
-    from gmts_analysis.core.seeding import derive_seed
-
     return derive_seed(*key, bits=31)
 
 

@@ -12,11 +12,12 @@ Layout of an experiment ``<out>.json`` (``out`` e.g. ``data/rl/small_reduced.jso
 
 from __future__ import annotations
 
+import json
 import logging
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -25,7 +26,7 @@ import numpy as np
 from gmts_analysis import __version__
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers import models as model_io  # load_model through its module: tests replace it there
-from gmts_analysis.rl.config import SELECTION_ARMS, run_path, runs_dir
+from gmts_analysis.rl.config import SELECTION_ARMS, record_config, run_path, runs_dir
 from gmts_analysis.rl.trainer import RLConfig, evaluate, train
 from gmts_analysis.util.io import atomic_write_json, read_json
 from gmts_analysis.util.io import to_json as _text
@@ -38,8 +39,6 @@ RUN_FIELDS = ("selection", "seed")
 
 def to_json(obj):
     """A JSON-ready copy (tuples as lists, NaN as None), so records compare equal after a round trip."""
-    import json
-
     return json.loads(_text(obj))
 
 
@@ -93,16 +92,16 @@ def run_experiment(
     """Run every (selection, seed) not already on disk, then write and return the experiment JSON.
 
     load: returns a fresh ``(model, tokenizer)`` (default: :func:`gmts_analysis.readers.models.load_model`
-    of ``base.policy`` on ``base.device``, no hub download when ``offline``); every run starts from the
+    of ``base.model`` on ``base.device``, no hub download when ``offline``); every run starts from the
     same weights.
     """
     out = Path(out)
     if load is None:
-        load = partial(_load_policy, base.policy, base.device, offline)
+        load = partial(_load_policy, base.model, base.device, offline)
     for sel in selections:
         replace(base, selection=sel).check()
     t0 = time.perf_counter()
-    shared = to_json(_shared(asdict(base)))
+    shared = to_json(_shared(record_config(base)))
     initial = _initial_pass1(base, shared, out, load)
     runs = [_one_run(replace(base, selection=sel, seed=int(seed)), out, initial, load, progress, reward_fn)
             for seed in seeds for sel in selections]
@@ -124,12 +123,12 @@ def run_experiment(
     return result
 
 
-def _load_policy(policy: str, device: str, offline: bool = False) -> tuple:
-    """``(model, tokenizer)`` of ``policy`` (a shipped policy name or a checkpoint) on ``device``; refuses a
+def _load_policy(model_name: str, device: str, offline: bool = False) -> tuple:
+    """``(model, tokenizer)`` of ``model_name`` (a shipped policy name or a checkpoint) on ``device``; refuses a
     checkpoint without a tokenizer."""
-    model, tok = model_io.load_model(policy, device, offline=offline)
+    model, tok = model_io.load_model(model_name, device, offline=offline)
     if tok is None:
-        raise GmtsError(f"policy={policy}: the checkpoint ships no tokenizer")
+        raise GmtsError(f"model={model_name}: the checkpoint ships no tokenizer")
     return model, tok
 
 
@@ -157,12 +156,12 @@ def _one_run(cfg: RLConfig, out: Path, initial: dict[str, float], load: Callable
     p = run_path(out, sel, seed)
     if p.exists():
         rec = read_json(p)
-        if rec.get("config") == to_json(asdict(cfg)):
+        if rec.get("config") == to_json(record_config(cfg)):
             log.info("run %s seed %d: found %s, kept", sel, seed, p)
             return rec
         log.warning("run %s seed %d: %s has another configuration; redoing it", sel, seed, p)
     model, tok = load()
-    log.info("run %s seed %d: %d steps", sel, seed, cfg.steps)
+    log.info("run %s seed %d: %d steps", sel, seed, cfg.max_steps)
     rec = train(model, tok, cfg, initial_eval=initial, progress=progress, reward_fn=reward_fn)
     rec["versions"] = _versions()
     rec = to_json(rec)

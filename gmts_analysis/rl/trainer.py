@@ -2,7 +2,7 @@
 
 One training step:
 
-1. sample ``prompts_per_domain`` train-split prompts of each domain with ``group_size``
+1. sample ``prompts_per_domain`` train-split prompts of each domain with ``num_generations``
    answers each (:func:`gmts_analysis.toy.sample.sample_rollouts`, temperature ``tau``),
    rewards from the domain verifier;
 2. group advantages (:func:`gmts_analysis.core.advantages.compute_advantages`, GRPO by default);
@@ -40,7 +40,7 @@ import math
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -59,7 +59,7 @@ from gmts_analysis.core.tokens import (
 )
 from gmts_analysis.engine import grad_norms
 from gmts_analysis.engine.params import trainable_parameters
-from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, stable_seed
+from gmts_analysis.rl.config import ALL_DOMAINS, SELECTION_ARMS, RLConfig, record_config, stable_seed
 from gmts_analysis.toy.sample import sample_rollouts
 
 log = logging.getLogger(__name__)
@@ -128,7 +128,7 @@ def evaluate(model, tokenizer, cfg: RLConfig, n_prompts: int | None = None) -> d
     out = {}
     for d in cfg.domains:
         rows = sample_rollouts(
-            model, tokenizer, d, n_prompts or cfg.eval_prompts, 1, temperature=1.0, max_new_tokens=cfg.max_new_tokens,
+            model, tokenizer, d, n_prompts or cfg.eval_prompts, 1, temperature=1.0, max_new_tokens=cfg.max_completion_length,
             seed=cfg.eval_seed, split="heldout", batch_size=cfg.batch_size,
         )
         out[d] = float(np.mean([r["reward"] for r in rows]))
@@ -226,8 +226,8 @@ def _rows_for_step(model, tokenizer, cfg: RLConfig, step: int, reward_fn=None) -
     rows = []
     for d in cfg.domains:
         rows += sample_rollouts(
-            model, tokenizer, d, cfg.prompts_per_domain, cfg.group_size, temperature=cfg.temperature,
-            max_new_tokens=cfg.max_new_tokens, seed=stable_seed("rl-train", cfg.seed, step),
+            model, tokenizer, d, cfg.prompts_per_domain, cfg.num_generations, temperature=cfg.temperature,
+            max_new_tokens=cfg.max_completion_length, seed=stable_seed("rl-train", cfg.seed, step),
             split="train", batch_size=cfg.batch_size,
         )
     if reward_fn is not None:
@@ -295,7 +295,7 @@ def train(
     on_eval: Callable[[int, dict], None] | None = None,
     reward_fn: Callable[[dict], float] | None = None,
 ) -> dict:
-    """Train ``model`` in place for ``cfg.steps`` steps; returns the run record (JSON-ready).
+    """Train ``model`` in place for ``cfg.max_steps`` steps; returns the run record (JSON-ready).
 
     initial_eval: pass@1 of the untrained policy when already known (the experiment runner
     evaluates it once for every arm); otherwise it is measured. reward_fn: replaces the
@@ -306,7 +306,7 @@ def train(
     if initial_eval is None:
         initial_eval = _timed_eval(run)
     _record_eval(run, 0, dict(initial_eval))
-    it = range(1, cfg.steps + 1)
+    it = range(1, cfg.max_steps + 1)
     if progress:
         from tqdm import tqdm
 
@@ -317,7 +317,7 @@ def train(
     final = _final_pass1(run)
     total = time.perf_counter() - t0
     return {
-        "config": asdict(cfg),
+        "config": record_config(cfg),
         "steps": run.steps,
         "evals": run.evals,
         "final_pass1": final,
@@ -355,7 +355,7 @@ def _record_eval(run: _Run, step: int, pass1: dict[str, float]) -> None:
 def _maybe_eval(run: _Run, step: int) -> None:
     """pass@1 every ``cfg.eval_every`` steps and after the last one."""
     cfg = run.cfg
-    if step % cfg.eval_every == 0 or step == cfg.steps:
+    if step % cfg.eval_every == 0 or step == cfg.max_steps:
         ev = _timed_eval(run)
         _record_eval(run, step, ev)
         log.info("%s seed %d step %d: pass@1 %s", cfg.selection, cfg.seed, step,
