@@ -20,13 +20,12 @@ Every function returns a boolean numpy mask aligned with the rows of the table.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gmts_analysis.core.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
-from gmts_analysis.core.selection_tensor import keep_first, scope_order
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, RHOS, SCOPES  # noqa: F401 - RHOS re-exported
 from gmts_analysis.errors import GmtsError
 
@@ -71,6 +70,10 @@ def selection_order(
     ``order`` sorts rows by scope, then real scores before NaN, then score descending, then
     ``(answer_id, position)``; a top-k selection keeps the first k rows of each scope in it.
     """
+    import torch
+
+    from gmts_analysis.core.selection_tensor import scope_order  # deferred: torch
+
     n = len(df)
     s = np.asarray(df[score] if isinstance(score, str) else score, dtype=np.float64)
     if s.shape != (n,):
@@ -102,6 +105,10 @@ def select_top(
     n = len(df)
     if n == 0:
         return np.zeros(0, dtype=bool)
+    import torch
+
+    from gmts_analysis.core.selection_tensor import keep_first  # deferred: torch
+
     order, scope_id = selection_order(df, score, scope, group_col=group_col, batch_col=batch_col)
     return keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
 
@@ -188,18 +195,19 @@ def selections(
     return {s: select_top(df, s, rho, scope) for s in scores}
 
 
-# Tensor API (TRL/verl shapes: (B, T) scores with a completion mask), kept in its own module.
-from gmts_analysis.core.selection_tensor import (  # noqa: F401, E402
-    NORMALIZERS,
-    SELECTIONS,
-    aggregate_loss,
-    gmts_lgn_scores,
-    gmts_scores,
-    loss_weight_tensor,
-    random_scores,
-    select_tokens,
-    selection_mask,
-    selection_overlap,
-    token_omega,
-    token_scores,
-)
+#: the tensor API (TRL/verl shapes: (B, T) scores with a completion mask), kept in its own module
+#: (:mod:`gmts_analysis.core.selection_tensor`, which loads torch) and re-exported here on first use
+TENSOR_API = frozenset({
+    "NORMALIZERS", "SELECTIONS", "aggregate_loss", "gmts_lgn_scores", "gmts_scores", "loss_weight_tensor",
+    "random_scores", "select_tokens", "selection_mask", "selection_overlap", "token_omega", "token_scores",
+})
+
+
+def __getattr__(name: str) -> Any:
+    """``gmts_analysis.core.selection.<tensor API name>``: the name of :mod:`gmts_analysis.core.selection_tensor`
+    (imported then, so that the table-level selection above loads no torch)."""
+    if name in TENSOR_API:
+        from gmts_analysis.core import selection_tensor  # deferred: torch
+
+        return getattr(selection_tensor, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
