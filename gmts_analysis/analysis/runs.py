@@ -109,7 +109,7 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     tokens.parquet is missing, or a column the statistics and figures read is of the wrong type, null or not
     finite (:func:`gmts_analysis.probing.validate.validate_tokens_file`, ``validate_answers_file``).
     """
-    from gmts_analysis.analysis.stats import (  # deferred: torch, pandas
+    from gmts_analysis.analysis.stats import (  # deferred: pandas
         compute_stats,
         is_current,
         kept_fidelity,
@@ -158,7 +158,7 @@ def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
         out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
     if run.grad_groups is not None:
         out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
-    from gmts_analysis.analysis.stats import write_stats  # deferred: torch, pandas
+    from gmts_analysis.analysis.stats import write_stats  # deferred: pandas
 
     out += write_stats(d, run.stats)  # stats.json and the estimator ranking estimators.csv
     out.append(io.atomic_write_json(d / "manifest.json", run.manifest))
