@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below, read_run
+from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.analysis.summary import summary_text, too_small
 from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, check_rho
 from gmts_analysis.errors import GmtsError
@@ -29,9 +29,6 @@ from gmts_analysis.options.fields import opt
 from gmts_analysis.readers.verifiers import resolve_verifier
 from gmts_analysis.util import io
 from gmts_analysis.util.io import check_output_file, check_output_location, read_json, read_json_object, read_parquet
-
-if TYPE_CHECKING:
-    from gmts_analysis.analysis.stats_types import Statistics
 
 EXAMPLES = """examples:
   gmts stats runs/mine --n-boot 0 --out /tmp/stats.json                  # rewrites, or writes elsewhere
