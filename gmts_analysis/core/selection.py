@@ -20,6 +20,7 @@ Every function returns a boolean numpy mask aligned with the rows of the table.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,6 @@ def selection_order(
     """
     import torch
 
-    from gmts_analysis.core.selection_tensor import scope_order  # deferred: torch
-
     n = len(df)
     s = np.asarray(df[score] if isinstance(score, str) else score, dtype=np.float64)
     if s.shape != (n,):
@@ -81,7 +80,7 @@ def selection_order(
     scope_id = scope_codes(df, scope, group_col=group_col, batch_col=batch_col)
     # lay the rows out in (answer_id, position) order, so that the index is the tie-break
     tie = np.lexsort((np.asarray(df["position"], dtype=np.int64), _codes(df["answer_id"])))
-    order = scope_order(torch.from_numpy(np.ascontiguousarray(s[tie])), torch.from_numpy(scope_id[tie])).numpy()
+    order = _tensor().scope_order(torch.from_numpy(np.ascontiguousarray(s[tie])), torch.from_numpy(scope_id[tie])).numpy()
     return tie[order], scope_id
 
 
@@ -107,10 +106,8 @@ def select_top(
         return np.zeros(0, dtype=bool)
     import torch
 
-    from gmts_analysis.core.selection_tensor import keep_first  # deferred: torch
-
     order, scope_id = selection_order(df, score, scope, group_col=group_col, batch_col=batch_col)
-    return keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
+    return _tensor().keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
 
 
 def overlap(
@@ -203,11 +200,16 @@ TENSOR_API = frozenset({
 })
 
 
-def __getattr__(name: str) -> Any:
-    """``gmts_analysis.core.selection.<tensor API name>``: the name of :mod:`gmts_analysis.core.selection_tensor`
-    (imported then, so that the table-level selection above loads no torch)."""
-    if name in TENSOR_API:
-        from gmts_analysis.core import selection_tensor  # deferred: torch
+def _tensor() -> ModuleType:
+    """:mod:`gmts_analysis.core.selection_tensor`, imported when first needed (so that the table-level selection
+    above loads no torch until it selects)."""
+    from gmts_analysis.core import selection_tensor  # deferred: torch
 
-        return getattr(selection_tensor, name)
+    return selection_tensor
+
+
+def __getattr__(name: str) -> Any:
+    """``gmts_analysis.core.selection.<tensor API name>``: that name of :mod:`gmts_analysis.core.selection_tensor`."""
+    if name in TENSOR_API:
+        return getattr(_tensor(), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
