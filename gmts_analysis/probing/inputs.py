@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.probing.validate import check_answers
 from gmts_analysis.readers import models
 from gmts_analysis.readers.models import context_length
 from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows, validate_against_model
@@ -181,7 +182,6 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
     Raises :class:`GmtsError` for a model or answers that cannot be probed.
     """
     from gmts_analysis.probing import kernel  # deferred: torch, pandas
-    from gmts_analysis.probing.validate import check_answers  # deferred: numpy
 
     t0 = time.perf_counter()
     name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
