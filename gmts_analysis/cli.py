@@ -27,6 +27,7 @@ from gmts_analysis.options.config import Debug
 from gmts_analysis.options.fields import opt
 from gmts_analysis.options.parser import parser_checks
 from gmts_analysis.options.reference import alias_table, options_reference, render_blocks
+from gmts_analysis.probing.validate import validate_namespace
 from gmts_analysis.util.interrupt import interrupted, sigint_latch
 from gmts_analysis.util.progress import bars_off
 from gmts_analysis.util.threads import set_threads
@@ -246,8 +247,6 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     debug = bool(args.debug)  # gmts --debug (GmtsFlags), or after the subcommand (Debug)
     try:
-        from gmts_analysis.probing.validate import validate_namespace  # deferred: numpy
-
         validate_namespace(args.command, args, checks)  # every option in its domain before any work
         if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
             args.threads = set_threads(args.threads)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.settings import RunSettings
+from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file
 from gmts_analysis.util import io
 from gmts_analysis.util.io import read_json_object, read_parquet, to_json
 
@@ -121,8 +122,6 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
         raise GmtsError(f"{path}: no such run directory")
     if not (path / "tokens.parquet").exists():
         raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
-    from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file  # deferred: numpy
-
     validate_tokens_file(path / "tokens.parquet", required=("answer_id", "position"))  # each column it has: its type
     if (path / "answers.parquet").exists():
         validate_answers_file(path / "answers.parquet")

@@ -14,6 +14,7 @@ from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
+from gmts_analysis.probing.validate import validate_run_dir
 from gmts_analysis.util.io import check_output_location
 
 EXAMPLES = """examples:
@@ -68,8 +69,6 @@ def figures(run_dir: str, opts: FiguresOptions, control: RunControl) -> int:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
-    from gmts_analysis.probing.validate import validate_run_dir  # deferred: numpy
-
     if opts.max_answers is not None and opts.max_answers < 1:
         raise GmtsError(f"--max-answers must be >= 1, got {opts.max_answers}")
     validate_run_dir(run_dir)  # tokens, answers, manifest and stats.json, before any figure

@@ -26,6 +26,7 @@ from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
+from gmts_analysis.probing.validate import validate_run_dir
 from gmts_analysis.readers.verifiers import resolve_verifier
 from gmts_analysis.util import io
 from gmts_analysis.util.io import check_output_file, check_output_location, read_json, read_json_object, read_parquet
@@ -109,8 +110,6 @@ def stats(source: str, args: StatsOptions, control: RunControl) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    from gmts_analysis.probing.validate import validate_run_dir  # deferred: numpy
-
     validate_run_dir(run_dir)  # every contract column (no estimator silently dropped), answers, manifest
     if args.verifier is not None or args.rewards is not None or args.mask_truncated_completions:
         return _rescore(args, control, run_dir, source)
