@@ -27,6 +27,7 @@ from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions, options_from_kwargs
+from gmts_analysis.probing import validate
 from gmts_analysis.probing.inputs import prepare_inputs
 from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, sample_rows, sampling_options  # noqa: F401 - the sampling worlds' names
 from gmts_analysis.util.io import atomic_write_text
@@ -294,11 +295,10 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
                 settings: dict[str, Any], aliases: dict[str, str]) -> Run:
     from gmts_analysis.probing import kernel  # deferred: torch, pandas
     from gmts_analysis.probing.preflight import check_before_probe  # deferred: torch
-    from gmts_analysis.probing.validate import validate_options  # deferred: numpy
     from gmts_analysis.run.finalize import result_tables  # deferred: torch, pandas
     from gmts_analysis.run.sharding.worker import probe_with_retry  # deferred: torch, pandas
 
-    validate_options(opts)
+    validate.validate_options(opts)
     if isinstance(rollouts, (str, os.PathLike)):
         rollouts = Path(rollouts)  # the manifest names it as a path
     inputs = prepare_inputs(model, rollouts, opts, tokenizer=tokenizer, given=options,

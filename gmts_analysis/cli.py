@@ -20,10 +20,17 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from gmts_analysis import __version__
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options import GmtsParser, add_fields, install
+from gmts_analysis.options import ALIAS_BY_NAME, ALIASES, GmtsParser, add_fields, install
 from gmts_analysis.options.config import Debug
 from gmts_analysis.options.fields import opt
+from gmts_analysis.options.parser import parser_checks
+from gmts_analysis.options.reference import alias_table, options_reference, render_blocks
+from gmts_analysis.probing.validate import validate_namespace
+from gmts_analysis.util.interrupt import interrupted, sigint_latch
+from gmts_analysis.util.progress import bars_off
+from gmts_analysis.util.threads import set_threads
 
 # module names under gmts_analysis.commands, in the order `gmts --help` lists them
 COMMANDS: list[str] = ["run", "sample", "probe", "merge", "stats", "compare", "series", "figures", "rl", "rl_report", "toy_train", "bench"]
@@ -125,10 +132,8 @@ def os_error_message(e: OSError) -> str | None:
 
 def keyword_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, str]:
     """``{keyword: flag}`` of subcommand ``command``: each option's field name (its dest) and the names
-    the lower layers give the same setting (TRL/verl aliases, the toy API's ``domain``, and the
-    ``KEYWORD_FLAGS`` of the subcommand's module, e.g. ``gmts rl``'s ``steps`` -> ``--max-steps``)."""
-    from gmts_analysis.options import ALIAS_BY_NAME
-
+    the lower layers give the same setting (TRL/verl aliases, the toy API's ``domain``). A setting keeps one
+    name from its flag down (``gmts rl``'s ``max_steps`` is ``--max-steps``), so no other mapping is needed."""
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
     flags = {}
     for a in sub._actions:
@@ -140,8 +145,6 @@ def keyword_flags(parser: argparse.ArgumentParser, command: str) -> dict[str, st
             flags.setdefault(name, flags[al.dest])
     if "domains" in flags:
         flags.setdefault("domain", flags["domains"])
-    module = importlib.import_module(f"gmts_analysis.commands.{command.replace('-', '_')}")
-    flags.update(getattr(module, "KEYWORD_FLAGS", {}))
     return flags
 
 
@@ -170,8 +173,6 @@ def as_spelled(message: str, argv: Sequence[str]) -> str:
     (``--num-generations`` -> ``--group_size`` when that is what was typed)."""
     import re
 
-    from gmts_analysis.options import ALIAS_BY_NAME
-
     spelled: dict[str, str] = {}
     for tok in argv:
         if not tok.startswith("--") or tok == "--":
@@ -189,17 +190,12 @@ def as_spelled(message: str, argv: Sequence[str]) -> str:
 
 def cli_doc_blocks() -> dict[str, str]:
     """The generated blocks of docs/cli.md (:mod:`gmts_analysis.options.reference`), from the parser."""
-    from gmts_analysis.options import ALIASES
-    from gmts_analysis.options.reference import alias_table, options_reference
-
     return {"aliases": alias_table(ALIASES), "options": options_reference(build_parser(), ALIASES)}
 
 
 def write_cli_doc(path: str | os.PathLike | None = None) -> bool:
     """Rewrite the generated blocks of docs/cli.md; True when the file changed."""
     from pathlib import Path
-
-    from gmts_analysis.options.reference import render_blocks
 
     p = Path(path) if path is not None else Path(__file__).resolve().parent.parent / "docs" / "cli.md"
     old = p.read_text(encoding="utf-8")
@@ -215,8 +211,6 @@ def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.Argume
 
 
 def _version() -> str:
-    from gmts_analysis import __version__
-
     return f"gmts_analysis {__version__}"
 
 
@@ -224,8 +218,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point; returns the exit status (tests call it in-process). Ctrl-C (SIGINT) at any point
     after the import ends the command with exit 130, even where Python lost its KeyboardInterrupt
     (:mod:`gmts_analysis.util.interrupt`)."""
-    from gmts_analysis.util.interrupt import interrupted, sigint_latch
-
     with sigint_latch():
         try:
             rc = _main(argv)
@@ -241,8 +233,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from gmts_analysis.options.parser import parser_checks
-
     checks = parser_checks(_subparser(parser, args.command))
     quiet = args.quiet  # every subcommand has -q (RunControl or its own options)
     if quiet:  # also silences transformers' "Loading weights" bar (read when it first draws one)
@@ -255,15 +245,9 @@ def _main(argv: Sequence[str] | None) -> int:
     )
     debug = bool(args.debug)  # gmts --debug (GmtsFlags), or after the subcommand (Debug)
     try:
-        from gmts_analysis.probing.validate import validate_namespace
-
         validate_namespace(args.command, args, checks)  # every option in its domain before any work
         if hasattr(args, "threads"):  # every subcommand: --threads, else a default that leaves busy cores alone
-            from gmts_analysis.util.threads import set_threads
-
             args.threads = set_threads(args.threads)
-        from gmts_analysis.util.progress import bars_off
-
         with bars_off(quiet):  # -q: transformers' loading and GGUF conversion bars too
             rc = args.func(args)
     except GmtsError as e:

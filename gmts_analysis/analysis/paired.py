@@ -21,6 +21,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from gmts_analysis.core.rank import average_ranks
+
 #: the most non-zero differences for which the Wilcoxon p is computed exactly (beyond: normal approximation)
 WILCOXON_EXACT_MAX = 50
 
@@ -84,8 +86,6 @@ def wilcoxon_signed_rank(d: Sequence[float]) -> float:
     ``p = P(|T+ - E| >= |t - E|)``. Exact (the whole permutation distribution, ties included) up to
     :data:`WILCOXON_EXACT_MAX` non-zero differences, the normal approximation with the tie correction
     beyond; 1.0 when every difference is 0."""
-    from gmts_analysis.core.rank import average_ranks  # deferred: pandas
-
     x = _diffs(d)
     x = x[x != 0]
     n = int(x.size)

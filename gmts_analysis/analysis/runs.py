@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.settings import RunSettings
+from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file
 from gmts_analysis.util import io
 from gmts_analysis.util.io import read_json_object, read_parquet, to_json
 
@@ -109,7 +110,7 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
     tokens.parquet is missing, or a column the statistics and figures read is of the wrong type, null or not
     finite (:func:`gmts_analysis.probing.validate.validate_tokens_file`, ``validate_answers_file``).
     """
-    from gmts_analysis.analysis.stats import (  # deferred: torch, pandas
+    from gmts_analysis.analysis.stats import (  # deferred: pandas
         compute_stats,
         is_current,
         kept_fidelity,
@@ -121,8 +122,6 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
         raise GmtsError(f"{path}: no such run directory")
     if not (path / "tokens.parquet").exists():
         raise GmtsError(f"{path}: not a run directory (no tokens.parquet)")
-    from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file  # deferred: numpy
-
     validate_tokens_file(path / "tokens.parquet", required=("answer_id", "position"))  # each column it has: its type
     if (path / "answers.parquet").exists():
         validate_answers_file(path / "answers.parquet")
@@ -158,7 +157,7 @@ def write_tables(run_dir: str | os.PathLike, run: RunTables) -> list[Path]:
         out.append(io.atomic_write_parquet(d / "answers.parquet", run.answers))
     if run.grad_groups is not None:
         out.append(io.atomic_write_parquet(d / "grad_groups.parquet", run.grad_groups))
-    from gmts_analysis.analysis.stats import write_stats  # deferred: torch, pandas
+    from gmts_analysis.analysis.stats import write_stats  # deferred: pandas
 
     out += write_stats(d, run.stats)  # stats.json and the estimator ranking estimators.csv
     out.append(io.atomic_write_json(d / "manifest.json", run.manifest))

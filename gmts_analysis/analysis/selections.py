@@ -13,7 +13,6 @@ from gmts_analysis.analysis.bootstrap import cumulative_indicator, quantile_ci
 from gmts_analysis.analysis.stat_inputs import TARGET, rho_key
 from gmts_analysis.core.rank import n_keep
 from gmts_analysis.core.selection import RHOS, SCOPES, scope_codes, selection_order
-from gmts_analysis.core.selection_tensor import keep_first
 
 
 def _scopes(df: pd.DataFrame) -> list[str]:
@@ -23,6 +22,8 @@ def _scopes(df: pd.DataFrame) -> list[str]:
 def _keep(order_scope: tuple[np.ndarray, np.ndarray], rho: float) -> np.ndarray:
     """Boolean mask of a top-``rho`` selection from its :func:`selection_order` (as select_top)."""
     import torch
+
+    from gmts_analysis.core.selection_tensor import keep_first  # deferred: torch
 
     order, scope_id = order_scope
     if len(order) == 0:

@@ -88,6 +88,7 @@ from gmts_analysis.analysis.estimator_table import (  # noqa: F401
     tied_ranks,
 )
 from gmts_analysis.analysis.identities import by_construction, null_fixed_cis
+from gmts_analysis.analysis.reward_audit import reward_audit
 from gmts_analysis.analysis.selections import topk_and_waste, topk_waste_ci  # noqa: F401
 from gmts_analysis.analysis.stat_inputs import (  # noqa: F401
     TARGET,
@@ -116,6 +117,8 @@ from gmts_analysis.core.estimators import available
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, per_cluster_spearman, spearman  # noqa: F401
 from gmts_analysis.core.selection import RHOS
 from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, MIN_GROUPS, check_rho
+from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import atomic_write_text
 
 __all__ = [
     "MIN_TOKENS", "STATS_VERSION", "Statistics", "TARGET", "TARGET_WITHIN", "compute_statistics", "compute_stats",
@@ -247,8 +250,6 @@ def _block(df: pd.DataFrame, estimators: list[str], *, seed: int, n_boot: int, k
 
 def _check_inputs(tokens: pd.DataFrame, n_boot: int, rho: float, uncertain_below: float) -> None:
     """One-line errors for a tokens table or settings :func:`compute_stats` cannot use."""
-    from gmts_analysis.errors import GmtsError
-
     missing = [c for c in ("answer_id", "position") if c not in tokens.columns]
     if missing:
         raise GmtsError(f"tokens table lacks column(s) {', '.join(missing)}")
@@ -261,8 +262,6 @@ def _check_inputs(tokens: pd.DataFrame, n_boot: int, rho: float, uncertain_below
 
 def _estimators(df: pd.DataFrame, estimators: list[str] | None) -> list[str]:
     """The score columns to evaluate (default: every estimator present); an absent one is an error."""
-    from gmts_analysis.errors import GmtsError
-
     ests = list(estimators) if estimators is not None else available(df)
     bad = [s for s in ests if s not in df.columns]
     if bad:
@@ -373,11 +372,7 @@ def compute_statistics(
     unit = cluster_unit(df)
     rhos = rho_grid(rho)
     if min_groups < 1:
-        from gmts_analysis.errors import GmtsError
-
         raise GmtsError(f"min_groups must be >= 1, got {min_groups}")
-    from gmts_analysis.analysis.reward_audit import reward_audit
-
     meta = Meta.make(**_meta(df, ests, unit, seed=seed, n_boot=n_boot, rhos=rhos, rho=rho,
                              uncertain_below=uncertain_below, min_groups=min_groups, rescored_from=rescored_from))
     run_rk = rho_key(rho)
@@ -419,8 +414,6 @@ def write_stats(run_dir: str | Path, stats: Statistics | Mapping[str, Any],
     """Write ``stats.json`` (from :class:`Statistics`: a stats dict is read into one first) and the
     estimator ranking ``estimators.csv`` (atomically) into ``run_dir``; with ``json_path`` only that
     file (no sibling the caller did not name). Returns the paths."""
-    from gmts_analysis.util.io import atomic_write_text
-
     st = Statistics.coerce(stats)
     jp = Path(json_path) if json_path is not None else Path(run_dir) / "stats.json"
     out = [atomic_write_text(jp, st.to_json())]

@@ -209,7 +209,7 @@ def _leader_clause(st: Statistics, t: Any, stat: str, col: str, rank_col: str, w
 
 def _ranking_sentence(st: Statistics) -> str | None:
     """Who agrees best with the gradient, with the scores the paired CI cannot tell apart from it."""
-    from gmts_analysis.analysis.stats import estimator_table  # deferred: torch, pandas
+    from gmts_analysis.analysis.stats import estimator_table  # deferred: pandas
 
     t = estimator_table(st)
     t = t[t["estimator"] != "abs_omega"]  # a baseline, constant inside answers

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.selection import select_top
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.io import atomic_write_text
@@ -48,8 +49,6 @@ def token_strings_table(tokens: pd.DataFrame, rho: float = DEFAULT_RHO, by: str 
     ``answer_id``, ``position``). rho: keep fraction of the selections. by: the column whose
     values define the per-slice rows besides the overall slice ``all`` (ignored if absent).
     """
-    from gmts_analysis.core.selection import select_top  # deferred: torch
-
     need = [c for c in ("token", "grad_norm", "entropy", "gmts", "answer_id", "position") if c not in tokens.columns]
     if need:
         raise GmtsError(f"tokens table lacks column(s) {', '.join(need)} (needed for the token strings table)")

@@ -15,15 +15,16 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command
 from gmts_analysis.options.config import QUIET_HELP
 from gmts_analysis.options.fields import opt
+from gmts_analysis.readers.models import resolve_device, resolve_dtype
+from gmts_analysis.util.io import atomic_write_json, atomic_write_text
 
 
 def _ints(s: str) -> list[int]:
-    from gmts_analysis.errors import GmtsError
-
     try:
         vals = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
@@ -78,10 +79,7 @@ def bench(opts: BenchOptions) -> int:
 
     import torch
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import resolve_device, resolve_dtype
-    from gmts_analysis.run.bench import format_table, run_bench
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
+    from gmts_analysis.run.bench import format_table, run_bench  # deferred: torch
 
     log = logging.getLogger("gmts_analysis.bench")
     if opts.threads:

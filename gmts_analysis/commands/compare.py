@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
-from gmts_analysis.options.config import RunControl
+from gmts_analysis.options.config import RunControl, default_out
 from gmts_analysis.options.fields import opt
+from gmts_analysis.util.io import check_ours, check_output_location, staged_directory
 
 EXAMPLES = """examples:
   gmts compare runs/ckpt-100 runs/ckpt-200 runs/ckpt-300 --out runs/cmp
@@ -43,22 +45,16 @@ def compare(runs: list[str], opts: CompareOptions, control: RunControl) -> int:
     import logging
     from pathlib import Path
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.util.io import check_output_location
-    from gmts_analysis.views.compare import compare_runs, write_comparison
+    from gmts_analysis.views.compare import compare_runs, write_comparison  # deferred: pandas
 
     log = logging.getLogger("gmts_analysis.views.compare")
     if opts.out is None:
-        from gmts_analysis.options.config import default_out
-
         opts.out = default_out("compare")
     out = check_output_location(opts.out, whole_dir=False)
     for r in runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
         rp = Path(r).expanduser().resolve()
         if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
             raise GmtsError(f"--out {opts.out}: is inside the run directory {r}; write the comparison elsewhere")
-    from gmts_analysis.util.io import check_ours, staged_directory
-
     check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
     if out.is_dir() and any(out.iterdir()) and not opts.overwrite:  # refused before the runs are read
         raise GmtsError(f"--out {opts.out}: holds a previous comparison (pass --overwrite to replace it)")

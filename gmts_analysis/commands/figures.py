@@ -9,10 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
+from gmts_analysis.probing.validate import validate_run_dir
+from gmts_analysis.util.io import check_output_location
 
 EXAMPLES = """examples:
   gmts figures runs/mine                    # runs/mine/figures/*.png and *.pdf
@@ -38,8 +41,7 @@ def _check_figures_dir(to) -> None:
     in a folder without any figure of ours (someone else's folder: not mixed with figures)."""
     import re
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.figures import FIGURES, figure_file_is_ours
+    from gmts_analysis.views.figures import FIGURES, figure_file_is_ours  # deferred: matplotlib, pandas
 
     if not to.is_dir():
         return
@@ -61,27 +63,22 @@ def figures(run_dir: str, opts: FiguresOptions, control: RunControl) -> int:
     import logging
     from pathlib import Path
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.views.figures import render_all
+    from gmts_analysis.views.figures import render_all  # deferred: matplotlib, pandas
 
     log = logging.getLogger("gmts_analysis.views.plots")
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise GmtsError(f"{run_dir}: no such run directory")
-    from gmts_analysis.probing.validate import validate_run_dir
-
     if opts.max_answers is not None and opts.max_answers < 1:
         raise GmtsError(f"--max-answers must be >= 1, got {opts.max_answers}")
     validate_run_dir(run_dir)  # tokens, answers, manifest and stats.json, before any figure
     if opts.to is not None:
-        from gmts_analysis.util.io import check_output_location
-
         check_output_location(opts.to, flag="--to", whole_dir=False)
         _check_figures_dir(Path(opts.to))
     paths = render_all(run_dir, to=opts.to)
     log.info("wrote %d files to %s", len(paths), paths[0].parent if paths else opts.to or run_dir / "figures")
     if opts.report:
-        from gmts_analysis.views.report import MAX_ANSWERS, write_report
+        from gmts_analysis.views.report import MAX_ANSWERS, write_report  # deferred: pandas
 
         n = MAX_ANSWERS if opts.max_answers is None else opts.max_answers
         if n < 1:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
+from gmts_analysis.commands.probe import exit_status
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
@@ -38,8 +39,7 @@ class MergeOptions:
 def merge(run_dir: str, opts: MergeOptions, control: RunControl) -> int:
     """Merge; the exit status of :func:`gmts_analysis.commands.probe.exit_status` (3: answers dropped still
     out of memory, the line saying so printed)."""
-    from gmts_analysis.commands.probe import exit_status
-    from gmts_analysis.run.sharding import merge_run
+    from gmts_analysis.run.sharding import merge_run  # deferred: torch, pandas
 
     out = merge_run(run_dir, device=opts.device, figures=opts.figures, fidelity=opts.fidelity,
                     quiet=control.quiet)

@@ -6,8 +6,13 @@ import dataclasses
 import os
 import sys
 
+from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.analysis.summary import summary_text
+from gmts_analysis.commands.stats import warn_few_groups
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.command import Command
-from gmts_analysis.options.config import ConfigFile, ProbeConfig
+from gmts_analysis.options.config import ConfigFile, ProbeConfig, default_out
+from gmts_analysis.run.job import run_probe
 
 EXAMPLES = """examples:
   gmts probe --model tiny --rollouts rollouts.jsonl                       # -> runs/probe-<time>/
@@ -19,17 +24,13 @@ EXAMPLES = """examples:
 def probe(config: ConfigFile, cfg: ProbeConfig) -> int:
     """Probe ``cfg.rollouts`` with ``cfg.model`` (or each checkpoint of a ``--model A,B,...`` series) into
     ``cfg.out``; the exit status of :func:`exit_status`. ``config``: the --config file the options came from."""
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.options.config import default_out
-    from gmts_analysis.run.job import run_probe
-
     out = cfg.out
     if out is None:
         if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # every rank must name the same directory
             raise GmtsError("--out: required under torchrun (each rank would pick its own default folder)")
         out = default_out("probe")
     cfg = dataclasses.replace(cfg, out=out, config_file=config.config, aliases=dict(cfg.aliases or {}))
-    from gmts_analysis.run.series import checkpoint_series, probe_series
+    from gmts_analysis.run.series import checkpoint_series, probe_series  # deferred: pandas
 
     series = checkpoint_series(cfg.model)  # --model ckpt-100,ckpt-200,... or a directory of checkpoints
     out = run_probe(cfg) if series is None else probe_series(cfg, series, figures=cfg.figures)
@@ -56,7 +57,11 @@ def exit_status(runs, quiet: bool = False) -> int:
     """0, or :data:`gmts_analysis.run.sharding.merge.EXIT_OUT_OF_MEMORY` when a finished run of
     ``runs`` dropped answers still out of memory after the back-off (each such run's line is
     printed to stderr unless ``quiet``: :func:`print_results` printed it already)."""
-    from gmts_analysis.run.sharding.merge import EXIT_OUT_OF_MEMORY, skipped_answers, skipped_line
+    from gmts_analysis.run.sharding.merge import (  # deferred: torch, pandas
+        EXIT_OUT_OF_MEMORY,
+        skipped_answers,
+        skipped_line,
+    )
 
     bad = [r for r in runs if skipped_answers(r)[1]]
     if not quiet:
@@ -74,17 +79,13 @@ def print_results(out) -> None:
     """The results table of a finished run directory, as ``gmts run`` prints it (stdout)."""
     from pathlib import Path
 
-    from gmts_analysis.analysis.stats_types import Statistics
-    from gmts_analysis.analysis.summary import summary_text
-    from gmts_analysis.commands.stats import warn_few_groups
-
     path = Path(out) / "stats.json"
     if path.is_file():
         st = Statistics.read(path)  # parsed once for the table and the warning
         print(summary_text(st))
         warn_few_groups(st)
     if (Path(out) / "manifest.json").is_file():
-        from gmts_analysis.run.sharding.merge import skipped_line
+        from gmts_analysis.run.sharding.merge import skipped_line  # deferred: torch, pandas
 
         line = skipped_line(Path(out))  # never only in errors.jsonl
         if line:

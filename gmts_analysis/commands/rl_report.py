@@ -17,10 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
+from gmts_analysis.util.io import atomic_write_json, atomic_write_text, check_output_file, read_json, require_regular
+from gmts_analysis.util.markers import block_markers, block_note, find_block, replace_body
 
 EXAMPLES = """examples:
   gmts rl-report data/rl/referee
@@ -47,8 +50,7 @@ class RLReportOptions:
 
 
 def _is_report_json(path) -> bool:
-    from gmts_analysis.rl.arms_report import GENERATOR
-    from gmts_analysis.util.io import read_json
+    from gmts_analysis.rl.arms_report import GENERATOR  # deferred: numpy
 
     j = read_json(path)
     return isinstance(j, dict) and j.get("generator") == GENERATOR
@@ -60,8 +62,8 @@ def _is_report_md(path) -> bool:
 
 
 def _is_forest_png(path) -> bool:
-    from gmts_analysis.rl.plots import FOREST_TITLE
-    from gmts_analysis.views.figures import CREATOR, png_metadata
+    from gmts_analysis.rl.plots import FOREST_TITLE  # deferred: numpy
+    from gmts_analysis.views.figures import CREATOR, png_metadata  # deferred: matplotlib, pandas
 
     meta = png_metadata(path)
     return meta.get("Creator") == CREATOR and meta.get("Title") == FOREST_TITLE
@@ -72,10 +74,6 @@ def _check_targets(out, update, tag) -> dict:
     --update file that is a link, unreadable, or without the markers of ``tag`` (the plan's ``block_tag``,
     default ``gmts-rl-referee``). Returns ``{path: text}`` of the --update files."""
     from pathlib import Path
-
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.util.io import check_output_file, require_regular
-    from gmts_analysis.util.markers import block_markers, find_block
 
     for name, ours in zip(OUTPUTS, (_is_report_json, _is_report_md, _is_forest_png)):
         check_output_file(out / name, "--out", ours, overwrite=None)
@@ -101,11 +99,14 @@ def rl_report(data_dir: str, opts: RLReportOptions, control: RunControl) -> int:
     import logging
     from pathlib import Path
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.rl.arms_report import BLOCK_TAG, build_report, check_data_dir, load_plan, report_markdown
-    from gmts_analysis.rl.plots import plot_forest
-    from gmts_analysis.util.io import atomic_write_json, atomic_write_text
-    from gmts_analysis.util.markers import block_note, replace_body
+    from gmts_analysis.rl.arms_report import (  # deferred: numpy
+        BLOCK_TAG,
+        build_report,
+        check_data_dir,
+        load_plan,
+        report_markdown,
+    )
+    from gmts_analysis.rl.plots import plot_forest  # deferred: numpy
 
     log = logging.getLogger("gmts")
     data = check_data_dir(data_dir)

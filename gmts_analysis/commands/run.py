@@ -16,9 +16,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.analysis.summary import summary_text
+from gmts_analysis.commands.probe import exit_status
+from gmts_analysis.commands.stats import warn_few_groups
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.command import Command
-from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions
+from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions, default_out
+from gmts_analysis.probing import validate
+from gmts_analysis.readers.models import ALIASES, resolve_device, resolve_model_path
+from gmts_analysis.run.job import sample_and_probe
 from gmts_analysis.sampling import domains as _sampling
+from gmts_analysis.sampling.domains import (
+    WORD_DOMAIN,
+    WORD_VERIFIER,
+    check_verifiers_installed,
+    check_word_verifier,
+    domain_list,
+)
+from gmts_analysis.sampling.signal import signal_warning
+from gmts_analysis.util import io
 
 DEFAULT_DOMAINS = ",".join(_sampling.DEFAULT_DOMAINS)
 #: the toy world's sampling defaults (the shipped policies; max_completion_length None = the policy card's)
@@ -31,8 +48,6 @@ WORD_DEFAULTS = _sampling.WORD_DEFAULTS
 def is_toy_policy(model: str) -> bool:
     """``tiny``/``small`` or a directory with a policy card (a toy policy speaks the toy domains' format)."""
     from pathlib import Path
-
-    from gmts_analysis.readers.models import ALIASES
 
     return model in ALIASES or (Path(model) / "card.json").is_file()
 
@@ -50,9 +65,7 @@ NOT_IN_RUN = ("rollouts", "format", "steps", "reward_columns", "reward_weights",
 def run(s: SamplingOptions, cfg: ProbeConfig, control: RunControl) -> int:
     """``gmts run``: sample, probe (resumable), print the results; the exit status of :func:`gmts_analysis.commands.probe.exit_status`.
     ``s``: the sampling half's options, ``cfg``: the probe half's (the world's defaults are filled in where not given)."""
-    from gmts_analysis.commands.probe import exit_status
-    from gmts_analysis.run.job import sample_and_probe
-    from gmts_analysis.run.sharding.merge import skipped_line
+    from gmts_analysis.run.sharding.merge import skipped_line  # deferred: torch, pandas
 
     t0 = time.perf_counter()
     domains, s, cfg = _domains_and_defaults(s, cfg)
@@ -70,9 +83,6 @@ def _domains_and_defaults(s: SamplingOptions, cfg: ProbeConfig) -> tuple[list[st
     """The domains to sample (``--domains``, else the model's world: the toy domains for a toy policy,
     ``word`` otherwise), checked; the world's sampling defaults filled into ``s`` and ``cfg`` where not given,
     then the group sizes and ``--max-completion-length`` checked."""
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.sampling.domains import WORD_DOMAIN, check_verifiers_installed, domain_list
-
     given = s.domains
     if given is None:
         given = [DEFAULT_DOMAINS if is_toy_policy(s.model) else WORD_DOMAIN]
@@ -91,19 +101,13 @@ def _domains_and_defaults(s: SamplingOptions, cfg: ProbeConfig) -> tuple[list[st
 def _checked_probe_config(s: SamplingOptions, cfg: ProbeConfig, domains: list[str]) -> tuple[Path, ProbeConfig]:
     """The run directory (``--out``, default ``runs/run-<time>``) and the probe half's configuration
     (every gmts probe option), both checked before anything is sampled (the job checks again before probing)."""
-    from gmts_analysis.options.config import default_out
-    from gmts_analysis.probing.validate import validate_options
-    from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.sampling.domains import check_word_verifier
-    from gmts_analysis.util import io
-
     out = Path(cfg.out or default_out("run"))
     # num_generations is the sampling's (the rows carry group ids); the verifier scores the sampled
     # answers (word problems only); the probe reads their rewards as sampled
     check_word_verifier(s.verifier, domains)
     cfg = dataclasses.replace(cfg, rollouts=None, out=str(out), num_generations=None, verifier=None,
                               aliases=dict(cfg.aliases or {}))
-    validate_options(cfg)
+    validate.validate_options(cfg)
     io.check_output_location(out, {"--model": resolve_model_path(s.model)})
     io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
     return out, cfg
@@ -111,9 +115,6 @@ def _checked_probe_config(s: SamplingOptions, cfg: ProbeConfig, domains: list[st
 
 def _sampling_record(s: SamplingOptions, domains: list[str]) -> dict[str, Any]:
     """The sampling half's settings as the job takes and records them (``manifest.json`` ``sampling``)."""
-    from gmts_analysis.readers.models import resolve_device
-    from gmts_analysis.sampling.domains import WORD_DOMAIN, WORD_VERIFIER
-
     sampling = {"domains": domains, "num_prompts": s.num_prompts, "group_size": s.num_generations,
                 "temperature": s.temperature, "max_new_tokens": s.max_completion_length, "seed": s.seed,
                 "device": str(resolve_device(s.device))}  # the device sampled on (auto resolved)
@@ -125,11 +126,6 @@ def _sampling_record(s: SamplingOptions, domains: list[str]) -> dict[str, Any]:
 def _print_statistics(out: Path, domains: list[str]) -> None:
     """The results table of the finished run ``out`` (overall and per domain, stdout), then its warnings:
     too few groups, and (logged) too many groups whose rewards are all equal."""
-    from gmts_analysis.analysis.stats_types import Statistics
-    from gmts_analysis.analysis.summary import summary_text
-    from gmts_analysis.commands.stats import warn_few_groups
-    from gmts_analysis.sampling.signal import signal_warning
-
     st = Statistics.read(out / "stats.json")  # parsed once for the table and the warning
     print(summary_text(st, domains))
     warn_few_groups(st)
@@ -145,8 +141,6 @@ def _print_statistics(out: Path, domains: list[str]) -> None:
 def _print_answers(out: Path, domains: list[str], t0: float) -> None:
     """The sampled answers' pass@1 per domain, then the run's size and wall time since ``t0``
     (``time.perf_counter()`` seconds) and where it is (stdout)."""
-    from gmts_analysis.util import io
-
     answers = io.read_parquet(out / "answers.parquet")
     if "domain" in answers:
         rewards = answers.groupby("domain")["reward"].mean()

@@ -3,8 +3,23 @@ checkpoint), score them with a verifier and write rollouts with their ids."""
 
 from __future__ import annotations
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.command import Command
-from gmts_analysis.options.config import OutputOptions, RunControl, SamplingOptions
+from gmts_analysis.options.config import OutputOptions, RunControl, SamplingOptions, default_out
+from gmts_analysis.readers import models
+from gmts_analysis.readers.models import resolve_model_path
+from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.sampling import domains as sampling_domains
+from gmts_analysis.sampling.domains import (
+    DEFAULT_DOMAINS,
+    WORD_DEFAULTS,
+    WORD_DOMAIN,
+    card_max_new_tokens,
+    check_verifiers_installed,
+    domain_list,
+)
+from gmts_analysis.sampling.signal import warn_if_no_signal
+from gmts_analysis.util.io import check_output_file, check_output_location
 
 EXAMPLES = """examples:
   gmts sample --model small --domains arithmetic --num_generations 4 --max_completion_length 48 --output_dir runs/s1
@@ -17,16 +32,12 @@ def _out_file(o: OutputOptions) -> str:
     (a directory, as TRL's output_dir; default: a new folder under runs/)."""
     from pathlib import Path
 
-    from gmts_analysis.options.config import default_out
-
     out = Path(o.out or default_out("sample"))
     return str(out if out.suffix.lower() in (".jsonl", ".json") and not out.is_dir() else out / "rollouts.jsonl")
 
 
 def _check_out(s: SamplingOptions, o: OutputOptions) -> str:
     from pathlib import Path
-
-    from gmts_analysis.util.io import check_output_file, check_output_location
 
     path = Path(_out_file(o))
     # never --prompts itself; an existing file only when gmts sample wrote it (or --overwrite)
@@ -42,24 +53,13 @@ def sample(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
 
     import torch
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import load_model
-    from gmts_analysis.sampling.domains import sample_domains
-    from gmts_analysis.toy.sample import write_rollouts
+    from gmts_analysis.toy.sample import write_rollouts  # deferred: torch
 
     if s.domains is not None and s.prompts is not None:
         raise GmtsError("gmts sample: give one of --domains (toy domains) or --prompts FILE, not both")
     _check_sampling(s)
     if s.prompts is not None:
         return _run_prompts(s, o, rc)
-    from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.sampling.domains import (
-        DEFAULT_DOMAINS,
-        card_max_new_tokens,
-        check_verifiers_installed,
-        domain_list,
-    )
-
     if s.num_prompts is None:
         s.num_prompts = 8
     given = s.domains if s.domains is not None else [",".join(DEFAULT_DOMAINS)]
@@ -68,23 +68,19 @@ def sample(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
     if s.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
     out = _check_out(s, o)
-    model, tokenizer = load_model(s.model, s.device, s.dtype, offline=rc.offline)
+    model, tokenizer = models.load_model(s.model, s.device, s.dtype, offline=rc.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {s.model}: no tokenizer saved with the checkpoint (sampling needs one)")
-    from gmts_analysis.sampling.domains import WORD_DEFAULTS, WORD_DOMAIN
-
     budget = s.max_completion_length or (WORD_DEFAULTS["max_completion_length"] if domains == [WORD_DOMAIN]
                                             else card_max_new_tokens(resolve_model_path(s.model)))
     with torch.inference_mode():
-        rows = sample_domains(model, tokenizer, domains, s.num_prompts, s.num_generations, s.temperature,
+        rows = sampling_domains.sample_domains(model, tokenizer, domains, s.num_prompts, s.num_generations, s.temperature,
                               budget, s.seed, difficulty=s.difficulty, batch_size=s.batch_size,
                               progress=not rc.quiet, verifier=s.verifier)
     write_rollouts(out, rows)
     mean = sum(r["reward"] for r in rows) / len(rows)
     logging.getLogger("gmts").info("%s: %d answers in %d groups, mean reward %.3f",
                                    out, len(rows), s.num_prompts * len(domains), mean)
-    from gmts_analysis.sampling.signal import warn_if_no_signal
-
     warn_if_no_signal(rows, str(out))  # all rewards of a group equal: no gradient there
     return 0
 
@@ -102,8 +98,6 @@ def _check_sampling(s: SamplingOptions) -> None:
     """The checks of :class:`SamplingOptions` values that argparse does not make (one line each)."""
     import math
 
-    from gmts_analysis.errors import GmtsError
-
     if s.num_generations < 2:
         raise GmtsError(f"--num-generations must be >= 2 (a group needs a baseline), got {s.num_generations}")
     if s.batch_size < 1:
@@ -120,23 +114,17 @@ def _run_prompts(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
 
     import torch
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import load_model
-    from gmts_analysis.readers.verifiers import resolve_verifier
-    from gmts_analysis.sampling.generate import read_prompts, sample_prompts
-    from gmts_analysis.toy.sample import write_rollouts
+    from gmts_analysis.sampling.generate import read_prompts, sample_prompts  # deferred: torch
+    from gmts_analysis.toy.sample import write_rollouts  # deferred: torch
 
     if s.num_prompts is not None and s.num_prompts < 1:
         raise GmtsError("--num-prompts must be >= 1")
     out = _check_out(s, o)
     rows = read_prompts(s.prompts, s.num_prompts)
     verifier = resolve_verifier(s.verifier)
-    model, tokenizer = load_model(s.model, s.device, s.dtype, offline=rc.offline)
+    model, tokenizer = models.load_model(s.model, s.device, s.dtype, offline=rc.offline)
     if tokenizer is None:
         raise GmtsError(f"--model {s.model}: no tokenizer saved with the checkpoint (sampling needs one)")
-    from gmts_analysis.readers.models import resolve_model_path
-    from gmts_analysis.sampling.domains import card_max_new_tokens
-
     budget = s.max_completion_length or card_max_new_tokens(resolve_model_path(s.model))
     with torch.inference_mode():
         answers = sample_prompts(model, tokenizer, rows, s.num_generations, verifier=verifier,
@@ -150,8 +138,6 @@ def _run_prompts(s: SamplingOptions, o: OutputOptions, rc: RunControl) -> int:
         msg += f", mean reward {sum(a['reward'] for a in answers) / len(answers):.3f}"
     logging.getLogger("gmts").info("%s", msg)
     if verifier is not None:
-        from gmts_analysis.sampling.signal import warn_if_no_signal
-
         warn_if_no_signal(answers, str(out))  # after the mean reward, the last line a user reads
     return 0
 

@@ -14,7 +14,7 @@ outside the run. Killed, the same command resumes.
 from __future__ import annotations
 
 from gmts_analysis.options.command import Command, Positional
-from gmts_analysis.options.config import RunControl
+from gmts_analysis.options.config import RunControl, default_out
 from gmts_analysis.run.series_types import SeriesSettings
 
 EXAMPLES = """examples:
@@ -29,11 +29,9 @@ def series(output_dir: str, s: SeriesSettings, rc: RunControl) -> int:
     import dataclasses
     import logging
 
-    from gmts_analysis.run.trl_series import audit_series
+    from gmts_analysis.run.trl_series import audit_series  # deferred: torch, pandas
 
     if s.out is None:
-        from gmts_analysis.options.config import default_out
-
         s = dataclasses.replace(s, out=default_out("series"))
     if rc.threads:
         import torch

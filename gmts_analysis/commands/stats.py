@@ -16,16 +16,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below, read_run
+from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.analysis.summary import summary_text, too_small
 from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, check_rho
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
-
-if TYPE_CHECKING:
-    from gmts_analysis.analysis.stats_types import Statistics
+from gmts_analysis.probing.validate import validate_run_dir
+from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.util import io
+from gmts_analysis.util.io import check_output_file, check_output_location, read_json, read_json_object, read_parquet
 
 EXAMPLES = """examples:
   gmts stats runs/mine --n-boot 0 --out /tmp/stats.json                  # rewrites, or writes elsewhere
@@ -76,9 +80,6 @@ def warn_few_groups(stats: Statistics | dict) -> bool:
     (a cluster bootstrap over 2 groups gives "0.95 [0.95, 0.95]"); returns whether it warned."""
     import logging
 
-    from gmts_analysis.analysis.stats_types import Statistics
-    from gmts_analysis.analysis.summary import too_small
-
     st = Statistics.coerce(stats)
     meta = st.meta
     n, n_boot = meta.n_groups, meta.n_boot or 0
@@ -96,11 +97,12 @@ def stats(source: str, args: StatsOptions, control: RunControl) -> int:
     import logging
     import time
 
-    from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below
-    from gmts_analysis.analysis.stats import compute_statistics, is_current, kept_fidelity, write_stats
-    from gmts_analysis.analysis.summary import summary_text
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.util.io import read_json, read_parquet
+    from gmts_analysis.analysis.stats import (  # deferred: pandas
+        compute_statistics,
+        is_current,
+        kept_fidelity,
+        write_stats,
+    )
 
     log = logging.getLogger("gmts_analysis.analysis.stats")
     run_dir = Path(source)
@@ -108,14 +110,10 @@ def stats(source: str, args: StatsOptions, control: RunControl) -> int:
         raise GmtsError(f"{run_dir}: no such run directory")
     if args.n_boot < 0:
         raise GmtsError(f"--n-boot must be >= 0, got {args.n_boot}")
-    from gmts_analysis.probing.validate import validate_run_dir
-
     validate_run_dir(run_dir)  # every contract column (no estimator silently dropped), answers, manifest
     if args.verifier is not None or args.rewards is not None or args.mask_truncated_completions:
         return _rescore(args, control, run_dir, source)
     if args.out:
-        from gmts_analysis.util.io import check_output_file, check_output_location, read_json_object
-
         if Path(args.out).is_dir():
             raise GmtsError(f"--out {args.out}: is a directory; expected a file name (e.g. stats.json)")
         check_output_file(args.out, "--out", lambda p: "meta" in read_json_object(p) and "estimators" in
@@ -155,17 +153,10 @@ def _rescore(args: StatsOptions, control: RunControl, run_dir: Path, source: str
     """``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``: a re-scored run directory."""
     import logging
 
-    from gmts_analysis.analysis.runs import read_run
-    from gmts_analysis.analysis.stats_types import Statistics
-    from gmts_analysis.analysis.summary import summary_text
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.run.finalize import write_run_dir
-    from gmts_analysis.run.rescore import rescore
-    from gmts_analysis.util import io
+    from gmts_analysis.run.finalize import write_run_dir  # deferred: torch, pandas
+    from gmts_analysis.run.rescore import rescore  # deferred: pandas
 
     if args.verifier is not None:
-        from gmts_analysis.readers.verifiers import resolve_verifier
-
         resolve_verifier(args.verifier)  # an unknown name or a missing package, before any work
     if args.rewards is not None:
         io.check_regular_file(args.rewards, "--rewards")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command
 from gmts_analysis.options.config import QUIET_HELP
 from gmts_analysis.options.fields import opt
+from gmts_analysis.readers.models import data_dir
+from gmts_analysis.util.io import staged_directory
 
 EXAMPLES = """examples:
   gmts toy-train --size tiny --out /tmp/tiny --max-steps 50
@@ -36,11 +39,8 @@ def toy_train(opts: ToyTrainOptions) -> int:
     """Train, evaluate and save the toy policy ``opts.size`` (module docstring)."""
     import logging
 
-    from gmts_analysis.errors import GmtsError
-    from gmts_analysis.readers.models import data_dir
-    from gmts_analysis.toy.card import CARD_PROMPTS, evaluate_pass_at_1, save_policy
-    from gmts_analysis.toy.train import train_policy
-    from gmts_analysis.util.io import staged_directory
+    from gmts_analysis.toy.card import CARD_PROMPTS, evaluate_pass_at_1, save_policy  # deferred: torch
+    from gmts_analysis.toy.train import train_policy  # deferred: torch
 
     if opts.max_steps is not None and opts.max_steps < 1:
         raise GmtsError("--max-steps must be >= 1")

@@ -13,17 +13,19 @@ One home for:
   tolerance against float error (``0.3 * 10`` keeps 3, not 4), clipped to ``[0, n]``; for an
   int, a numpy array or a torch tensor (elementwise).
 
-Only numpy, pandas and (lazily) scipy: the table statistics, the RL diagnostics and the
+Only numpy at import (pandas, scipy and torch when a function needs them): the table statistics, the RL diagnostics and the
 tensor selection all import from here.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 MIN_TOKENS = 5  # a within-answer / within-group correlation needs this many tokens
 KEEP_TOLERANCE = 1e-9  # ceil(rho * n - KEEP_TOLERANCE): 0.3 * 10 = 3.0000000000000004 keeps 3
@@ -52,6 +54,8 @@ def n_keep(rho: float, n: Any) -> Any:
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
     """Average ranks (1-based) of a 1-D float array, like ``scipy.stats.rankdata``."""
+    import pandas as pd
+
     return pd.Series(x).rank(method="average").to_numpy(dtype=np.float64)
 
 
@@ -109,6 +113,8 @@ def per_cluster_spearman(
     ``min_tokens`` remaining tokens or a constant score or target get NaN.
     Returns a float Series indexed by cluster id (every cluster of ``df``, first-seen order).
     """
+    import pandas as pd
+
     clusters = pd.Index(pd.unique(df[cluster]))
     out = pd.Series(np.nan, index=clusters, dtype=np.float64, name=score)
     if score not in df.columns or target not in df.columns:

@@ -20,13 +20,13 @@ Every function returns a boolean numpy mask aligned with the rows of the table.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from gmts_analysis.core.rank import n_keep  # noqa: F401 - the one top-k count, re-exported here
-from gmts_analysis.core.selection_tensor import keep_first, scope_order
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, RHOS, SCOPES  # noqa: F401 - RHOS re-exported
 from gmts_analysis.errors import GmtsError
 
@@ -71,6 +71,8 @@ def selection_order(
     ``order`` sorts rows by scope, then real scores before NaN, then score descending, then
     ``(answer_id, position)``; a top-k selection keeps the first k rows of each scope in it.
     """
+    import torch
+
     n = len(df)
     s = np.asarray(df[score] if isinstance(score, str) else score, dtype=np.float64)
     if s.shape != (n,):
@@ -78,7 +80,7 @@ def selection_order(
     scope_id = scope_codes(df, scope, group_col=group_col, batch_col=batch_col)
     # lay the rows out in (answer_id, position) order, so that the index is the tie-break
     tie = np.lexsort((np.asarray(df["position"], dtype=np.int64), _codes(df["answer_id"])))
-    order = scope_order(torch.from_numpy(np.ascontiguousarray(s[tie])), torch.from_numpy(scope_id[tie])).numpy()
+    order = _tensor().scope_order(torch.from_numpy(np.ascontiguousarray(s[tie])), torch.from_numpy(scope_id[tie])).numpy()
     return tie[order], scope_id
 
 
@@ -102,8 +104,10 @@ def select_top(
     n = len(df)
     if n == 0:
         return np.zeros(0, dtype=bool)
+    import torch
+
     order, scope_id = selection_order(df, score, scope, group_col=group_col, batch_col=batch_col)
-    return keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
+    return _tensor().keep_first(torch.from_numpy(order), torch.from_numpy(scope_id), rho).numpy()
 
 
 def overlap(
@@ -188,18 +192,24 @@ def selections(
     return {s: select_top(df, s, rho, scope) for s in scores}
 
 
-# Tensor API (TRL/verl shapes: (B, T) scores with a completion mask), kept in its own module.
-from gmts_analysis.core.selection_tensor import (  # noqa: F401, E402
-    NORMALIZERS,
-    SELECTIONS,
-    aggregate_loss,
-    gmts_lgn_scores,
-    gmts_scores,
-    loss_weight_tensor,
-    random_scores,
-    select_tokens,
-    selection_mask,
-    selection_overlap,
-    token_omega,
-    token_scores,
-)
+#: the tensor API (TRL/verl shapes: (B, T) scores with a completion mask), kept in its own module
+#: (:mod:`gmts_analysis.core.selection_tensor`, which loads torch) and re-exported here on first use
+TENSOR_API = frozenset({
+    "NORMALIZERS", "SELECTIONS", "aggregate_loss", "gmts_lgn_scores", "gmts_scores", "loss_weight_tensor",
+    "random_scores", "select_tokens", "selection_mask", "selection_overlap", "token_omega", "token_scores",
+})
+
+
+def _tensor() -> ModuleType:
+    """:mod:`gmts_analysis.core.selection_tensor`, imported when first needed (so that the table-level selection
+    above loads no torch until it selects)."""
+    from gmts_analysis.core import selection_tensor  # deferred: torch
+
+    return selection_tensor
+
+
+def __getattr__(name: str) -> Any:
+    """``gmts_analysis.core.selection.<tensor API name>``: that name of :mod:`gmts_analysis.core.selection_tensor`."""
+    if name in TENSOR_API:
+        return getattr(_tensor(), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

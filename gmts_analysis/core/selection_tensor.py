@@ -50,6 +50,7 @@ from torch import Tensor
 
 from gmts_analysis.core.loss_terms import AGGREGATIONS
 from gmts_analysis.core.objective import LOSS_AGGS, LossSettings, answer_weights, omega_tensor
+from gmts_analysis.core.rank import n_keep
 from gmts_analysis.core.scores import MASKED_ARMS, SELECTION_ARMS, get_score
 from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, NORMALIZERS, SCOPES
 
@@ -77,8 +78,6 @@ def scope_order(scores: Tensor, scope: Tensor) -> Tensor:
 def keep_first(order: Tensor, scope: Tensor, rho: float) -> Tensor:
     """``(n,)`` bool: the first :func:`gmts_analysis.core.rank.n_keep` ``(rho, n_scope)`` tokens of each
     scope in ``order`` (from :func:`scope_order`); ``scope`` holds codes ``0..S-1`` per token."""
-    from gmts_analysis.core.rank import n_keep  # deferred: pandas
-
     out = torch.zeros(order.numel(), dtype=torch.bool, device=order.device)
     if order.numel() == 0:
         return out

@@ -66,10 +66,23 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.core.objective import trl_loss_settings
+from gmts_analysis.core.rank import spearman, within_spearman
 from gmts_analysis.core.scores import DIAGNOSTIC_SCORES, diagnostic_pairs, get_score, times_abs_omega
 from gmts_analysis.core.seeding import derive_seed
+from gmts_analysis.core.selection_tensor import (
+    ScoreInputs,
+    group_codes,
+    score_tensor,
+    select_tokens,
+    selection_overlap,
+    token_omega,
+)
+from gmts_analysis.core.tokens import token_quantities
 from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, SCOPES, check_rho
+from gmts_analysis.engine import grad_norms
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.integrations.verl_recipe import verl_settings
 
 PREFIX = "gmts/"
 SCORES = DIAGNOSTIC_SCORES  # live view of the registry
@@ -95,8 +108,6 @@ def diagnostic_scores(entropy: Tensor, omega: Tensor, mask: Tensor,
     A diagnostic score is never dropped silently: one that needs a quantity the diagnostics cannot
     have (:data:`DIAGNOSTIC_QUANTITIES`) is refused with a :class:`~gmts_analysis.errors.GmtsError`, and
     one whose quantity this caller did not give is left out with a warning (once per score)."""
-    from gmts_analysis.core.selection_tensor import ScoreInputs, score_tensor
-
     inputs = ScoreInputs("diagnostics", mask, omega.device, entropy=entropy, omega=omega, logprob=logprob,
                          logit_grad_norm=logit_grad_norm, uniform=False)
     out = {}
@@ -149,8 +160,6 @@ def selection_diagnostics(
     Returns:
         ``{"gmts/<metric>": value}``: shares in [0, 1] (NaN where undefined).
     """
-    from gmts_analysis.core.selection import select_tokens, selection_overlap
-
     m = mask.bool()
     informative = m & (omega != 0)
     out: dict[str, float] = {
@@ -160,8 +169,6 @@ def selection_diagnostics(
     row_inf = informative.any(-1)
     out[PREFIX + "zero_advantage/answer_share"] = _share((has_tok & ~row_inf).sum(), has_tok.sum())
     if group_ids is not None:
-        from gmts_analysis.core.selection_tensor import group_codes
-
         codes = group_codes(group_ids, m.shape[0], m.device)
         n_groups = int(codes.max()) + 1 if codes.numel() else 0
         g_inf = torch.zeros(n_groups, device=m.device).index_add_(0, codes, row_inf.float()) > 0
@@ -208,9 +215,6 @@ def gradient_diagnostics(
     ``ids[prompt_len:]`` in the order of the ``(B, T)`` tensors' positions (left-aligned).
     picks: ``[(row, n)]`` from :func:`sample_answers`. scores/omega: ``(B, T)``.
     """
-    from gmts_analysis.core.rank import spearman, within_spearman
-    from gmts_analysis.engine import grad_norms
-
     t0 = time.perf_counter()
     device = next(model.parameters()).device
     within: dict[str, list[float]] = {k: [] for k in scores}
@@ -294,7 +298,6 @@ def completion_quantities(model: torch.nn.Module, prompt_ids: Tensor, prompt_mas
                           completion_mask: Tensor, temperature: float) -> tuple[Tensor, Tensor, Tensor]:
     """``(logprob, entropy, logit_grad_norm)``, each ``(B, C)`` over TRL's completion positions,
     from one no-grad forward of ``[prompt_ids, completion_ids]`` (TRL's left-padded prompts)."""
-    from gmts_analysis.core.tokens import token_quantities
 
     ids = torch.cat([prompt_ids, completion_ids], dim=1)
     att = torch.cat([prompt_mask, completion_mask], dim=1)
@@ -353,9 +356,6 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
 
 def _trl_batch_diagnostics(trainer: Any, unwrapped: torch.nn.Module, inputs: dict, *, rho: float, scope: str,
                            max_tokens: int, seed: int, cutoff: str) -> dict[str, float]:
-    from gmts_analysis.core.objective import trl_loss_settings
-    from gmts_analysis.core.selection import token_omega
-
     pm, cm = inputs["prompt_mask"], inputs["completion_mask"]
     if "tool_mask" in inputs:
         cm = cm * inputs["tool_mask"]
@@ -454,8 +454,6 @@ class GmtsDiagnosticsCallback(TrainerCallback):
             gmts_analysis.errors.GmtsError: TRL settings whose omega the toolkit does not model (before
                 training starts).
         """
-        from gmts_analysis.core.objective import trl_loss_settings
-
         trl_loss_settings(trainer, what="gmts diagnostics")
         self.trainer = trainer
         inner = trainer._compute_loss
@@ -540,9 +538,6 @@ def verl_diagnostics(
     ``model`` (a Hugging Face causal LM on this process, e.g. a copy of the actor) and
     ``batch["prompts"]``/``["responses"]``/``["attention_mask"]`` (verl's left-padded prompts).
     """
-    from gmts_analysis.core.selection import token_omega
-    from gmts_analysis.integrations.verl_recipe import verl_settings
-
     # the loss omega is computed under: verl's actor config, read as the recipe reads it
     b = data.batch
     settings = verl_settings(actor, algorithm, loss_agg_mode=loss_agg_mode, kl_beta=kl_beta,

@@ -41,7 +41,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmts_analysis.core.scores import SELECTION_ARMS
+from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES, check_rho
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
+from gmts_analysis.readers.models import resolve_model_path
 from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one home; re-exported for scripts)
     HELDOUT_PROBLEMS,
     RESUME_FILES,
@@ -55,6 +59,9 @@ from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one 
     newest_resumable,
 )
 from gmts_analysis.readers.trl_output import TRAINING_ARGS_JSON as TRAINING_ARGS_FILE
+from gmts_analysis.readers.verifiers import math_boxed_reward
+from gmts_analysis.sampling.wordproblems import word_problems
+from gmts_analysis.util.atomic import _nan_to_none, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -92,9 +99,6 @@ def trainable_checkpoint(name: str) -> str:
     """``name`` as a checkpoint directory that ``from_pretrained`` loads and TRL fine-tunes: ``smollm2`` or a
     GGUF file (or a folder holding one) becomes its cached conversion
     (:func:`gmts_analysis.readers.gguf.converted_checkpoint`), anything else is returned as given."""
-    from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
-    from gmts_analysis.readers.models import resolve_model_path
-
     path = resolve_model_path(name)
     gguf = find_gguf(path) if os.path.exists(path) else None
     return str(converted_checkpoint(gguf)) if gguf is not None else path
@@ -117,8 +121,6 @@ def distinct_word_problems(n: int, seed: int, difficulty: int | None = None,
     :func:`gmts_analysis.sampling.wordproblems.word_problems` from the seeds ``"{seed}/0"``, ``"{seed}/1"``, ...,
     deduplicated in order (reproducible from ``seed``; about 1,900 distinct problems exist over both levels, 700
     at level 1). ``matched_examples`` changes the worked examples shown, never which problems are drawn."""
-    from gmts_analysis.sampling.wordproblems import word_problems
-
     out: list[dict] = []
     seen = set(exclude)
     draw = _DRAW_LEVEL_1 if difficulty == 1 else _DRAW
@@ -150,7 +152,7 @@ def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int
 
 def problem_texts(paths: str | None) -> set[str]:
     """The problem texts (last user message) of the prompt rows in the JSONL files ``paths`` (comma-separated)."""
-    from gmts_analysis.sampling.generate import read_prompts
+    from gmts_analysis.sampling.generate import read_prompts  # deferred: torch
 
     out: set[str] = set()
     for p in (paths or "").split(","):
@@ -350,8 +352,6 @@ class KeepLastOptimizerCallback(_callback_base()):
 
 def word_problem_reward() -> Any:
     """The reward function TRL calls: ``math_boxed`` (named so in TRL's logs: ``rewards/math_boxed/mean``)."""
-    from gmts_analysis.readers.verifiers import math_boxed_reward
-
     def math_boxed(prompts: Any, completions: Any, solution: Any = None, **kwargs: Any) -> list[float | None]:
         return math_boxed_reward(prompts, completions, solution=solution)
 
@@ -359,8 +359,6 @@ def word_problem_reward() -> Any:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    from gmts_analysis.util.atomic import atomic_write_text
-
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
 
 
@@ -368,8 +366,6 @@ def write_training_args(output_dir: str | os.PathLike, training_args: Any) -> Pa
     """``output_dir/gmts_training_args.json``: ``training_args.to_dict()`` as JSON (sorted keys, NaN as null,
     written atomically), the run's full training arguments for readers that must not unpickle
     ``training_args.bin``."""
-    from gmts_analysis.util.atomic import _nan_to_none, atomic_write_text
-
     text = json.dumps(_nan_to_none(training_args.to_dict()), indent=1, sort_keys=True, default=str, allow_nan=False)
     return atomic_write_text(Path(output_dir) / TRAINING_ARGS_FILE, text + "\n")
 
@@ -377,9 +373,6 @@ def write_training_args(output_dir: str | os.PathLike, training_args: Any) -> Pa
 def check_arguments(script_args: WordProblemArguments, training_args: Any) -> None:
     """Every token-selection, budget and problem option in its domain, before anything is loaded or written;
     raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1])."""
-    from gmts_analysis.core.scores import SELECTION_ARMS
-    from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES, check_rho
-
     t = training_args
 
     def bad(flag: str, value: Any, rule: str) -> GmtsError:
@@ -509,7 +502,7 @@ def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_
     """The :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` of the script's arguments
     (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``reward_funcs``:
     ``math_boxed`` unless given, any TRL reward function or list of them)."""
-    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer  # deferred: torch
 
     train_rows, _ = script_splits(script_args)
     model = trainable_checkpoint(script_args.model_name_or_path)
@@ -567,7 +560,7 @@ def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: A
     rec = {**asdict(script_args), "model_path": trainable_checkpoint(script_args.model_name_or_path)}
     rec.pop("restart")
     train_rows, held = script_splits(script_args)
-    from gmts_analysis.integrations.rollout_log import write_rows
+    from gmts_analysis.integrations.rollout_log import write_rows  # deferred: torch
 
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / TRAIN_PROBLEMS, train_rows)
@@ -601,7 +594,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments
     (argparse's own included), raised before anything is loaded or written."""
     from trl import TrlParser
 
-    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig  # deferred: torch
 
     quiet_known_warnings()  # GRPOConfig's gradient_checkpointing default warns as it is built
     parser = TrlParser((WordProblemArguments, SelectiveGRPOConfig))

@@ -83,9 +83,10 @@ from typing import Any
 
 import torch
 
+from gmts_analysis.core.loss_terms import AGGREGATIONS
 from gmts_analysis.core.objective import VERL_LOSS_AGG, LossSettings, verl_loss_settings
 from gmts_analysis.core.scores import SELECTION_ARMS, get_score
-from gmts_analysis.core.selection import select_tokens, selection_overlap, token_scores
+from gmts_analysis.core.selection_tensor import select_tokens, selection_overlap, token_scores
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS
 
 
@@ -200,8 +201,6 @@ def selected_normalizer_factor(mask: torch.Tensor, selected: torch.Tensor, loss_
                                dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``n_all / n_selected`` in ``dtype`` (the advantages'): a scalar (token-mean) or ``(bs, 1)`` per row
     (seq-mean-token-mean)."""
-    from gmts_analysis.core.loss_terms import AGGREGATIONS
-
     m = mask.to(dtype)
     s = selected.to(dtype) * m
     agg = AGGREGATIONS.get(VERL_LOSS_AGG.get(loss_agg_mode, ""))

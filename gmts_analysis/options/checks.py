@@ -11,7 +11,18 @@ import dataclasses
 import math
 from typing import Any, Mapping
 
+from gmts_analysis.core.sizes import parse_chunk_size
+from gmts_analysis.core.vocabulary import check_rho
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.options.fields import flag
+from gmts_analysis.readers import models
+from gmts_analysis.readers.gguf import check_gguf_file, find_gguf
+from gmts_analysis.readers.models import ALIASES, DTYPE_NAMES, REAL_MODELS, resolve_device, resolve_model_path
+from gmts_analysis.readers.sources import parse_steps
+from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.sampling.names import domain_list
+from gmts_analysis.toy.domains import DOMAINS
+from gmts_analysis.util.io import require_regular, special_kind
 
 SEED_MAX = 2**63 - 1
 #: the most sketch directions --probes takes (K forward-mode passes per answer)
@@ -71,9 +82,11 @@ def difficulty(flag: str, v: Any) -> None:
 
 
 def rho(flag: str, v: Any) -> None:
-    x = float_value(flag, v)
-    if not (math.isfinite(x) and 0 < x <= 1):
-        raise GmtsError(f"{flag}: must be a keep fraction in (0, 1], got {v}")
+    """A keep fraction: the domain of :func:`gmts_analysis.core.vocabulary.check_rho`, in the flags' wording."""
+    try:
+        check_rho(float_value(flag, v), flag)
+    except ValueError:
+        raise GmtsError(f"{flag}: must be a keep fraction in (0, 1], got {v}") from None
 
 
 def probability(flag: str, v: Any) -> None:
@@ -83,8 +96,6 @@ def probability(flag: str, v: Any) -> None:
 
 
 def device(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.models import resolve_device
-
     try:
         resolve_device(str(v))
     except GmtsError as e:
@@ -93,30 +104,21 @@ def device(flag: str, v: Any) -> None:
 
 
 def dtype(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.models import DTYPES
-
-    if v not in DTYPES:
-        raise GmtsError(f"{flag}: unknown dtype '{v}' (choose from {', '.join(DTYPES)})")
+    if v not in DTYPE_NAMES:
+        raise GmtsError(f"{flag}: unknown dtype '{v}' (choose from {', '.join(DTYPE_NAMES)})")
 
 
 def domains(flag: str, v: Any) -> None:
     """Sampling domains: the toy domains and the word problems (gmts run, gmts sample)."""
-    from gmts_analysis.sampling.names import domain_list
-
     domain_list(v, flag=flag)
 
 
 def toy_domains(flag: str, v: Any) -> None:
     """Training domains: the toy domains only (gmts rl)."""
-    from gmts_analysis.sampling.names import domain_list
-    from gmts_analysis.toy.domains import DOMAINS
-
     domain_list(v, tuple(DOMAINS), flag)
 
 
 def verifier(flag: str, v: Any) -> None:
-    from gmts_analysis.readers.verifiers import resolve_verifier
-
     resolve_verifier(v)
 
 
@@ -132,8 +134,6 @@ def int_list(flag: str, v: Any) -> None:
 
 def step_spec(flag: str, v: Any) -> None:
     """Training steps: ``'10,20'`` or ranges ``'10-30'`` (:func:`gmts_analysis.readers.sources.parse_steps`)."""
-    from gmts_analysis.readers.sources import parse_steps
-
     try:
         parse_steps(v)
     except GmtsError as e:
@@ -159,8 +159,6 @@ def output_path(flag: str, v: Any) -> None:
 def input_file(flag: str, v: Any) -> None:
     from pathlib import Path
 
-    from gmts_analysis.util.io import require_regular
-
     for x in (v if isinstance(v, (list, tuple)) else [v]):
         p = Path(str(x))
         if not p.exists():
@@ -172,8 +170,6 @@ def input_file(flag: str, v: Any) -> None:
 
 def input_path(flag: str, v: Any) -> None:
     from pathlib import Path
-
-    from gmts_analysis.util.io import require_regular
 
     for x in (v if isinstance(v, (list, tuple)) else [v]):
         if not Path(str(x)).exists():
@@ -187,9 +183,6 @@ def model(flag: str, v: Any) -> None:
     name gets a did-you-mean instead of a hub download."""
     from pathlib import Path
 
-    from gmts_analysis.readers.gguf import check_gguf_file, find_gguf
-    from gmts_analysis.util.io import special_kind
-
     p = Path(str(v))
     if (p.suffix.lower() == ".gguf" and (p.is_file() or p.is_symlink() or special_kind(p))) or \
             (p.is_dir() and find_gguf(p) is not None):  # a GGUF file, or the one in a folder: checked whole
@@ -198,15 +191,13 @@ def model(flag: str, v: Any) -> None:
     if p.exists() and not p.is_dir():
         raise GmtsError(f"{flag} {v}: is a file; give a model directory, a .gguf file, a hub id, or "
                         "tiny | small | smollm2")
-    from gmts_analysis.readers.models import ALIASES, REAL_MODELS, hub_cached, resolve_model_path
-
     s = str(v)
     if not p.exists() and "/" not in s and "," not in s and s not in ALIASES + REAL_MODELS:
         import difflib
 
         close = difflib.get_close_matches(s.lower(), ALIASES + REAL_MODELS, n=2, cutoff=0.6)
         close += [n for n in ALIASES + REAL_MODELS if s and n.startswith(s.lower()) and n not in close]
-        if close and not hub_cached(s):  # a typo of a shipped name, not a hub id to download
+        if close and not models.hub_cached(s):  # a typo of a shipped name, not a hub id to download
             raise GmtsError(f"{flag} {v}: not a shipped model, a local directory or a cached hub id; did you "
                             f"mean {' or '.join(close[:2])}? (a hub id is written org/name)")
     resolve_model_path(s)
@@ -220,8 +211,6 @@ def probes(flag: str, v: Any) -> None:
 
 
 def chunk_size(flag: str, v: Any) -> None:
-    from gmts_analysis.core.sizes import parse_chunk_size
-
     parse_chunk_size(v, flag)
 
 
@@ -240,8 +229,6 @@ def number_in(low: float, high: float | None = None, low_open: bool = False, hig
 
 def check_fields(fields: Mapping[str, dataclasses.Field], values: Mapping[str, Any]) -> None:
     """Every value of ``values`` whose field declares a ``check``, in field order (None: not given)."""
-    from gmts_analysis.options.fields import flag
-
     for name, f in fields.items():
         check = f.metadata.get("check")
         v = values.get(name)

@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.probing.validate import check_answers
+from gmts_analysis.readers import models
+from gmts_analysis.readers.models import context_length
 from gmts_analysis.readers.rollouts import ReaderOptions, read_rollouts, read_rollouts_rows, validate_against_model
 from gmts_analysis.readers.sources import input_sha256
 from gmts_analysis.readers.verifiers import resolve_verifier
@@ -69,12 +72,10 @@ def truncation_counts(cfg: "ProbeOptions", answers: Sequence[Any], n_cut: int) -
 
 def _dtype_name(model: "torch.nn.Module") -> str:
     """The ``--dtype`` name of a loaded model's parameters (refused when the probe has none for it)."""
-    from gmts_analysis.readers.models import DTYPES  # deferred: torch
-
     dt = next(model.parameters()).dtype
-    names = {v: k for k, v in DTYPES.items()}
+    names = {v: k for k, v in models.DTYPES.items()}
     if dt not in names:
-        raise GmtsError(f"model dtype {dt} is not supported (use one of {', '.join(DTYPES)})")
+        raise GmtsError(f"model dtype {dt} is not supported (use one of {', '.join(models.DTYPE_NAMES)})")
     return names[dt]
 
 
@@ -86,19 +87,17 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
     ``tokenizer``, when given, replaces the checkpoint's."""
     import torch
 
-    from gmts_analysis.readers.models import load_model, resolve_device  # deferred: torch
-
     given = given or {}
     if isinstance(model, (str, os.PathLike)):
         name = os.fspath(model)
-        m, tok = load_model(name, opts.device if device is None else device, opts.dtype, offline=offline)
+        m, tok = models.load_model(name, opts.device if device is None else device, opts.dtype, offline=offline)
         # the manifest records the model as the user named it (a shipped name, a path as given, a hub id),
         # never the absolute path it resolved to on the machine that made the run
         return m, tokenizer if tokenizer is not None else tok, name, opts
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
         raise GmtsError(f"model: expected a path, a .gguf file, a hub id, tiny|small|smollm2 or a loaded causal LM, got {type(model).__name__}")
     dev = next(model.parameters()).device
-    want = resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
+    want = models.resolve_device(given["device"]) if given.get("device", "auto") != "auto" else dev
     if (want.type, want.index or 0) != (dev.type, dev.index or 0):
         raise GmtsError(f"option device={given['device']!r}: the model is on {dev} (move it yourself; the "
                         "probe never moves a loaded model)")
@@ -183,8 +182,6 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
     Raises :class:`GmtsError` for a model or answers that cannot be probed.
     """
     from gmts_analysis.probing import kernel  # deferred: torch, pandas
-    from gmts_analysis.probing.validate import check_answers  # deferred: numpy
-    from gmts_analysis.readers.models import context_length  # deferred: torch
 
     t0 = time.perf_counter()
     name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None

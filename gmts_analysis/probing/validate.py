@@ -11,8 +11,6 @@ import argparse
 import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
-
 from gmts_analysis.core.estimators import ESTIMATORS
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.checks import check_fields
@@ -141,6 +139,8 @@ def check_finite(cols: Mapping[str, Any], where: str, allow_nan: Sequence[str] =
     ``allow_nan`` names columns that may be NaN (never infinite), e.g. ``grad_norm_logp``
     under ``--grad-norm none``.
     """
+    import numpy as np
+
     for k, v in cols.items():
         if isinstance(v, (str, bytes)):
             continue
@@ -205,6 +205,8 @@ def _check_kind(path: Any, c: str, t: Any, allowed: Sequence[str], what: str, nu
 
 
 def _first_row(mask: Any) -> int:
+    import numpy as np
+
     return int(np.argmax(np.asarray(mask))) + 1
 
 
@@ -295,6 +297,8 @@ def _check_token_column_types(path: Any, schema: Any) -> tuple[list[str], list[s
 def _check_token_column_values(path: Any, c: str, col: Any, score: bool) -> None:
     """The values of the tokens file's column ``c`` (``col``, an arrow column): no null unless it may be NaN,
     never infinite, NaN only where allowed; an estimator column (``score``) with no value is warned about."""
+    import numpy as np
+
     nan_ok = c in NULLABLE_TOKEN_COLUMNS or score
     if col.null_count and not nan_ok and _arrow_kind(col.type) != "float":  # a float's null reads as NaN: below
         nulls = col.is_null().to_numpy(zero_copy_only=False)
@@ -362,6 +366,7 @@ def validate_answers_file(path: Any) -> None:
     whole numbers or text (both copied onto the tokens); ``prompt_ids`` / ``response_ids`` lists of token
     ids; ``length`` a whole number. The rollouts' own extra fields (``truncated`` ...) are read leniently
     where they are read."""
+    import numpy as np
     import pyarrow.parquet as pq
 
     a = read_parquet(path)

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gmts_analysis.readers.texts import last_boxed, response_text  # noqa: F401 - re-exported
+from gmts_analysis.readers.verifiers import math_answer
 
 #: verifiers whose answer comes from a ``\boxed{}`` only (no fallback)
 BOXED_ONLY = ("math_boxed",)
@@ -56,8 +57,6 @@ def _scored_answer(verifier: Any, text: str | None) -> str | None:
         box = last_boxed(text)
         return None if box is None else box.strip()
     if verifier in WITH_FALLBACK:
-        from gmts_analysis.readers.verifiers import math_answer
-
         return math_answer(text)
     return None
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import file_sha256, require_regular
+from gmts_analysis.util.progress import quiet_transformers
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +85,6 @@ def check_gguf_file(path: str | os.PathLike, flag: str = "--model") -> Path:
     a link to nothing, a FIFO or device, empty, without the GGUF magic, or whose header or tensor table
     does not parse or points past the end of the file (truncated). The header is parsed with the
     ``gguf`` package when it is installed (its tensors are memory-mapped, not read). Returns the path."""
-    from gmts_analysis.util.io import require_regular
-
     p = Path(path)
     if not p.exists():
         raise GmtsError(f"{flag} {path}: no such file" + (" (a dangling symbolic link)" if p.is_symlink() else ""))
@@ -166,8 +166,6 @@ def load_gguf(path: Path):
     """``(model, tokenizer)`` read from the GGUF file by transformers (float32, dequantized; slow)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gmts_analysis.util.progress import quiet_transformers
-
     _need_gguf_package(path)
     import torch
 
@@ -199,8 +197,6 @@ def _logits(model, ids: list[int]):
 def _entry_files(d: Path) -> dict[str, dict]:
     """``{name: {"size", "sha256"}}`` of every file of a cache entry but its record (the checksums
     recorded at conversion, checked before every use)."""
-    from gmts_analysis.util.io import file_sha256
-
     return {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)}
             for p in sorted(d.iterdir()) if p.name != SOURCE_RECORD and not p.name.startswith(".")}
 
@@ -232,8 +228,6 @@ def cache_entry_problem(d: Path) -> str | None:
                 return f"{name} is not a regular file"
             if p.stat().st_size != want.get("size"):
                 return f"{name} has {p.stat().st_size:,} bytes, {want.get('size')!r} at conversion (truncated?)"
-        from gmts_analysis.util.io import file_sha256
-
         for name, want in sorted(files.items(), key=lambda kv: (kv[0] != "config.json", kv[0])):
             if file_sha256(d / name) != want.get("sha256"):
                 return f"{name} was edited (its sha256 differs from the one recorded at conversion)"
@@ -340,8 +334,6 @@ def _plain_model(src: Path, gg_model: Any) -> Any:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from gmts_analysis.util.progress import quiet_transformers
-
     with quiet_transformers():
         plain = AutoModelForCausalLM.from_config(plain_config(copy.deepcopy(gg_model.config)), dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(gg_model.state_dict(), strict=False)
@@ -359,8 +351,6 @@ def _check_saved_logits(src: Path, tmp: Path, gg_model: Any, tok: Any) -> dict[s
     (else one line: not cached); the record's ``logits_check``."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from gmts_analysis.util.progress import quiet_transformers
 
     with quiet_transformers():
         back = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32, local_files_only=True).eval()

@@ -13,25 +13,42 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf, smollm2_gguf
 from gmts_analysis.util.progress import quiet_transformers
 from gmts_analysis.util.resources import data_dir
+
+if TYPE_CHECKING:
+    import torch
 
 ALIASES = ("tiny", "small")
 #: names of models that are not shipped but installed by an extra (see :mod:`gmts_analysis.readers.gguf`)
 REAL_MODELS = ("smollm2",)
-DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
+#: the model dtypes a run can ask for, by name (the keys of :data:`DTYPES`)
+DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
+
+
+def _dtypes() -> dict:
+    """The model dtypes by name (:data:`DTYPES`), built when first needed so that importing this module loads
+    no torch."""
+    import torch
+
+    return {name: getattr(torch, name) for name in DTYPE_NAMES}
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES``: ``{name: torch dtype}`` (its names are :data:`gmts_analysis.options.config.DTYPES`)."""
+    if name == "DTYPES":
+        return _dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolve_model_path(name: str) -> str:
     """Map ``tiny``/``small`` to ``data/policies/<name>`` and ``smollm2`` to its installed GGUF file;
     other names pass through."""
     if name in REAL_MODELS:
-        from gmts_analysis.readers.gguf import smollm2_gguf
-
         return str(smollm2_gguf())
     if name in ALIASES:
         path = data_dir() / "policies" / name
@@ -83,6 +100,8 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """``auto`` -> ``cuda`` if available else ``cpu``; ``cuda[:N]`` checked to exist."""
+    import torch
+
     if isinstance(spec, torch.device):
         return spec
     if spec == "auto":
@@ -106,11 +125,14 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
 
 
 def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
+    import torch
+
     if isinstance(name, torch.dtype):
         return name
-    if name not in DTYPES:
-        raise GmtsError(f"--dtype: unknown dtype '{name}' (choose from {', '.join(DTYPES)})")
-    return DTYPES[name]
+    dtypes = _dtypes()
+    if name not in dtypes:
+        raise GmtsError(f"--dtype: unknown dtype '{name}' (choose from {', '.join(dtypes)})")
+    return dtypes[name]
 
 
 def load_model(
@@ -149,8 +171,6 @@ def load_model(
                             "cannot be reached (no network?): download it where there is one, or give a local "
                             "directory")
     if local:
-        from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
-
         gguf = find_gguf(path)
         if gguf is not None:  # dequantized once, checked, cached; then read as any local checkpoint
             path = str(converted_checkpoint(gguf))

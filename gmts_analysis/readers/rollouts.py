@@ -35,6 +35,7 @@ from gmts_analysis.readers.formats import (
     detect_format as _detect_keys,
 )
 from gmts_analysis.readers.sources import (
+    RolloutFile,
     check_logprobs,
     check_reward,
     check_step,
@@ -45,6 +46,7 @@ from gmts_analysis.readers.sources import (
     rollout_files,
 )
 from gmts_analysis.readers.texts import response_text
+from gmts_analysis.readers.verifiers import score
 
 __all__ = ["Answer", "FORMATS", "ReaderOptions", "Rollouts", "detect_format", "input_sha256", "read_rollouts",
            "read_rollouts_rows", "validate_against_model"]
@@ -175,8 +177,6 @@ def read_rollouts_rows(
         if not isinstance(r, dict):
             raise GmtsError(f"{where}: row {i + 1}: expected a dict of fields, got {type(r).__name__}")
         numbered.append((i + 1, {str(k): _py(v) for k, v in r.items()}))
-    from gmts_analysis.readers.sources import RolloutFile
-
     keys: list[str] = []
     for _, r in numbered:
         keys.extend(k for k in r if k not in keys)
@@ -519,8 +519,6 @@ def _reward_note(state: _ReadState) -> dict:
 def _verify(sel: list[Answer], rows: list[dict], verifier: Callable) -> None:
     """Score answers with a TRL-shaped reward function, called with keywords as TRL calls it
     (:func:`gmts_analysis.readers.verifiers.score`); the rows' other columns go along as lists."""
-    from gmts_analysis.readers.verifiers import score
-
     columns: dict[str, list] = {}
     for r in rows:
         for k in r:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.files import read_json_object, require_regular
 
 #: a real training_args.bin is a few kB; anything far larger is not one
 MAX_PICKLE_BYTES = 4 << 20
@@ -145,8 +146,6 @@ def read_training_args_bin(path: str | os.PathLike) -> SavedArgs:
     unpickler (module docstring). Raises :class:`GmtsError` (one line naming the file) for a file that names any
     other type, holds tensors, or is not a ``torch.save`` archive: such a file is refused, never run."""
     f = Path(path)
-    from gmts_analysis.util.files import require_regular
-
     require_regular(f, str(f))
     data = _data_pkl(f)
     try:
@@ -167,8 +166,6 @@ def read_training_args_json(path: str | os.PathLike) -> SavedArgs:
     """The trainer arguments in ``path`` (``gmts_training_args.json``: a JSON object of the arguments'
     ``to_dict()``) as :class:`SavedArgs`; its ``saved_class`` is the object's ``"class"`` entry when it has one
     (with the fields under ``"args"``), else ``None``."""
-    from gmts_analysis.util.files import read_json_object
-
     j = read_json_object(Path(path))
     cls = None
     if isinstance(j.get("args"), dict) and isinstance(j.get("class"), str):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.util.io import file_sha256
 
 PARQUET_MAGIC = b"PAR1"
 _STEP_IN_NAME = re.compile(r"(\d+)(?!.*\d)")
@@ -163,8 +164,6 @@ def input_sha256(path: str | Path) -> str:
     """sha256 of a rollouts file, or of a directory's rollout files (names and contents)."""
     path = trl_completions_dir(Path(path))
     if path.is_file():
-        from gmts_analysis.util.io import file_sha256
-
         return file_sha256(path)
     h = hashlib.sha256()
     for p in sorted(path.iterdir()):

@@ -39,6 +39,9 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.models import ALIASES, REAL_MODELS
+from gmts_analysis.readers.saved_args import read_training_args_bin, read_training_args_json
+from gmts_analysis.util.files import read_json_object
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +120,6 @@ def has_weights(checkpoint: str | os.PathLike) -> bool:
 def check_checkpoint(checkpoint: str | os.PathLike) -> None:
     """Refuse (one line naming it) a checkpoint whose config.json is not a JSON object or that holds no model
     weights (:data:`WEIGHT_FILES`): a checkpoint cut short or tampered with, found before anything is loaded."""
-    from gmts_analysis.util.files import read_json_object
-
     c = Path(checkpoint)
     read_json_object(c / "config.json")
     if not has_weights(c):
@@ -164,8 +165,6 @@ def _script_args(root: Path) -> dict:
     f = root / SCRIPT_ARGS_FILE
     if not f.is_file():
         return {}
-    from gmts_analysis.util.files import read_json_object
-
     return read_json_object(f)
 
 
@@ -174,8 +173,6 @@ def script_base(args: dict) -> tuple[str, str]:
     (``model_name_or_path``: ``smollm2``, ``tiny``, ``small``; it loads the same weights on any machine) rather
     than the path it resolved to on the training machine (``model_path``, a conversion cache), else
     ``model_path``."""
-    from gmts_analysis.readers.models import ALIASES, REAL_MODELS
-
     given = args.get("model_name_or_path")
     if isinstance(given, str) and given in REAL_MODELS + ALIASES:
         return given, f"{SCRIPT_ARGS_FILE} model_name_or_path"
@@ -227,8 +224,6 @@ def training_args(path: str | os.PathLike) -> Any:
     above a ``checkpoint-N``), else from ``path``'s ``training_args.bin`` by the restricted unpickler of
     :func:`~gmts_analysis.readers.saved_args.read_training_args_bin`: nothing in the file is run (a file naming
     any type but the arguments' own is refused in one line). Needs neither TRL nor torch."""
-    from gmts_analysis.readers.saved_args import read_training_args_bin, read_training_args_json
-
     f = training_args_file(path)
     if f.name == TRAINING_ARGS_JSON:
         return read_training_args_json(f)
@@ -261,7 +256,7 @@ def probe_loss_options(args: Any, where: str | os.PathLike | None = None) -> dic
     :func:`gmts_analysis.core.objective.trl_loss_settings` (which refuses what omega does not model, naming
     ``where``: the file or folder being read): loss type, clipping, KL, importance-sampling level, the sampling
     temperature and the completion budget."""
-    from gmts_analysis.core.objective import trl_loss_settings
+    from gmts_analysis.core.objective import trl_loss_settings  # deferred: torch
 
     s = trl_loss_settings(args, what=f"training arguments of {where if where is not None else '?'}")
     return {

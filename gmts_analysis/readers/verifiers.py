@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.texts import last_boxed
+from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
 
 RewardFunction = Callable[..., list]
 BUILTIN = ("math", "math_boxed", "domain", "arithmetic", "program", "logic")
@@ -77,8 +79,6 @@ def math_boxed_reward(prompts: Sequence[Any], completions: Sequence[Any], soluti
     or the completion has none, None where the reference cannot be parsed. No fallback: a number written
     elsewhere in the text is never taken for the answer (the ``math`` verifier's fallback scores an unboxed,
     often truncated answer by its last number). The equivalence check is ``math_verify``'s."""
-    from gmts_analysis.readers.texts import last_boxed
-
     def boxed_only(text: str, parse: Any, cfg: list, ptime: Any) -> Any:
         box = last_boxed(text)
         return parse(f"$\\boxed{{{box}}}$", extraction_config=cfg, parsing_timeout=ptime) if box else None
@@ -188,8 +188,6 @@ def resolve_verifier(name: str | None) -> RewardFunction | None:
         return math_reward
     if name == "math_boxed":
         return math_boxed_reward
-    from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
-
     if name == "domain":
         return toy_reward
     if name not in REWARD_FUNCTIONS:
@@ -204,8 +202,6 @@ def verifier_name(verifier: RewardFunction) -> str:
         return "math"
     if verifier is math_boxed_reward:
         return "math_boxed"
-    from gmts_analysis.toy.verifiers import REWARD_FUNCTIONS, toy_reward
-
     if verifier is toy_reward:
         return "domain"
     for name, fn in REWARD_FUNCTIONS.items():

@@ -17,7 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from gmts_analysis.core.scores import SELECTION_ARMS
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.rl.arms_records import check_record_fields
+from gmts_analysis.rl.config import RLConfig, record_config
+from gmts_analysis.util.io import read_json, read_json_object
 
 #: the ``generator`` field of rl_report.json (what makes the file ours)
 GENERATOR = "gmts rl-report"
@@ -45,8 +49,6 @@ def load_plan(path: str | Path) -> dict:
     (config fields every run shares), settings (name, file, role, arms, the fields of
     :data:`SETTING_FIELDS`, optional ``all_from`` naming an earlier setting that runs ``all``) and
     contrasts (setting, a, b: names or ``"*"``; family ``primary`` | ``exploratory``)."""
-    from gmts_analysis.util.io import read_json_object
-
     path = Path(path)
     plan = read_json_object(path)
     w = str(path)
@@ -80,8 +82,6 @@ def _check_settings(plan: dict, w: str) -> dict[str, dict]:
         arms = _need(s, "arms", list, ws)
         if not arms or not all(isinstance(a, str) and a for a in arms) or len(set(arms)) != len(arms):
             raise GmtsError(f"{ws}.arms: expected distinct arm names, got {arms!r}")
-        from gmts_analysis.core.scores import SELECTION_ARMS
-
         unknown = [a for a in arms if a not in SELECTION_ARMS]
         if unknown:  # a run of it cannot exist: the setting would be reported cut for a typo in the plan
             raise GmtsError(f"{ws}.arms: '{unknown[0]}' is not a selection gmts rl runs "
@@ -184,8 +184,6 @@ def run_eval_se(rec: dict) -> float:
 def _config_defaults() -> dict:
     """:class:`~gmts_analysis.rl.config.RLConfig`'s defaults, JSON-ready (what a run recorded before a
     field existed ran with)."""
-    from gmts_analysis.rl.config import RLConfig, record_config
-
     return {k: list(v) if isinstance(v, tuple) else v for k, v in record_config(RLConfig()).items()}
 
 
@@ -212,8 +210,6 @@ def check_run(rec: Any, path: Path, want: dict, arm: str, seed: int, plan_path: 
         v = fp.get(d)
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= 1.0:
             raise GmtsError(f"{path}: final_pass1.{d} is {v!r}, expected a pass rate in [0, 1]")
-    from gmts_analysis.rl.arms_records import check_record_fields
-
     check_record_fields(rec, path)  # every other field the report reads: its type, finite
 
 
@@ -243,8 +239,6 @@ def _prior_index(plan: dict, data_dir: Path, plan_path: Path) -> dict[tuple[str,
     """``{(arm, seed): [(file, trajectory), ...]}`` of every run record in the plan's ``prior_runs`` folders
     (the runs that existed before the plan), files named as :func:`_shown` names them."""
     import re
-
-    from gmts_analysis.util.io import read_json
 
     own = {(data_dir / s["file"]).with_suffix("").name + ".runs" for s in plan["settings"]}
     index: dict[tuple[str, int], list[tuple[str, tuple]]] = {}

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from gmts_analysis.analysis.paired import heterogeneity, holm, paired_contrast, paired_t, welch_difference
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.rl.arms_plan import (
     BLOCK_TAG,
@@ -40,6 +41,8 @@ from gmts_analysis.rl.arms_plan import (
     setting_arms,
 )
 from gmts_analysis.rl.arms_text import contrast_sentence
+from gmts_analysis.rl.config import run_path
+from gmts_analysis.util.io import read_json
 
 # ----------------------------------------------------------------------------- mechanism
 
@@ -151,9 +154,6 @@ def _rel(p: Path, data_dir: Path) -> str:
 def _read_records(plan: dict, data_dir: Path, plan_path: Path) -> dict[tuple[str, str, int], dict | None]:
     """``{(setting, arm, seed): record or None}``: every run file the plan names, read and checked once
     against the plan (a borrowed ``all`` is read where it lives)."""
-    from gmts_analysis.rl.config import run_path
-    from gmts_analysis.util.io import read_json
-
     records: dict[tuple[str, str, int], dict | None] = {}
     for s in plan["settings"]:
         want = expected_config(plan, s)
@@ -206,8 +206,6 @@ def _setting_block(s: dict, plan: dict, records: dict, data_dir: Path, repeats: 
     results and mechanism (a borrowed ``all`` from the setting its ``all_from`` names), the evaluation
     seeds its runs used (one: every arm and seed saw the same prompts) and, per arm, the seeds whose run
     repeats an earlier one (``repeats``: :func:`repeats_of`)."""
-    from gmts_analysis.rl.config import run_path
-
     seeds = list(plan["seeds"])
 
     def source(arm: str) -> dict:
@@ -243,8 +241,6 @@ def _contrast_row(c: dict, settings: dict[str, dict], checked: bool) -> dict[str
     ``fresh`` (no run of either arm repeats an earlier run), ``pooled`` (some seeds do: their lists, and the
     statistics of the fresh seeds alone in ``fresh_only``) or ``unchecked`` (``checked``: the plan names
     its earlier runs)."""
-    from gmts_analysis.analysis.paired import paired_contrast
-
     row: dict[str, Any] = dict(c)
     s = settings[c["setting"]]
     if s["status"] != "complete":
@@ -278,8 +274,6 @@ def _judge(contrasts: list[dict], alpha: float) -> int:
     """Holm over every planned primary contrast (one whose setting is cut counts with p = 1:
     conservative), then each reported contrast's verdict and sentence; returns the number of primary
     contrasts."""
-    from gmts_analysis.analysis.paired import holm
-
     primary = [r for r in contrasts if r["family"] == "primary"]
     adj = holm([r.get("p", 1.0) if r["status"] == "reported" else 1.0 for r in primary])
     for r, p in zip(primary, adj):
@@ -326,16 +320,12 @@ def _final_step(runs: Sequence[dict]) -> int:
 
 def _mean_ci(values: Sequence[float]) -> dict[str, Any]:
     """``{n, mean, sd, ci_low, ci_high, values}``: the mean over seeds and its 95% t interval."""
-    from gmts_analysis.analysis.paired import paired_t
-
     t = paired_t(values)
     return {**{k: t[k] for k in ("n", "mean", "sd", "ci_low", "ci_high")}, "values": [float(x) for x in values]}
 
 
 def _exploratory(a: str, b: str, xa: Sequence[float], xb: Sequence[float], alpha: float) -> dict[str, Any]:
     """The paired contrast ``a - b`` of per-seed values, exploratory: statistics, differences, verdict."""
-    from gmts_analysis.analysis.paired import paired_contrast
-
     row: dict[str, Any] = {"status": "reported", **paired_contrast(xa, xb),
                            "differences": [float(x - y) for x, y in zip(xa, xb)]}
     row["verdict"], row["words"] = verdict(a, b, row, "exploratory", alpha)
@@ -465,8 +455,6 @@ def pooled_view(report: dict, pool: dict, data_dir: Path) -> dict[str, Any]:
     this experiment's and the earlier one's mean paired difference, both pooled over their seeds (paired
     tests over all of them, unadjusted), the difference between the two experiments (Welch), Cochran's Q
     and I^2 of the two means, and whether the earlier verdict held here (:func:`held_on_replication`)."""
-    from gmts_analysis.analysis.paired import heterogeneity, paired_contrast, welch_difference
-
     other_dir = data_dir / pool["data_dir"]
     other = build_report(other_dir, with_pool=False)
     o_set = {s["name"]: s for s in other["settings"]}

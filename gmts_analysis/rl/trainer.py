@@ -47,8 +47,15 @@ import numpy as np
 import torch
 
 from gmts_analysis.core.advantages import SingletonGroupWarning, compute_advantages
+from gmts_analysis.core.rank import spearman, within_spearman
 from gmts_analysis.core.scores import CHANCE_ARMS, DIAGNOSTIC_SCORES, diagnostic_pairs, get_score
-from gmts_analysis.core.selection_tensor import select_tokens
+from gmts_analysis.core.selection_tensor import (
+    aggregate_loss,
+    select_tokens,
+    selection_mask,
+    selection_overlap,
+    token_omega,
+)
 from gmts_analysis.core.tokens import (
     entropy_from_logprobs,
     gather_positions,
@@ -196,8 +203,6 @@ def grad_norm_correlations(model, rows: list[dict], entropy: list[np.ndarray], s
 
     entropy/omega_abs and each score: one array per row (``(L_i,)``), aligned with ``rows``.
     """
-    from gmts_analysis.core.rank import spearman, within_spearman  # deferred: pandas
-
     within, gn_all = [], []
     device = next(model.parameters()).device
     for r, e, w in zip(rows, entropy, omega_abs):
@@ -376,8 +381,6 @@ def _final_pass1(run: _Run) -> dict[str, float]:
 def _train_step(run: _Run, step: int) -> dict[str, Any]:
     """Sample the step's groups, leave out all-equal groups under ``cfg.dynamic_sampling`` (DAPO; a batch
     left empty is logged as skipped), take one optimizer step; returns the step's log record."""
-    from gmts_analysis.core.selection import selection_overlap  # deferred: pandas
-
     cfg = run.cfg
     ts = time.perf_counter()
     rows = _rows_for_step(run.model, run.tokenizer, cfg, step, run.reward_fn)
@@ -436,8 +439,6 @@ def _update(run: _Run, step: int, b: _Batch) -> _Update:
     """One forward, the selections, the loss ``aggregate_loss(-A * ratio, ...)`` of the trained selection,
     the diagnostics every ``cfg.diag_every`` steps (before the backward, on the same graph), one clipped
     AdamW step."""
-    from gmts_analysis.core.selection import aggregate_loss  # deferred: pandas
-
     cfg, mask = run.cfg, b.mask
     with torch.enable_grad():
         lp, ent, lgn = policy_forward(run.model, b.tensors, cfg.temperature, with_lgn=True)
@@ -461,8 +462,6 @@ def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict)
     """``{name: (B, T) bool}``: the diagnostic scores of the registry on every step (entropy, gmts,
     gmts_lgn), and the trained arm when it is another arm of the registry (random with its seeded
     generator, a masked baseline, a registered score)."""
-    from gmts_analysis.core.selection import selection_mask  # deferred: pandas
-
     gen = torch.Generator().manual_seed(stable_seed("rl-random", cfg.seed, step))
     sels = {name: selection_mask(name, ent, adv, mask, token_logprobs=lp, logit_grad_norm=lgn, **sel_kw)
             for name in DIAGNOSTIC_SCORES}
@@ -475,8 +474,6 @@ def _selections(cfg: RLConfig, step: int, ent, adv, mask, lp, lgn, sel_kw: dict)
 def _diagnostics(run: _Run, step: int, b: _Batch, lp, ent, lgn, sels: dict, sel_kw: dict) -> dict[str, Any]:
     """Update fidelity and mass capture of every selection (a seeded random one added when not trained) and
     the grad-norm correlations; their time counted in ``run.t_diag``."""
-    from gmts_analysis.core.selection import selection_mask, token_omega  # deferred: pandas
-
     cfg, mask = run.cfg, b.mask
     td = time.perf_counter()
     om = token_omega(b.adv, mask, loss_agg=cfg.loss_agg).float()

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers.trl_output import read_trl_output, trainer_log
 
 #: TRL log_history keys -> run record step keys
 STEP_KEYS = {
@@ -119,8 +120,6 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
     """The run record (module docstring) of the TRL output directory ``output_dir``: its steps from the newest
     checkpoint's ``trainer_state.json``, ``evals`` ``{step: evaluate_pass1 result}`` (the last is the final
     pass@1), ``config`` the plan's fields of this run."""
-    from gmts_analysis.readers.trl_output import read_trl_output, trainer_log
-
     out = read_trl_output(output_dir, base=None)
     newest = out.checkpoints[-1][1]
     log = trainer_log(newest)
@@ -143,7 +142,7 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
 
 
 def _versions() -> dict[str, str]:
-    from gmts_analysis.rl.experiment import _versions as v
+    from gmts_analysis.rl.experiment import _versions as v  # deferred: torch
 
     out = v()
     try:

@@ -36,6 +36,7 @@ from functools import partial
 
 import torch
 
+from gmts_analysis.core.rank import spearman
 from gmts_analysis.core.seeding import derive_seed, seeded_global_rng
 from gmts_analysis.core.tokens import sequence_logprobs
 from gmts_analysis.engine import grad_norms
@@ -328,8 +329,6 @@ def _reference_rows(run: _BenchRun, subset: list[int], note: str, rows: list[Row
 def _sketch_row(run: _BenchRun, exact: torch.Tensor, K: int, seed: int, rows: list[Row]) -> dict:
     """Time the sketch with ``K`` directions, append its row; returns its accuracy fields (Spearman
     against the exact norms, coverage of their 95% intervals)."""
-    from gmts_analysis.core.rank import spearman  # deferred: pandas
-
     sk, secs, peak = run.time(f"sketch K={K}", grad_norms, method="sketch", probes=K, seed=seed,
                               max_memory=run.max_memory)
     cover = float(((sk.lo <= exact) & (exact <= sk.hi)).double().mean())

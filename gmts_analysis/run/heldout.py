@@ -17,9 +17,14 @@ from typing import Any
 
 import numpy as np
 
+from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
 from gmts_analysis.errors import GmtsError
+from gmts_analysis.readers import models
+from gmts_analysis.readers.audit import final_answer
+from gmts_analysis.readers.verifiers import resolve_verifier
 from gmts_analysis.util.atomic import atomic_write_jsonl
 from gmts_analysis.util.files import jsonl_objects
+from gmts_analysis.util.io import atomic_write_json
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -61,12 +66,9 @@ def sample_answers(model_path: str, rows: list[dict], n: int, *, temperature: fl
     kfile = key_path(path)
     if cached_key(path) == key:
         return read_jsonl(path)
-    from gmts_analysis.readers.models import load_model
-    from gmts_analysis.readers.verifiers import resolve_verifier
-    from gmts_analysis.sampling.generate import sample_prompts
-    from gmts_analysis.util.io import atomic_write_json
+    from gmts_analysis.sampling.generate import sample_prompts  # deferred: torch
 
-    model, tok = load_model(str(model_path), device)
+    model, tok = models.load_model(str(model_path), device)
     out = sample_prompts(model, tok, rows, n, verifier=resolve_verifier(verifier) if verifier else None,
                          temperature=temperature, max_new_tokens=max_new_tokens, seed=seed, batch_size=batch_size,
                          progress=progress, where=str(path))
@@ -87,8 +89,7 @@ def answer_audit(rows: list[dict]) -> dict:
     gets the one its verifier scores in its response (the same extraction)."""
     import pandas as pd
 
-    from gmts_analysis.analysis.reward_audit import REFERENCE_COLUMNS, reward_audit
-    from gmts_analysis.readers.audit import final_answer
+    from gmts_analysis.analysis.reward_audit import REFERENCE_COLUMNS, reward_audit  # deferred: pandas
 
     table: dict[str, list] = {"final_answer": [r["final_answer"] if "final_answer" in r
                                                else final_answer(r.get("verifier"), r.get("response")) for r in rows]}
@@ -118,8 +119,6 @@ def pass_at_1(rows: list[dict], n_boot: int = 1000, seed: int = 0) -> dict:
     Answers the verifier could not score (``unscorable``) are counted (``n_unscorable``) and left out of pass@1;
     where none can be scored, pass@1 and its CI are ``None`` with ``pass1_refused`` saying why (never 0.0).
     Fewer than :data:`MIN_PASS1_PROMPTS` prompts add a ``caution``."""
-    from gmts_analysis.analysis.bootstrap import block_rng, multiplicities, quantile_ci, resampled_means
-
     n_unscorable = sum(1 for r in rows if r.get("unscorable") is True)
     scored = [r for r in rows if r.get("unscorable") is not True]
     groups = sorted({r["group_id"] for r in scored})

@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, manifest_rho, manifest_uncertain_below
+from gmts_analysis.analysis.stats import DEFAULT_N_BOOT, compute_stats
 from gmts_analysis.core.estimators import ESTIMATORS, add_estimator_columns, times_abs_omega
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.audit import audit_fields
@@ -204,7 +205,6 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
     """A new run: ``run`` with rewards from ``verifier`` (a name) or the file ``rewards``, and/or its truncated
     answers masked (TRL's ``mask_truncated_completions``), every reward-dependent column and statistic
     recomputed. ``source``: how the run was named (recorded in ``rescored_from``; default its path)."""
-    from gmts_analysis.analysis.stats import DEFAULT_N_BOOT, compute_stats  # deferred: torch
     from gmts_analysis.core import advantages as adv_mod  # deferred: torch
 
     if verifier is not None and rewards is not None:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.run.series_types import SERIES_FILE, SeriesRecord
+from gmts_analysis.util.ownership import OWNER_MARKER, check_output_location, is_ours, mark_ours
 
 SERIES_ROLE = "series"
 #: what a series folder holds at its top (besides the run directories ``step-NNNNN``)
@@ -49,8 +50,6 @@ def check_series_out(out: str | os.PathLike, inputs: dict[str, str | os.PathLike
                      overwrite: bool = False) -> Path:
     """Refuse an ``--out`` that is not the series' own (module docstring); create it (marked ours) when absent
     or empty. Returns ``out`` as given."""
-    from gmts_analysis.util.ownership import OWNER_MARKER, check_output_location, is_ours, mark_ours
-
     given = Path(out)
     resolved = check_output_location(out, flag="--out", whole_dir=False)
     for name, path in inputs.items():

@@ -68,6 +68,7 @@ from gmts_analysis.run.series_types import (
 from gmts_analysis.sampling.generate import read_prompts
 from gmts_analysis.util.atomic import atomic_write_jsonl
 from gmts_analysis.util.files import read_json_object
+from gmts_analysis.util.io import read_parquet
 from gmts_analysis.views.token_moves import plot_pass1, write_token_moves
 
 log = logging.getLogger(__name__)
@@ -145,8 +146,6 @@ def _probe(job: _CheckpointProbe, rollouts: Path, run_dir: Path, method: str, ex
 def _agreement(sketch_dir: Path, exact_dir: Path) -> Agreement:
     """Spearman between the sketch's and exact norms on the answers both probed, and the median relative error."""
     from scipy.stats import spearmanr
-
-    from gmts_analysis.util.io import read_parquet
 
     a = read_parquet(sketch_dir / "tokens.parquet")[["answer_id", "position", "grad_norm_logp"]]
     b = read_parquet(exact_dir / "tokens.parquet")[["answer_id", "position", "grad_norm_logp"]]

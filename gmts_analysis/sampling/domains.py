@@ -11,6 +11,7 @@ from typing import Any
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import resolve_aliases
 from gmts_analysis.options.config import SamplingOptions, check_values
+from gmts_analysis.readers import models
 from gmts_analysis.readers.verifiers import resolve_verifier
 from gmts_analysis.sampling.names import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, domain_list  # noqa: F401
 from gmts_analysis.sampling.signal import warn_if_no_signal
@@ -77,8 +78,6 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     """Rollout rows of ``opts`` (docs/definitions.md section 7) from ``model``: a name or path (loaded on
     ``opts.device``; no hub download when ``offline``) or a loaded model with ``tokenizer``. Warns when most
     groups have no reward variance (:func:`gmts_analysis.sampling.signal.warn_if_no_signal`)."""
-    from gmts_analysis.readers.models import load_model, resolve_model_path  # deferred: torch
-
     doms = domain_list(opts.domains)
     check_word_verifier(opts.verifier, doms)
     check_verifiers_installed(doms)
@@ -88,8 +87,8 @@ def sample_rows(model: Any, opts: SamplingOptions, *, tokenizer: Any = None, pro
     if opts.max_completion_length is not None and opts.max_completion_length < 1:
         raise GmtsError(f"sample: max_completion_length must be >= 1, got {opts.max_completion_length}")
     if isinstance(model, (str, os.PathLike)):
-        path = resolve_model_path(os.fspath(model))
-        model, tok = load_model(os.fspath(model), opts.device, opts.dtype, offline=offline)
+        path = models.resolve_model_path(os.fspath(model))
+        model, tok = models.load_model(os.fspath(model), opts.device, opts.dtype, offline=offline)
         tokenizer = tokenizer if tokenizer is not None else tok
     else:
         path = str(getattr(model, "name_or_path", "") or "")

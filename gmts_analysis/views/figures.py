@@ -20,6 +20,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.analysis.stats import run_rho_key
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.io import atomic_write_bytes
 from gmts_analysis.views.plots import (
@@ -43,8 +44,6 @@ log = logging.getLogger("gmts_analysis.views.plots")
 
 def run_rho(run: Run) -> float:
     """The keep fraction of a run (stats ``meta.rho``, the probe's ``--rho``; 0.2 for older runs)."""
-    from gmts_analysis.analysis.stats import run_rho_key  # deferred: torch
-
     return float(run_rho_key(run.stats))
 
 

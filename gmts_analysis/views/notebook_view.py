@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.selection import select_top, token_disagreement
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.settings import RunSettings
@@ -97,8 +98,6 @@ def rank_disagreement(
     omega = 0 (no gradient at all, whatever their entropy) come after the others. NaN ranks
     count as no disagreement.
     """
-    from gmts_analysis.core.selection import token_disagreement  # deferred: torch
-
     for c in (a, b):
         if c not in tokens.columns:
             raise GmtsError(f"tokens table has no '{c}' column (needed to rank answers by disagreement)")
@@ -136,8 +135,6 @@ def render_tokens_html(
     show these answers (in this order) instead of the most disagreeing ones. max_tokens:
     tokens shown per answer (the header says when an answer is cut).
     """
-    from gmts_analysis.core.selection import select_top  # deferred: torch
-
     if colour not in COLOURS:
         raise GmtsError(f"colour must be one of {', '.join(COLOURS)}, got '{colour}'")
     if n < 1 or max_tokens < 1:

@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from gmts_analysis.analysis.stats import estimator_table, prepare_tokens, within_values
 from gmts_analysis.analysis.stats_types import Block, Statistics
 from gmts_analysis.core.scores import (
     ANSWER_CONSTANT_SCORES,
@@ -100,8 +101,6 @@ def fig_within_vs_cross(
     titled above it: every token; tokens with prob < ``meta.uncertain_below`` (stats ``uncertain``), when
     the run has them. The masked baseline ``entropy_inf`` sits beside entropy and GMTS.
     """
-    from gmts_analysis.analysis.stats import prepare_tokens, within_values  # deferred: torch
-
     df = prepare_tokens(tokens)
     st = Statistics.coerce(stats)
     ests = [s for s in estimators if s in df.columns]
@@ -257,8 +256,6 @@ def fig_estimators(tokens: pd.DataFrame, stats: StatsLike, ref: str = "entropy")
     the within-answer mean, the informative cross-answer Spearman and the mass capture. A CI that
     crosses 0 (dotted) cannot tell the score from ``ref``; identities by construction are marked
     "=" without an interval. Deterministic: no random jitter."""
-    from gmts_analysis.analysis.stats import estimator_table  # deferred: torch
-
     st = Statistics.coerce(stats)
     table = estimator_table(st)
     ests = [s for s in table["estimator"] if s != ref]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from gmts_analysis.analysis.stats import informative_mask, spearman
 from gmts_analysis.analysis.token_strings import ALL, token_strings_table
 from gmts_analysis.core.scores import (
     score_color,
@@ -78,8 +79,6 @@ def fig_pooled_hexbin(tokens: pd.DataFrame, estimators: Sequence[str] = ("entrop
     positive; tokens with zero gradient (omega = 0) as a rug under the axis at their score. The
     title gives Spearman over all tokens (the zero-gradient ones included) and over informative
     tokens (omega != 0), and says how many tokens each mark stands for."""
-    from gmts_analysis.analysis.stats import informative_mask, spearman  # deferred: torch
-
     ests = [s for s in estimators if s in tokens.columns]
     fig = Figure(figsize=(5.6 * max(1, len(ests)), 5.0), layout="constrained")
     axes = fig.subplots(1, max(1, len(ests)), squeeze=False)[0]

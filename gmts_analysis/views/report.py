@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.analysis.stats import estimator_table, stats_table
 from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
 from gmts_analysis.analysis.summary import findings
 from gmts_analysis.errors import GmtsError
@@ -110,8 +111,6 @@ def _findings_section(st: Statistics) -> str:
 
 def _ranking_table(st: Statistics) -> str:
     """The estimator ranking (the run's estimators.csv) as an HTML table."""
-    from gmts_analysis.analysis.stats import estimator_table  # deferred: torch
-
     t = estimator_table(st)
     if t.empty:
         return ""
@@ -136,8 +135,6 @@ def _ranking_table(st: Statistics) -> str:
 
 
 def _stats_section(st: Statistics) -> str:
-    from gmts_analysis.analysis.stats import stats_table  # deferred: torch
-
     rho_label = f"{float(st.rho_key):g}"
     t = stats_table(st)
     if t.empty:

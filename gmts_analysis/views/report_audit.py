@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.selection import answer_disagreement, select_top
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.views.report_text import MAX_TOKENS, OFF_POLICY_FIELDS, PAGE_SIZE, _e, _fmt, _g
 
@@ -52,8 +53,6 @@ class _AuditTokens:
 
 def _audit_tokens(tokens: pd.DataFrame, rho: float) -> _AuditTokens:
     """The selections (top ``rho`` of the batch) and colour levels of every token."""
-    from gmts_analysis.core.selection import select_top  # deferred: torch
-
     df = tokens.reset_index(drop=True)
     extra = [(c, k, label, unit) for c, k, label, unit in (("omega", "om", "omega", ""),
                                                             ("logprob", "lp", "logprob", " nats"),
@@ -117,8 +116,6 @@ def _answer_block(a: _AuditTokens, d: Mapping[str, Any], rows: np.ndarray, ans_i
 
 def _audit_section(tokens: pd.DataFrame, answers: pd.DataFrame | None, max_answers: int, rho: float = DEFAULT_RHO) -> str:
     """The audit: the ``max_answers`` answers whose tokens entropy and GMTS select most differently."""
-    from gmts_analysis.core.selection import answer_disagreement  # deferred: torch
-
     a = _audit_tokens(tokens, rho)
     df = a.df
     dis = answer_disagreement(df, "entropy", "gmts", rho, "batch") if "gmts" in df.columns else (

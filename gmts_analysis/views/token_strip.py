@@ -11,6 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from gmts_analysis.core.scores import score_color
+from gmts_analysis.core.selection import answer_disagreement, select_top
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
 from gmts_analysis.util.style import display_token
 from gmts_analysis.views.plots import _empty
@@ -19,8 +20,6 @@ from gmts_analysis.views.plots import _empty
 def pick_answer(tokens: pd.DataFrame, a: str = "entropy", b: str = "gmts", rho: float = DEFAULT_RHO) -> Any:
     """The answer whose tokens ``a`` and ``b`` select most differently (batch scope), among
     answers with a non-zero gradient when there are any."""
-    from gmts_analysis.core.selection import answer_disagreement  # deferred: torch
-
     d = answer_disagreement(tokens, a, b, rho, "batch")
     if "grad_norm" in tokens.columns:  # prefer answers whose tokens have a gradient at all
         live = tokens.loc[tokens["grad_norm"].fillna(0) > 0, "answer_id"].unique()
@@ -47,8 +46,6 @@ def fig_token_strip(
     Colours are log-scaled inside the answer (dark = high). Long answers are cut to
     ``max_tokens``; the strip wraps every ``per_line`` tokens.
     """
-    from gmts_analysis.core.selection import select_top  # deferred: torch
-
     if answer_id is None:
         answer_id = pick_answer(tokens, rho=rho)
     sel_e = select_top(tokens, "entropy", rho, scope)

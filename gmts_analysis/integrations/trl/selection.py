@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gmts_analysis.core.selection import select_tokens, selection_overlap
+from gmts_analysis.core.selection_tensor import select_tokens, selection_overlap
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,11 @@ import torch
 from torch import Tensor
 from trl import GRPOTrainer
 
+from gmts_analysis.core.objective import trl_loss_settings
 from gmts_analysis.core.scores import get_score
-from gmts_analysis.core.selection import token_scores
+from gmts_analysis.core.seeding import torch_generator
+from gmts_analysis.core.selection_tensor import token_scores
+from gmts_analysis.integrations.rollout_log import log_rollouts
 from gmts_analysis.integrations.trl import loss, selection
 from gmts_analysis.integrations.trl.config import SEQ_MEAN_LOSSES, SelectiveGRPOConfig
 
@@ -65,18 +68,14 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         self._score = get_score(a.token_selection)
         self._loss_settings = None
         if "omega" in self._score.needs:  # omega of the loss TRL trains; refuses what it does not model
-            from gmts_analysis.core.objective import trl_loss_settings
-
             self._loss_settings = trl_loss_settings(self, what=f"token_selection='{a.token_selection}'")
         if a.token_selection != "all":
             loss.check_trl_version()
         if a.rollouts_dir:
-            from gmts_analysis.integrations.rollout_log import log_rollouts
-
             log_rollouts(self, a.rollouts_dir)
         self.diagnostics = None
         if a.diagnostics_every:
-            from gmts_analysis.integrations.diagnostics import GmtsDiagnosticsCallback
+            from gmts_analysis.integrations.diagnostics import GmtsDiagnosticsCallback  # deferred: transformers
 
             self.diagnostics = GmtsDiagnosticsCallback(
                 every=a.diagnostics_every, rho=a.selection_rho, scope=a.selection_scope, cutoff=a.selection_cutoff,
@@ -156,8 +155,6 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         needs = self._score.needs
         generator = None
         if "uniform" in needs:
-            from gmts_analysis.core.seeding import torch_generator
-
             generator = torch_generator(int(self.args.seed), "trl-random-selection", int(self.state.global_step),
                                         int(self._step), int(self.accelerator.process_index))
         omega_kw = {}
@@ -177,7 +174,10 @@ class SelectiveGRPOTrainer(GRPOTrainer):
     def _logit_grad_norms(self, model: torch.nn.Module, inputs: dict) -> Tensor:
         """``(B, T)`` logit-gradient norms ``||d logprob / d z||_2`` of the completion tokens, from one no-grad
         forward without accelerate's mixed-precision wrapper (TRL's fused head returns no logits)."""
-        from gmts_analysis.integrations.diagnostics import completion_quantities, unwrapped_without_amp
+        from gmts_analysis.integrations.diagnostics import (  # deferred: transformers
+            completion_quantities,
+            unwrapped_without_amp,
+        )
 
         cm = inputs["completion_mask"]
         if "tool_mask" in inputs:
