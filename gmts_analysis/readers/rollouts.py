@@ -134,11 +134,12 @@ def read_rollouts(
     tokenizer: Any = None,
     fmt: str = "auto",
     verifier: Callable[..., list] | None = None,
-    options: Any = None,
+    options: ReaderOptions | None = None,
 ) -> Rollouts:
     """Read a rollouts file or directory into answers with token ids.
 
-    ``options``: a :class:`ReaderOptions` or any object with its fields (a ProbeConfig);
+    ``options``: the :class:`ReaderOptions` (a job builds them once from its settings with
+    :meth:`ReaderOptions.from_config`; ``None``: the defaults);
     ``fmt`` is used when the options do not name a format. ``verifier`` (a TRL-shaped reward
     function called with ``prompts=``, ``completions=``, ``completion_ids=`` and the rows'
     other columns) scores answers without a reward. Groups: ``group_id`` (verl: ``uid``),
@@ -162,7 +163,7 @@ def read_rollouts_rows(
     verifier: Callable[..., list] | None = None,
     where: str = "rollouts",
     fmt: str = "gmts",
-    options: Any = None,
+    options: ReaderOptions | None = None,
 ) -> Rollouts:
     """Like :func:`read_rollouts` for rows already in memory (dicts, e.g. a DataFrame's records);
     ``fmt`` as ``--format`` (default: gmts field names); ``where`` names them in errors."""
@@ -186,8 +187,8 @@ def read_rollouts_rows(
     return _build(it, tokenizer, verifier, opts, state, where)
 
 
-def _options(options: Any, fmt: str) -> ReaderOptions:
-    opts = options if isinstance(options, ReaderOptions) else ReaderOptions.from_config(options)
+def _options(options: ReaderOptions | None, fmt: str) -> ReaderOptions:
+    opts = ReaderOptions() if options is None else options
     if opts.format in (None, "auto") and fmt not in (None, "auto"):
         opts = dataclasses.replace(opts, format=fmt)
     if opts.format not in format_names():
