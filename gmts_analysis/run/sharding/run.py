@@ -27,9 +27,9 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
+from gmts_analysis.probing import validate
 from gmts_analysis.probing.inputs import ProbeInputs, prepare_inputs
 from gmts_analysis.probing.preflight import check_before_probe
-from gmts_analysis.probing.validate import validate_options
 from gmts_analysis.readers.models import resolve_model_path
 from gmts_analysis.readers.sources import rollout_files
 from gmts_analysis.run.sharding import merge, state
@@ -51,7 +51,7 @@ def check_inputs(cfg: ProbeConfig) -> None:
     """Errors any rank can tell before touching the disk: options in their domains and together (the one
     check of the job's settings, :func:`gmts_analysis.probing.validate.validate_options`), the
     rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.probing.validate`)."""
-    validate_options(cfg)
+    validate.validate_options(cfg)  # through the module: tests count its calls there
     if cfg.out is None:
         raise GmtsError("--out: an output directory is required")
     if not Path(cfg.rollouts).exists():
