@@ -372,29 +372,31 @@ def write_training_args(output_dir: str | os.PathLike, training_args: Any) -> Pa
 
 def check_arguments(script_args: WordProblemArguments, training_args: Any) -> None:
     """Every token-selection, budget and problem option in its domain, before anything is loaded or written;
-    raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1])."""
+    raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1]).
+    ``training_args`` is the :class:`SelectiveGRPOConfig`, or the parsed namespace of its flags (every field
+    present either way: no defaults restated here)."""
     t = training_args
 
     def bad(flag: str, value: Any, rule: str) -> GmtsError:
         return GmtsError(f"--{flag} {value}: {rule}")
 
-    arm = getattr(t, "token_selection", "all")
+    arm = t.token_selection
     if arm not in (*SELECTION_ARMS, "none"):
         raise bad("token_selection", arm, f"not an arm; choose one of {', '.join(SELECTION_ARMS)}")
-    checks = [("selection_scope", getattr(t, "selection_scope", "batch"), lambda v: v in SCOPES,
+    checks = [("selection_scope", t.selection_scope, lambda v: v in SCOPES,
                f"choose one of {', '.join(SCOPES)}"),
-              ("selection_normalizer", getattr(t, "selection_normalizer", "all"), lambda v: v in NORMALIZERS,
+              ("selection_normalizer", t.selection_normalizer, lambda v: v in NORMALIZERS,
                f"choose one of {', '.join(NORMALIZERS)}"),
-              ("diagnostics_every", getattr(t, "diagnostics_every", 0), lambda v: v >= 0,
+              ("diagnostics_every", t.diagnostics_every, lambda v: v >= 0,
                "must be 0 (off) or a number of steps"),
-              ("diagnostics_tokens", getattr(t, "diagnostics_tokens", 64), lambda v: v >= 1, "must be >= 1"),
+              ("diagnostics_tokens", t.diagnostics_tokens, lambda v: v >= 1, "must be >= 1"),
               ("max_completion_length", t.max_completion_length, lambda v: v is None or v >= 1,
                "the completion budget must be >= 1 token"),
               ("train_problems", script_args.train_problems, lambda v: v >= 1, "must be >= 1"),
               ("eval_problems", script_args.eval_problems, lambda v: v >= 0, "must be >= 0"),
               ("difficulty", script_args.difficulty, lambda v: v in (None, 1, 2), "must be 1 or 2 (default: both)"),
               ("threads", script_args.threads, lambda v: v is None or v >= 1, "must be >= 1")]
-    rho = getattr(t, "selection_rho", 1.0)
+    rho = t.selection_rho
     try:
         check_rho(rho, "the fraction of tokens kept")
     except ValueError as e:
