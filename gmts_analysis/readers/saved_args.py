@@ -52,9 +52,6 @@ ALLOWED: dict[str, str] = {
     # a dtype object in model_init_kwargs (``{"dtype": torch.bfloat16}``): kept as its name
     **{f"torch.{d}": "constant" for d in ("float32", "float16", "bfloat16", "float64")},
 }
-#: the classes whose object is a GRPO configuration (its loss fields are the run's, not defaults)
-GRPO_CLASSES = ("trl.trainer.grpo_config.GRPOConfig", "gmts_analysis.integrations.trl.config.SelectiveGRPOConfig",
-                "gmts_analysis.integrations.trl_trainer.SelectiveGRPOConfig")
 
 
 class SavedArgs:
