@@ -31,11 +31,12 @@ from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.fields import alias, aliases_of, opt, resolve_aliases
 from gmts_analysis.options.parser import ExamplesHelpFormatter, add_fields, from_args  # noqa: F401 - re-exported
 from gmts_analysis.readers.formats import FORMATS
+from gmts_analysis.readers.models import DTYPE_NAMES
 
 THREADS_HELP = ("torch CPU threads (default: the cores idle now, from a 0.15 s sample of /proc/stat, at least 1; "
                 "or $GMTS_THREADS): a shared machine's default of every core can run 10x slower")
 DEVICE_HELP = "auto | cpu | cuda | cuda:N; auto = cuda if available, else cpu"
-DTYPES = ("float32", "float64", "bfloat16", "float16")
+DTYPES = DTYPE_NAMES  # the model dtypes the readers load (one list: readers.models)
 OFFLINE_HELP = ("never download: a hub --model must already be in the local Hugging Face cache "
                 "(HF_HUB_OFFLINE=1 does the same)")
 QUIET_HELP = "no progress bars; only warnings and errors on stderr"

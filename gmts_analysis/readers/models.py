@@ -39,7 +39,7 @@ def _dtypes() -> dict:
 
 
 def __getattr__(name: str) -> Any:
-    """``DTYPES``: ``{name: torch dtype}`` (its names are :data:`gmts_analysis.options.config.DTYPES`)."""
+    """``DTYPES``: ``{name: torch dtype}`` (its names are :data:`DTYPE_NAMES`, the ``--dtype`` choices)."""
     if name == "DTYPES":
         return _dtypes()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
