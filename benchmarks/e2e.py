@@ -73,6 +73,7 @@ def main(argv=None) -> int:
     from gmts_analysis.engine.reference import loop_grad_norms, naive_grad_norms
     from gmts_analysis.options.config import ProbeConfig
     from gmts_analysis.probing import kernel
+    from gmts_analysis.probing.settings import KernelSettings
     from gmts_analysis.readers.rollouts import Answer
 
     model = build(a.shape, a.layers, a.seed)
@@ -114,7 +115,7 @@ def main(argv=None) -> int:
             calls.update(n=0, positions=0)
             base_calls["n"] = 0
             t0, c0 = time.perf_counter(), time.process_time()
-            res = kernel.probe_answers(model, None, answers, cfg, progress=False)
+            res = kernel.probe_answers(model, None, answers, KernelSettings.of(cfg), progress=False)
             secs, cpu = time.perf_counter() - t0, time.process_time() - c0
             n_tok = a.T * a.answers
             result["rows"][f"probe {method}"] = {

@@ -27,7 +27,6 @@ from gmts_analysis.analysis.runs import RunTables, read_run
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import ALIAS_BY_NAME, TRL_NAMES
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions, options_from_kwargs
-from gmts_analysis.probing import validate
 from gmts_analysis.probing.inputs import prepare_inputs
 from gmts_analysis.sampling.domains import ALL_DOMAINS, DEFAULT_DOMAINS, WORD_DOMAIN, sample_rows, sampling_options  # noqa: F401 - the sampling worlds' names
 from gmts_analysis.util.io import atomic_write_text
@@ -295,22 +294,24 @@ def _probe_with(model: Any, rollouts: Any, tokenizer: Any, progress: bool, opts:
                 settings: dict[str, Any], aliases: dict[str, str]) -> Run:
     from gmts_analysis.probing import kernel  # deferred: torch, pandas
     from gmts_analysis.probing.preflight import check_before_probe  # deferred: torch
+    from gmts_analysis.probing.settings import ProbeSettings  # deferred: torch
     from gmts_analysis.run.finalize import result_tables  # deferred: torch, pandas
     from gmts_analysis.run.sharding.worker import probe_with_retry  # deferred: torch, pandas
 
-    validate.validate_options(opts)
+    parts = ProbeSettings.of(opts, strict=bool(settings.get("strict", False)))  # checked once, split
     if isinstance(rollouts, (str, os.PathLike)):
         rollouts = Path(rollouts)  # the manifest names it as a path
-    inputs = prepare_inputs(model, rollouts, opts, tokenizer=tokenizer, given=options,
+    inputs = prepare_inputs(model, rollouts, parts, tokenizer=tokenizer, given=options,
                             offline=bool(settings.get("offline")))
-    model, opts, answers = inputs.model, inputs.options, inputs.answers
+    model, parts, answers = inputs.model, inputs.settings, inputs.answers
+    record = dataclasses.replace(opts, device=parts.device, dtype=parts.dtype)  # a loaded model's own
     was_training = model.training
     model.eval()
     try:
-        check_before_probe(opts, model, answers, settings.get("out"))
-        result = kernel.probe_answers(model, inputs.tokenizer, answers, opts, inputs.coefs, progress=progress,
-                                      strict=bool(settings.get("strict", False)), probe_one=probe_with_retry)
-        tables = result_tables(opts, model, inputs.model_path, answers, result,
+        check_before_probe(parts.kernel.engine, model, answers, settings.get("out"))
+        result = kernel.probe_answers(model, inputs.tokenizer, answers, parts.kernel, inputs.coefs,
+                                      progress=progress, probe_one=probe_with_retry)
+        tables = result_tables(record, parts, model, inputs.model_path, answers, result,
                                extra={"job": "gmts_analysis.probe", "rollouts": inputs.source, "aliases": aliases,
                                       **inputs.truncation_counts()})
     finally:

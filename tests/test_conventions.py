@@ -363,9 +363,9 @@ def test_manifest_truncation_counts_are_named_apart():
 
     ans = [SimpleNamespace(extra={"unterminated": True}), SimpleNamespace(extra={"unterminated": False}),
            SimpleNamespace(extra={})]
-    assert truncation_counts(SimpleNamespace(mask_truncated_completions=True), ans, 2) == {
+    assert truncation_counts(True, ans, 2) == {
         "n_cut_by_truncate": 2, "n_unterminated": 1}
-    assert truncation_counts(SimpleNamespace(mask_truncated_completions=False), ans, 0) == {
+    assert truncation_counts(False, ans, 0) == {
         "n_cut_by_truncate": 0, "n_unterminated": None}
 
 
@@ -440,6 +440,7 @@ def test_mark_unterminated_as_trl():
 
     from gmts_analysis.options.config import ProbeOptions
     from gmts_analysis.probing.kernel import answer_coefficients, mark_unterminated
+    from gmts_analysis.probing.settings import KernelSettings
     from gmts_analysis.readers.rollouts import Answer
 
     tok = SimpleNamespace(eos_token_id=2, pad_token_id=0)
@@ -449,7 +450,7 @@ def test_mark_unterminated_as_trl():
     assert mark_unterminated(ans, tok, model) == 2
     assert [a.extra["unterminated"] for a in ans] == [False, True, False, False, True]
     opts = ProbeOptions(mask_truncated_completions=True)
-    w = [c.loss_weight for c in answer_coefficients(ans, opts)]
+    w = [c.loss_weight for c in answer_coefficients(ans, KernelSettings.of(opts))]
     assert w == pytest.approx([1 / 7, 0.0, 1 / 7, 1 / 7, 0.0])  # token-mean over the 7 kept tokens
     with pytest.raises(GmtsError, match="no EOS"):
         mark_unterminated(ans, SimpleNamespace(), None)

@@ -133,13 +133,13 @@ def test_option_domains_shared_by_the_api():
     """The Python API refuses the same values (rho, num_generations, ...) before it loads a model."""
     from gmts_analysis.errors import GmtsError
     from gmts_analysis.options.config import ProbeOptions
-    from gmts_analysis.probing.validate import validate_options
+    from gmts_analysis.probing.settings import ProbeSettings
 
     for kw, needle in (({"rho": 0.0}, "--rho"), ({"rho": 1.5}, "--rho"), ({"num_generations": 0}, "--num-generations"),
                        ({"max_completion_length": 0}, "--max-completion-length"), ({"steps": "a"}, "--steps"),
                        ({"reward_weights": "1"}, "--reward-weights"), ({"loss_type": "cispo"}, "loss_type=cispo")):  # core's check: the keyword
         with pytest.raises(GmtsError, match=needle):
-            validate_options(ProbeOptions(**kw))
+            ProbeSettings.of(ProbeOptions(**kw))
 
 
 def test_option_domains_api_probe_refuses_before_loading(monkeypatch, tmp_path):

@@ -12,13 +12,22 @@ from conftest import make_rollouts, plain_loop_grad_norms
 
 from gmts_analysis.cli import main
 from gmts_analysis.options.config import ProbeConfig
-from gmts_analysis.probing.kernel import answer_coefficients
-from gmts_analysis.probing.kernel import probe_answers as probe_rollouts
+from gmts_analysis.probing import kernel
+from gmts_analysis.probing.settings import KernelSettings
 from gmts_analysis.probing.tables import TOKEN_COLUMNS
 from gmts_analysis.readers.models import load_model
 from gmts_analysis.readers.rollouts import read_rollouts
 
 CONTRACT_ANSWER_COLUMNS = ["answer_id", "group_id", "reward", "advantage", "length"]
+
+
+def probe_rollouts(model, tok, answers, cfg, coefs=None):
+    """The kernel on ``answers`` under the options ``cfg`` (split into the kernel's settings)."""
+    return kernel.probe_answers(model, tok, answers, KernelSettings.of(cfg), coefs)
+
+
+def answer_coefficients(answers, cfg):
+    return kernel.answer_coefficients(answers, KernelSettings.of(cfg))
 
 
 def _cfg(model_dir, rollouts, out=None, **kw):

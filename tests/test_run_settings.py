@@ -47,7 +47,7 @@ def test_chunk_size_parsed_once(value, expected):
 def test_chunk_size_refused_naming_the_flag(value, match):
     from gmts_analysis.core.sizes import parse_chunk_size
     from gmts_analysis.options.config import ProbeOptions
-    from gmts_analysis.probing.kernel import _chunk_size
+    from gmts_analysis.probing.settings import EngineSettings
     from gmts_analysis.probing.validate import validate_options
 
     with pytest.raises(GmtsError, match="^--chunk-size: " + match):
@@ -55,4 +55,4 @@ def test_chunk_size_refused_naming_the_flag(value, match):
     with pytest.raises(GmtsError, match="^--chunk-size: " + match):
         validate_options(ProbeOptions(chunk_size=value))
     with pytest.raises(GmtsError, match="^--chunk-size: " + match):
-        _chunk_size(ProbeOptions(chunk_size=value))
+        EngineSettings.of(ProbeOptions(chunk_size=value))

@@ -15,6 +15,7 @@ from _sharding_helpers import assert_same_rows, probe_args, tokens, write_rollou
 from gmts_analysis.cli import main
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel as probe_mod
+from gmts_analysis.probing.settings import KernelSettings
 from gmts_analysis.readers.models import load_model
 from gmts_analysis.readers.rollouts import Answer, read_rollouts
 from gmts_analysis.run import finalize as finalize_mod
@@ -94,7 +95,7 @@ def test_chunked_run_equals_probe_rollouts(model_dir, reference, tmp_path):
     cfg = ProbeConfig(model=str(model_dir), rollouts=str(r), out=None, device="cpu", quiet=True, grad_groups="layer")
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
-    res = probe_mod.probe_answers(model, tok, answers, cfg)
+    res = probe_mod.probe_answers(model, tok, answers, KernelSettings.of(cfg))
     res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
     res.answers.to_parquet(tmp_path / "a.parquet", index=False)
     res.grad_groups.to_parquet(tmp_path / "g.parquet", index=False)
@@ -283,9 +284,10 @@ def test_bad_answer_goes_to_errors_jsonl(nan_model_dir, tmp_path, capsys):
                       grad_norm="none")
     model, tok = load_model(cfg.model, "cpu")
     answers = read_rollouts(r, tok)
-    coefs = probe_mod.answer_coefficients(answers, cfg)
+    coefs = probe_mod.answer_coefficients(answers, KernelSettings.of(cfg))
     keep = [i for i, x in enumerate(answers) if x.answer_id != "bad"]
-    res = probe_mod.probe_answers(model, tok, [answers[i] for i in keep], cfg, [coefs[i] for i in keep])
+    res = probe_mod.probe_answers(model, tok, [answers[i] for i in keep], KernelSettings.of(cfg),
+                                  [coefs[i] for i in keep])
     res.tokens.to_parquet(tmp_path / "t.parquet", index=False)
     assert_same_rows(t, pd.read_parquet(tmp_path / "t.parquet"))
     # the batch-wide token-mean weight counts the failed answer's tokens too
@@ -317,7 +319,7 @@ def test_out_of_memory_halves_the_batch_used_last_and_reports_a_dropped_answer(m
     real = probe_mod.probe_answer
     tried: dict = {}
 
-    def flaky(model, answer, coef, cfg, token_text=None, strict=False):
+    def flaky(model, answer, coef, settings, token_text=None):
         lim = memory.current_limit().tokens
         tried.setdefault(answer.answer_id, []).append(lim)
         if answer.answer_id == "q2-0":  # never fits, and not inside a batch
@@ -326,7 +328,7 @@ def test_out_of_memory_halves_the_batch_used_last_and_reports_a_dropped_answer(m
         if answer.length > 4 and used > 2:
             with memory.noting_batch("tokens", used):
                 raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
-        return real(model, answer, coef, cfg, token_text, strict=strict)
+        return real(model, answer, coef, settings, token_text)
 
     monkeypatch.setattr(probe_mod, "probe_answer", flaky)
     out = tmp_path / "run"
@@ -355,7 +357,7 @@ def test_out_of_memory_retries_are_bounded(model_dir, tmp_path, monkeypatch, cap
     r = write_rollouts(tmp_path / "r.jsonl", sizes=(2, 2), long_answer="long")
     tried = []
 
-    def always(model, answer, coef, cfg, token_text=None, strict=False):
+    def always(model, answer, coef, settings, token_text=None):
         lim = memory.current_limit().tokens
         tried.append(lim)
         with memory.noting_batch("tokens", 256 if lim is None else lim):
@@ -414,10 +416,10 @@ def test_merge_reports_status_3_for_answers_dropped_out_of_memory(model_dir, ref
     r, _ = reference
     real = probe_mod.probe_answer
 
-    def q2_never_fits(model, answer, coef, cfg, token_text=None, strict=False):
+    def q2_never_fits(model, answer, coef, settings, token_text=None):
         if answer.answer_id == "q2-0":
             raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return real(model, answer, coef, cfg, token_text, strict=strict)
+        return real(model, answer, coef, settings, token_text)
 
     def stop(*a, **k):
         raise KeyboardInterrupt

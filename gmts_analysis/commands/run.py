@@ -23,7 +23,6 @@ from gmts_analysis.commands.stats import warn_few_groups
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.command import Command
 from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions, default_out
-from gmts_analysis.probing import validate
 from gmts_analysis.readers.models import ALIASES, resolve_device, resolve_model_path
 from gmts_analysis.run.job import sample_and_probe
 from gmts_analysis.sampling import domains as _sampling
@@ -100,14 +99,14 @@ def _domains_and_defaults(s: SamplingOptions, cfg: ProbeConfig) -> tuple[list[st
 
 def _checked_probe_config(s: SamplingOptions, cfg: ProbeConfig, domains: list[str]) -> tuple[Path, ProbeConfig]:
     """The run directory (``--out``, default ``runs/run-<time>``) and the probe half's configuration
-    (every gmts probe option), both checked before anything is sampled (the job checks again before probing)."""
+    (every gmts probe option); the options are checked once, by the job, before anything is sampled
+    (:func:`gmts_analysis.run.job.sample_and_probe`)."""
     out = Path(cfg.out or default_out("run"))
     # num_generations is the sampling's (the rows carry group ids); the verifier scores the sampled
     # answers (word problems only); the probe reads their rewards as sampled
     check_word_verifier(s.verifier, domains)
     cfg = dataclasses.replace(cfg, rollouts=None, out=str(out), num_generations=None, verifier=None,
                               aliases=dict(cfg.aliases or {}))
-    validate.validate_options(cfg)
     io.check_output_location(out, {"--model": resolve_model_path(s.model)})
     io.check_ours(out)  # someone else's files are never replaced, --overwrite or not
     return out, cfg

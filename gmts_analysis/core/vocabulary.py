@@ -58,6 +58,12 @@ def check_rho(value: object, field: str = "rho", *, error: type[Exception] = Val
 #: one resample's value (0.000), over 1 a point "interval".
 MIN_GROUPS = 10
 
+#: contract columns of tokens.parquet, in order (docs/definitions.md section 2)
+TOKEN_COLUMNS = (
+    "answer_id", "group_id", "position", "token_id", "token", "logprob", "prob", "entropy",
+    "logit_grad_norm", "advantage", "loss_weight", "omega", "grad_norm_logp", "grad_norm", "gmts",
+)
+
 #: advantage estimators (docs/definitions.md section 3)
 ADVANTAGE_MODES = ("group", "batch", "none", "logged")
 #: aggregations of the per-token loss (token weight ``w``, docs/definitions.md section 3)

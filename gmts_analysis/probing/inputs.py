@@ -32,8 +32,8 @@ from gmts_analysis.readers.verifiers import resolve_verifier
 if TYPE_CHECKING:
     import torch
 
-    from gmts_analysis.options.config import ProbeOptions
     from gmts_analysis.probing.kernel import AnswerCoefficients
+    from gmts_analysis.probing.settings import ProbeSettings
     from gmts_analysis.readers.rollouts import Answer
 
 
@@ -44,7 +44,7 @@ class ProbeInputs:
     model: Any  #: the causal LM, as loaded (or as given: never moved or cast)
     tokenizer: Any  #: its tokenizer, or None (ids-only rollouts)
     model_path: str  #: the resolved path or hub id; ``<in-memory model>`` when a loaded model names none
-    options: "ProbeOptions"  #: the options; for a loaded model with its ``device`` and ``dtype`` filled in
+    settings: "ProbeSettings"  #: the probe's settings; for a loaded model with its ``device`` and ``dtype`` filled in
     answers: list["Answer"]  #: in input order (a :class:`~gmts_analysis.readers.rollouts.Rollouts` list)
     coefs: list["AnswerCoefficients"]  #: advantage and loss weight of each answer, from the whole batch
     n_cut: int  #: answers ``--truncate`` cut to the model's context
@@ -53,19 +53,19 @@ class ProbeInputs:
 
     def truncation_counts(self) -> dict[str, int | None]:
         """The manifest's two truncation counts (:func:`truncation_counts`)."""
-        return truncation_counts(self.options, self.answers, self.n_cut)
+        return truncation_counts(self.settings.kernel.mask_truncated_completions, self.answers, self.n_cut)
 
 
-def truncation_counts(cfg: "ProbeOptions", answers: Sequence[Any], n_cut: int) -> dict[str, int | None]:
+def truncation_counts(masked: bool, answers: Sequence[Any], n_cut: int) -> dict[str, int | None]:
     """The manifest's two truncation counts, which are different things:
 
     ``n_cut_by_truncate``: answers that ``--truncate`` cut to fit the model's context (0 without it);
     ``n_unterminated``: answers whose response does not end with a stop token (EOS or pad), TRL's
     "truncated completions" (they hit the trainer's length limit); counted with
-    ``--mask-truncated-completions`` (which gives them loss weight 0), else None (not checked).
+    ``--mask-truncated-completions`` (``masked``; it gives them loss weight 0), else None (not checked).
     """
     n_open = None
-    if cfg.mask_truncated_completions:
+    if masked:
         n_open = sum(bool(a.extra.get("unterminated")) for a in answers)
     return {"n_cut_by_truncate": int(n_cut), "n_unterminated": n_open}
 
@@ -79,10 +79,10 @@ def _dtype_name(model: "torch.nn.Module") -> str:
     return names[dt]
 
 
-def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict | None = None,
-                  offline: bool = False, device: str | None = None) -> tuple[Any, Any, str, "ProbeOptions"]:
-    """``(model, tokenizer, model_path, options)``: load a name on ``device`` (default ``opts.device``)
-    in ``opts.dtype``, or take a loaded model as it is (its device and dtype; never moved or cast:
+def resolve_model(model: Any, tokenizer: Any, settings: "ProbeSettings", given: dict | None = None,
+                  offline: bool = False, device: str | None = None) -> tuple[Any, Any, str, "ProbeSettings"]:
+    """``(model, tokenizer, model_path, settings)``: load a name on ``device`` (default ``settings.device``)
+    in ``settings.dtype``, or take a loaded model as it is (its device and dtype; never moved or cast:
     the ``device``/``dtype`` options named in ``given``, the caller's keywords, must then agree).
     ``tokenizer``, when given, replaces the checkpoint's."""
     import torch
@@ -90,10 +90,11 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
     given = given or {}
     if isinstance(model, (str, os.PathLike)):
         name = os.fspath(model)
-        m, tok = models.load_model(name, opts.device if device is None else device, opts.dtype, offline=offline)
+        m, tok = models.load_model(name, settings.device if device is None else device, settings.dtype,
+                                   offline=offline)
         # the manifest records the model as the user named it (a shipped name, a path as given, a hub id),
         # never the absolute path it resolved to on the machine that made the run
-        return m, tokenizer if tokenizer is not None else tok, name, opts
+        return m, tokenizer if tokenizer is not None else tok, name, settings
     if not isinstance(model, torch.nn.Module) or not hasattr(model, "get_input_embeddings"):
         raise GmtsError(f"model: expected a path, a .gguf file, a hub id, tiny|small|smollm2 or a loaded causal LM, got {type(model).__name__}")
     dev = next(model.parameters()).device
@@ -112,19 +113,19 @@ def resolve_model(model: Any, tokenizer: Any, opts: "ProbeOptions", given: dict 
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         except (OSError, ValueError, TypeError):
             tokenizer = None
-    return model, tokenizer, path or "<in-memory model>", dataclasses.replace(opts, device=str(dev), dtype=dtype)
+    return model, tokenizer, path or "<in-memory model>", settings.on_model(str(dev), dtype)
 
 
-def read_answers(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", max_tokens: int | None = None,
+def read_answers(rollouts: Any, tokenizer: Any, settings: "ProbeSettings", max_tokens: int | None = None,
                  rollouts_sha256: str | None = None) -> tuple[list, dict]:
     """``(answers, note)``: rollouts (a path, a DataFrame or a list of row dicts) as answers, read with
-    the options' reader settings (``max_tokens``: the model's context), and the manifest's note of the
+    ``settings.reader`` (``max_tokens``: the model's context) and ``settings.verifier``, and the manifest's note of the
     source. A path's note names it as given (``str(rollouts)``) with its sha256 (``rollouts_sha256``
     when the caller has it already, else computed here)."""
-    reader_opts = ReaderOptions.from_config(opts, max_tokens=max_tokens)
-    verifier = resolve_verifier(opts.verifier)
-    answers, note = _read(rollouts, tokenizer, opts, verifier, reader_opts, rollouts_sha256)
-    check_sampling_temperature(answers, float(opts.temperature))
+    reader = dataclasses.replace(settings.reader, max_tokens=max_tokens)
+    verifier = resolve_verifier(settings.verifier)
+    answers, note = _read(rollouts, tokenizer, verifier, reader, rollouts_sha256)
+    check_sampling_temperature(answers, settings.kernel.temperature)
     return answers, note
 
 
@@ -148,13 +149,13 @@ def check_sampling_temperature(answers: Sequence, temperature: float) -> int:
     return n
 
 
-def _read(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", verifier: Any, reader_opts: Any,
+def _read(rollouts: Any, tokenizer: Any, verifier: Any, reader: ReaderOptions,
           rollouts_sha256: str | None) -> tuple[list, dict]:
     if isinstance(rollouts, (str, os.PathLike)):
         p = Path(rollouts)
-        answers = read_rollouts(p, tokenizer, opts.format, verifier, options=reader_opts)
+        answers = read_rollouts(p, tokenizer, reader.format, verifier, options=reader)
         sha = rollouts_sha256 if rollouts_sha256 is not None else input_sha256(p)
-        return answers, {"path": os.fspath(rollouts), "sha256": sha, "format": opts.format,
+        return answers, {"path": os.fspath(rollouts), "sha256": sha, "format": reader.format,
                          "read": getattr(answers, "report", None)}
     if hasattr(rollouts, "to_dict") and hasattr(rollouts, "columns"):
         rows, kind = rollouts.to_dict(orient="records"), "DataFrame"
@@ -162,20 +163,20 @@ def _read(rollouts: Any, tokenizer: Any, opts: "ProbeOptions", verifier: Any, re
         rows, kind = list(rollouts), "rows"
     else:
         raise GmtsError(f"rollouts: expected a path, a DataFrame or a list of row dicts, got {type(rollouts).__name__}")
-    answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=opts.format,
-                                 options=reader_opts)
-    return answers, {"in_memory": kind, "n_rows": len(rows), "format": opts.format,
+    answers = read_rollouts_rows(rows, tokenizer, verifier, where=f"rollouts ({kind})", fmt=reader.format,
+                                 options=reader)
+    return answers, {"in_memory": kind, "n_rows": len(rows), "format": reader.format,
                      "read": getattr(answers, "report", None)}
 
 
-def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer: Any = None,
+def prepare_inputs(model: Any, rollouts: Any, settings: "ProbeSettings", *, tokenizer: Any = None,
                    given: dict | None = None, offline: bool = False, device: str | None = None,
                    rollouts_sha256: str | None = None, log: logging.Logger | None = None) -> ProbeInputs:
     """Load (or take) the model, read and check the answers, mark unterminated answers, and compute
     every answer's coefficients: the one preparation of ``gmts probe`` and ``gmts.probe``.
 
     model: a name (path, hub id, ``tiny``/``small``/``smollm2``) loaded on ``device`` (default
-    ``opts.device``; never downloaded when ``offline``), or a loaded causal LM kept as it is
+    ``settings.device``; never downloaded when ``offline``), or a loaded causal LM kept as it is
     (:func:`resolve_model`; ``given`` holds the caller's option keywords). rollouts: a path, a
     DataFrame or a list of row dicts (:func:`read_answers`). log: where the job reports the
     answers ``--truncate`` cut and those without a stop token (nothing is logged without it).
@@ -185,20 +186,20 @@ def prepare_inputs(model: Any, rollouts: Any, opts: "ProbeOptions", *, tokenizer
 
     t0 = time.perf_counter()
     name = os.fspath(model) if isinstance(model, (str, os.PathLike)) else None
-    model, tokenizer, model_path, opts = resolve_model(model, tokenizer, opts, given, offline, device)
+    model, tokenizer, model_path, settings = resolve_model(model, tokenizer, settings, given, offline, device)
     load_s = 0.0 if name is None else time.perf_counter() - t0
     context = context_length(model)
-    answers, source = read_answers(rollouts, tokenizer, opts, context, rollouts_sha256)
+    answers, source = read_answers(rollouts, tokenizer, settings, context, rollouts_sha256)
     check_answers(answers, model_path if name is None else name)  # the model as the caller named it
     vocab = model.get_input_embeddings().weight.shape[0]
-    n_cut = validate_against_model(answers, vocab, context, opts.truncate)
+    n_cut = validate_against_model(answers, vocab, context, settings.reader.truncate)
     if n_cut and log is not None:
         log.warning("%d answer(s) truncated to the model's context", n_cut)
-    if opts.mask_truncated_completions:  # the manifest counts them (truncation_counts)
+    if settings.kernel.mask_truncated_completions:  # the manifest counts them (truncation_counts)
         n_open = kernel.mark_unterminated(answers, tokenizer, model)
         if log is not None:
             log.info("--mask-truncated-completions: %d of %d answers end without a stop token (loss weight 0)",
                      n_open, len(answers))
-    coefs = kernel.answer_coefficients(answers, opts)
-    return ProbeInputs(model=model, tokenizer=tokenizer, model_path=model_path, options=opts, answers=answers,
+    coefs = kernel.answer_coefficients(answers, settings.kernel)
+    return ProbeInputs(model=model, tokenizer=tokenizer, model_path=model_path, settings=settings, answers=answers,
                        coefs=coefs, n_cut=n_cut, source=source, load_s=load_s)

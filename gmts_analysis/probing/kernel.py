@@ -23,12 +23,11 @@ import torch
 
 from gmts_analysis.core import advantages as adv_mod
 from gmts_analysis.core.estimators import add_estimator_columns, gmts_score, times_abs_omega
-from gmts_analysis.core.objective import clipped_mask, k3_kl, policy_ratio, settings_of
-from gmts_analysis.core.sizes import parse_chunk_size
+from gmts_analysis.core.objective import clipped_mask, k3_kl, policy_ratio
 from gmts_analysis.core.tokens import TokenQuantities
 from gmts_analysis.engine import forward_quantities, grad_norms
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.config import ProbeOptions
+from gmts_analysis.probing.settings import KernelSettings
 from gmts_analysis.probing.tables import answers_table, concat_columns, id_column
 from gmts_analysis.probing.validate import check_finite, check_finite_scalars
 from gmts_analysis.readers.rollouts import Answer
@@ -57,26 +56,27 @@ class AnswerCoefficients:
     loss_weight: float
 
 
-def answer_coefficients(answers: Sequence[Answer], cfg: ProbeOptions) -> list[AnswerCoefficients]:
-    """Advantages and aggregation weights from the whole batch (docs/definitions.md section 3)."""
+def answer_coefficients(answers: Sequence[Answer], settings: KernelSettings) -> list[AnswerCoefficients]:
+    """Advantages and aggregation weights from the whole batch (docs/definitions.md section 3), under
+    ``settings.advantage`` and ``settings.loss``."""
     steps = [a.step for a in answers]
     has_steps = any(s is not None for s in steps)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", adv_mod.SingletonGroupWarning)
         adv = adv_mod.compute_advantages(
-            [a.reward for a in answers], [a.group_id for a in answers], cfg.advantage,
+            [a.reward for a in answers], [a.group_id for a in answers], settings.advantage,
             steps if has_steps else None,
-            logged=[getattr(a, "logged_advantage", None) for a in answers] if cfg.advantage == "logged" else None,
+            logged=[getattr(a, "logged_advantage", None) for a in answers] if settings.advantage == "logged" else None,
         )
     for w in caught:
         log.warning("%s", w.message)
-    loss = settings_of(cfg)  # refuses a loss it does not model before any work
+    loss = settings.loss
     if loss.kl_beta and answers and all(a.ref_logprobs is None for a in answers):
         # one error before any work, not one failed answer per row (objective.omega_tensor refuses per answer)
         raise GmtsError(f"--kl-beta {loss.kl_beta} (TRL beta, verl kl_loss_coef): the KL term of omega needs "
                         "ref_logprobs, and no answer has them; pass --kl-beta 0 to probe the policy term alone")
     truncated = None
-    if cfg.mask_truncated_completions:
+    if settings.mask_truncated_completions:
         unknown = [a for a in answers if "unterminated" not in a.extra]
         if unknown:
             raise GmtsError(f"--mask-truncated-completions: {unknown[0].where or 'answer ' + str(unknown[0].answer_id)}: "
@@ -134,35 +134,30 @@ class TokenText:
         return out
 
 
-def _chunk_size(cfg: ProbeOptions) -> int | str:
-    return parse_chunk_size(cfg.chunk_size)
-
-
 def probe_answer(
     model: torch.nn.Module,
     answer: Answer,
     coef: AnswerCoefficients,
-    cfg: ProbeOptions,
+    settings: KernelSettings,
     token_text: TokenText | None = None,
-    strict: bool = False,
 ) -> tuple[dict[str, Any], pd.DataFrame | None]:
     """Probe one answer: returns its token columns (dict of equal-length arrays) and group norms.
 
-    ``strict`` (a job setting, :attr:`~gmts_analysis.options.config.JobSettings.strict`): refuse, with a
-    :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
+    ``settings.engine.strict`` (a job setting, :attr:`~gmts_analysis.options.config.JobSettings.strict`): refuse,
+    with a :class:`GmtsError`, an answer the exact engine refuses instead of sending it to the
     per-token loop. The column ``grad_norm_method`` says which method gave each answer's norms."""
     where = f"{answer.where}: answer '{answer.answer_id}'"
     check_finite_scalars({"reward": answer.reward, "advantage": coef.advantage, "loss_weight": coef.loss_weight},
                          where)
     T = len(answer.response_ids)
-    q, gn = _answer_quantities(model, answer, cfg, strict, where)
+    q, gn = _answer_quantities(model, answer, settings, where)
     head_gn = q.head_grad_norm if q.head_grad_norm is not None else torch.full((T,), float("nan"))
     logprob = q.logprob.double().cpu().numpy()
     om = adv_mod.omega(
         coef.loss_weight, coef.advantage, logprob,
         old_logprob=None if answer.old_logprobs is None else np.asarray(answer.old_logprobs),
         ref_logprob=None if answer.ref_logprobs is None else np.asarray(answer.ref_logprobs),
-        settings=settings_of(cfg), sampling_logprob=getattr(answer, "sampling_logprobs", None),
+        settings=settings.loss, sampling_logprob=getattr(answer, "sampling_logprobs", None),
     )
     entropy = q.entropy.double().cpu().numpy()
     cols: dict[str, Any] = {
@@ -185,7 +180,7 @@ def probe_answer(
     if answer.old_logprobs is not None:  # off-policy: the ratio and whether the clip silences the token
         log_ratio = logprob - np.asarray(answer.old_logprobs, dtype=np.float64)
         cols["ratio"] = policy_ratio(log_ratio)
-        loss = settings_of(cfg)
+        loss = settings.loss
         seq = loss.importance_sampling_level == "sequence" and T > 0
         r_eff = policy_ratio(log_ratio, "sequence") if seq else cols["ratio"]
         cols["clipped"] = clipped_mask(torch.from_numpy(r_eff), torch.full((T,), float(coef.advantage),
@@ -200,37 +195,36 @@ def probe_answer(
     else:
         norm_cols, groups_df = _grad_norm_columns(answer, gn)
         cols.update(norm_cols)
-    cols["grad_norm_method"] = [gn.method if gn is not None else cfg.grad_norm] * T
+    cols["grad_norm_method"] = [gn.method if gn is not None else settings.engine.method] * T
     cols["grad_norm"] = times_abs_omega(cols["grad_norm_logp"], om)
     for k in ("domain", "step"):
         v = getattr(answer, k)
         if v is not None:
             cols[k] = [v] * T
-    _check_finite(cols, groups_df, cfg, where)
+    _check_finite(cols, groups_df, settings.engine.method, where)
     return cols, groups_df
 
 
-def _answer_quantities(model: torch.nn.Module, answer: Answer, cfg: ProbeOptions, strict: bool, where: str):
+def _answer_quantities(model: torch.nn.Module, answer: Answer, settings: KernelSettings, where: str):
     """``(q, gn)``: the answer's :class:`~gmts_analysis.core.tokens.TokenQuantities` and its
     gradient norms (``None`` under ``--grad-norm none``, where one no-grad forward gives ``q``).
     Raises :class:`GmtsError` when the model produced non-finite logits."""
     device = next(model.parameters()).device
     ids = torch.tensor(answer.prompt_ids + answer.response_ids, dtype=torch.long, device=device)
     P, T = len(answer.prompt_ids), len(answer.response_ids)
-    tau = float(cfg.temperature)
+    tau = settings.temperature
+    engine = settings.engine
     gn = None
     if T == 0:
         z = torch.zeros(0, dtype=torch.float64)
         q = TokenQuantities(z, z, z, z, z, head_grad_norm=z)
-    elif cfg.grad_norm == "none":
+    elif engine.method == "none":
         q = forward_quantities(model, ids, P, tau)  # the one forward: closed forms only
     else:  # the engine's forwards also give the closed forms
         gn = grad_norms(
-            model, ids, P, temperature=tau, method=cfg.grad_norm, chunk_size=_chunk_size(cfg),
-            max_memory=None if cfg.max_memory is None else int(cfg.max_memory) * 2**20,
-            probes=int(cfg.probes), seed=int(cfg.seed), groups=cfg.grad_groups,
-            strict=bool(strict),
-            where=where,
+            model, ids, P, temperature=tau, method=engine.method, chunk_size=engine.chunk_size,
+            max_memory=engine.max_memory_bytes, probes=engine.probes, seed=engine.seed, groups=engine.groups,
+            strict=engine.strict, where=where,
         )
         q = gn.quantities
     if not q.finite:
@@ -259,10 +253,10 @@ def _grad_norm_columns(answer: Answer, gn) -> tuple[dict[str, np.ndarray], pd.Da
         })
     return cols, groups_df
 
-def _check_finite(cols: dict[str, Any], groups_df: pd.DataFrame | None, cfg: ProbeOptions, where: str) -> None:
+def _check_finite(cols: dict[str, Any], groups_df: pd.DataFrame | None, method: str, where: str) -> None:
     """Finite or nothing: a non-finite value in any float column fails the answer (errors.jsonl);
     grad_norm_logp (and so grad_norm) is NaN by design under --grad-norm none."""
-    check_finite(cols, where, allow_nan=("grad_norm_logp", "grad_norm") if cfg.grad_norm == "none" else ())
+    check_finite(cols, where, allow_nan=("grad_norm_logp", "grad_norm") if method == "none" else ())
     if groups_df is not None:
         check_finite({"grad_norm_logp of a group": groups_df["grad_norm_logp"].to_numpy()}, where)
 
@@ -270,21 +264,20 @@ def probe_answers(
     model: torch.nn.Module,
     tokenizer: Any,
     answers: Sequence[Answer],
-    cfg: ProbeOptions,
+    settings: KernelSettings,
     coefs: Sequence[AnswerCoefficients] | None = None,
     progress: bool = True,
-    strict: bool = False,
     probe_one: Callable[..., tuple[dict[str, Any], pd.DataFrame | None]] | None = None,
 ) -> ProbeResult:
     """Probe every answer; returns the tables (nothing is written).
 
     ``coefs`` (advantages and weights) default to those of ``answers`` as one batch; pass
     them to probe a subset with batch-wide values. Rows come in input order, by position.
-    ``strict``: as :func:`probe_answer`. ``probe_one``: how one answer is probed (default
+    ``probe_one``: how one answer is probed (default
     :func:`probe_answer`, same arguments; :func:`gmts_analysis.probe` passes the out-of-memory back-off).
     """
     if coefs is None:
-        coefs = answer_coefficients(answers, cfg)
+        coefs = answer_coefficients(answers, settings)
     token_text = TokenText(tokenizer)
     parts: list[dict] = []
     gparts: list[pd.DataFrame] = []
@@ -293,7 +286,7 @@ def probe_answers(
     bar = tqdm(total=len(answers), desc="probe", unit="answer", disable=not progress, dynamic_ncols=True)
     try:
         for a, c in zip(answers, coefs):
-            cols, g = (probe_one or probe_answer)(model, a, c, cfg, token_text, strict=strict)
+            cols, g = (probe_one or probe_answer)(model, a, c, settings, token_text)
             raise_if_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost on the way
             parts.append(cols)
             if g is not None:

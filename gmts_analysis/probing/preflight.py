@@ -28,15 +28,17 @@ from typing import Any, Sequence
 import torch
 
 from gmts_analysis.core.estimators import ESTIMATORS
+from gmts_analysis.engine import fidelity as fidelity_mod  # DEFAULT_BUDGET through its module: tests replace it
 from gmts_analysis.engine import (
     frozen_for_transforms,
     memory,  # free_device_memory through its module: tests replace it there
 )
 from gmts_analysis.engine.choice import choose_method
+from gmts_analysis.engine.exact import ExactEngine, model_acc_dtype
 from gmts_analysis.engine.memory import kept_bytes
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.config import ProbeOptions
+from gmts_analysis.probing.settings import EngineSettings
 
 log = logging.getLogger("gmts_analysis.probing.preflight")
 
@@ -75,24 +77,22 @@ def n_fidelity_selections(grad_norm: str, has_head: bool) -> int:
 
 def fidelity_need(model: torch.nn.Module, grad_norm: str, budget: int | None = None) -> FidelityNeed:
     """The accumulators' memory for ``model`` (it depends on nothing else: known before any work)."""
-    from gmts_analysis.engine.fidelity import DEFAULT_BUDGET  # deferred: pandas
-
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     has_head = isinstance(getattr(head, "weight", None), torch.Tensor)
     n_params = int(sum(p.numel() for _, p in trainable_parameters(model)))
     return FidelityNeed(n_fidelity_selections(grad_norm, has_head), n_params,
-                        DEFAULT_BUDGET if budget is None else int(budget))
+                        fidelity_mod.DEFAULT_BUDGET if budget is None else int(budget))
 
 
-def fidelity_decision(cfg: ProbeOptions, model: torch.nn.Module, n_tokens: int) -> tuple[bool, str]:
-    """``(on, why)`` for ``cfg.fidelity`` on this model and ``n_tokens`` response tokens.
+def fidelity_decision(engine: EngineSettings, model: torch.nn.Module, n_tokens: int) -> tuple[bool, str]:
+    """``(on, why)`` for ``engine.fidelity`` on this model and ``n_tokens`` response tokens.
     Raises :class:`GmtsError` for ``on`` when the accumulators cannot fit."""
-    if cfg.fidelity == "off":
+    if engine.fidelity == "off":
         return False, "--fidelity off"
-    if cfg.grad_norm == "none" and cfg.fidelity != "on":
+    if engine.method == "none" and engine.fidelity != "on":
         return False, "--grad-norm none"
-    need = fidelity_need(model, cfg.grad_norm)
-    if cfg.fidelity == "on":
+    need = fidelity_need(model, engine.method)
+    if engine.fidelity == "on":
         if not need.fits:
             raise GmtsError(f"--fidelity on: {need.describe()}: use --fidelity off")
         return True, "--fidelity on"
@@ -109,8 +109,6 @@ def engine_need(model: torch.nn.Module, longest: int, prompt_len: int, sample_id
     :meth:`gmts_analysis.engine.exact.ExactEngine.bytes_per_token` and
     :func:`gmts_analysis.engine.memory.kept_bytes`, one token per block). Makes the model's plan
     (one short planning forward, cached for the probe)."""
-    from gmts_analysis.engine.exact import ExactEngine, model_acc_dtype  # deferred: transformers
-
     engine = ExactEngine(model, model_acc_dtype(model))
     with frozen_for_transforms(model):
         engine.install(sample_ids)
@@ -151,24 +149,24 @@ def _existing_parent(path: Path) -> Path:
     return p
 
 
-def check_before_probe(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Any], out: str | os.PathLike | None,
-                       figures: bool = True) -> None:
+def check_before_probe(engine: EngineSettings, model: torch.nn.Module, answers: Sequence[Any],
+                       out: str | os.PathLike | None, figures: bool = True) -> None:
     """Every need knowable before the model runs (module docstring); raises :class:`GmtsError`
     naming the option to change, logs one line when ``--fidelity auto`` turns fidelity off.
     ``figures``: the job draws figures and a report (their disk space is counted)."""
     n_tokens = sum(a.length for a in answers)
-    if cfg.grad_norm == "sketch" and answers:
-        method, reason = choose_method([a.length for a in answers], int(cfg.probes))
+    if engine.method == "sketch" and answers:
+        method, reason = choose_method([a.length for a in answers], engine.probes)
         if method == "exact":  # the sketch is an estimate: say when it does not even save time
             log.warning("--grad-norm sketch: %s; --grad-norm exact is cheaper here, and exact", reason)
-    on, why = fidelity_decision(cfg, model, n_tokens)
-    if cfg.fidelity == "auto" and not on and cfg.grad_norm != "none":
+    on, why = fidelity_decision(engine, model, n_tokens)
+    if engine.fidelity == "auto" and not on and engine.method != "none":
         log.warning("update fidelity off: %s (--fidelity auto)", why)
     elif on:
         log.info("update fidelity on: %s", why)
     long = max((a for a in answers if a.length), key=lambda a: len(a.prompt_ids) + a.length, default=None)
     device = next(model.parameters()).device
-    if cfg.grad_norm == "exact" and long is not None:
+    if engine.method == "exact" and long is not None:
         ids = torch.tensor(list(long.prompt_ids[:8]) or [0], dtype=torch.long, device=device)
         try:
             need = engine_need(model, len(long.prompt_ids) + long.length, len(long.prompt_ids), ids)
@@ -179,10 +177,10 @@ def check_before_probe(cfg: ProbeOptions, model: torch.nn.Module, answers: Seque
             raise GmtsError(f"the exact engine needs about {need / 1e9:.2f} GB for one token of the longest answer "
                             f"({len(long.prompt_ids) + long.length} tokens, answer '{long.answer_id}') and "
                             f"{free / 1e9:.2f} GB are free on {device}: use --grad-norm sketch, or shorter answers")
-        if need is not None and cfg.max_memory is not None and need > int(cfg.max_memory) * 2**20:
+        if need is not None and engine.max_memory_bytes is not None and need > engine.max_memory_bytes:
             log.warning("--max-memory %s MiB is below one token's batched backward at the longest prefix "
                         "(about %.0f MiB): the engine goes one token at a time there and exceeds it",
-                        cfg.max_memory, need / 2**20)
+                        engine.max_memory, need / 2**20)
     if out is not None:
         where = _existing_parent(Path(out))
         free_disk = shutil.disk_usage(where).free

@@ -8,15 +8,12 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
+from gmts_analysis.core.vocabulary import TOKEN_COLUMNS  # noqa: F401 - the contract columns, re-exported
+
 if TYPE_CHECKING:
     from gmts_analysis.readers.rollouts import Answer
 
 
-# contract columns of tokens.parquet, in order (docs/definitions.md section 2)
-TOKEN_COLUMNS = (
-    "answer_id", "group_id", "position", "token_id", "token", "logprob", "prob", "entropy",
-    "logit_grad_norm", "advantage", "loss_weight", "omega", "grad_norm_logp", "grad_norm", "gmts",
-)
 
 
 def id_column(values: list) -> list:

@@ -12,6 +12,7 @@ import math
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from gmts_analysis.core.estimators import ESTIMATORS
+from gmts_analysis.core.vocabulary import TOKEN_COLUMNS
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.checks import check_fields
 from gmts_analysis.options.config import ProbeOptions
@@ -27,10 +28,11 @@ if TYPE_CHECKING:
 def validate_options(cfg: "ProbeOptions") -> None:
     """Every probe option in its domain (the ``check`` of its declaration in
     :class:`~gmts_analysis.options.config.ProbeOptions`), then what holds between options: the vLLM
-    bounds in order, --steps and the reward weights parse, the loss options together, the device and
-    the verifier resolve. ``cfg``: the options alone, or a whole
-    :class:`~gmts_analysis.options.config.ProbeConfig` (the job's, checked once, where it enters the job:
-    :func:`gmts_analysis.run.sharding.run.check_inputs`, or before ``gmts run`` samples).
+    bounds in order, --steps and the reward weights parse, the device and the verifier resolve. The
+    loss options together are checked where they are resolved, right after this
+    (:meth:`gmts_analysis.probing.settings.ProbeSettings.of`, the one place that calls this: a probe's
+    options are checked once, where they are split into the parts each layer reads). ``cfg``: the options
+    alone, or a whole :class:`~gmts_analysis.options.config.ProbeConfig`.
     """
     fields = fields_of(ProbeOptions)
     check_fields(fields, {k: getattr(cfg, k) for k in fields})
@@ -38,7 +40,6 @@ def validate_options(cfg: "ProbeOptions") -> None:
     if lo is not None and hi is not None and not float(lo) < float(hi):
         raise GmtsError(f"--vllm-is-min {float(lo)} must be below --vllm-is-max {float(hi)}")
     _check_reader_options(cfg)
-    _check_resolvable(cfg)
 
 
 def _check_reader_options(cfg: "ProbeOptions") -> None:
@@ -49,13 +50,6 @@ def _check_reader_options(cfg: "ProbeOptions") -> None:
     if cfg.reward_columns is not None or cfg.reward_weights is not None:
         cols = _names(cfg.reward_columns, "--reward-columns")
         _weights(cfg.reward_weights, None if cols is None else len(cols))
-
-
-def _check_resolvable(cfg: "ProbeOptions") -> None:
-    """The loss options together (--loss-type against --loss-agg, dr_grpo's L_max)."""
-    from gmts_analysis.core.objective import settings_of  # deferred: torch
-
-    settings_of(cfg)
 
 
 def check_answers(answers: Sequence[Any], model_name: str) -> None:
@@ -245,8 +239,6 @@ def _tokens_schema(path: Any, required: Sequence[str] | None) -> Any:
     ``required`` contract columns (default all of them)."""
     import pyarrow.parquet as pq
 
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
-
     if not path.is_file():
         raise GmtsError(f"{path}: no such file (a run directory holds tokens.parquet)")
     try:
@@ -268,8 +260,6 @@ def _check_token_column_types(path: Any, schema: Any) -> tuple[list[str], list[s
     """The type of every contract and estimator column the tokens file has, checked; ``(read, scores)``: the
     columns whose values are checked next (``answer_id`` and every number not all null) and the estimator
     columns besides the contract ones (read as they are, not recomputed)."""
-    from gmts_analysis.probing.tables import TOKEN_COLUMNS  # deferred: pandas
-
     names = set(schema.names)
     for c in ID_COLUMNS:
         if c in names:

@@ -26,12 +26,12 @@ from gmts_analysis import __version__
 from gmts_analysis.analysis.runs import RunTables, json_normalise, write_tables
 from gmts_analysis.analysis.stats import compute_stats, run_rho_key
 from gmts_analysis.analysis.token_strings import write_token_strings
-from gmts_analysis.core.objective import settings_of
 from gmts_analysis.engine.fidelity import fidelity_for_run
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.options.config import ProbeConfig, ProbeOptions
 from gmts_analysis.probing.kernel import ProbeResult
 from gmts_analysis.probing.preflight import fidelity_decision
+from gmts_analysis.probing.settings import EngineSettings, ProbeSettings
 from gmts_analysis.readers.rollouts import Answer
 from gmts_analysis.util import io
 from gmts_analysis.views.report import write_report
@@ -50,17 +50,19 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, result: ProbeResult,
-                   extra: dict | None = None, aliases: Mapping[str, str] | None = None,
+def build_manifest(record: ProbeOptions, settings: ProbeSettings, model: torch.nn.Module, model_path: str,
+                   result: ProbeResult, extra: dict | None = None, aliases: Mapping[str, str] | None = None,
                    config_file: str | None = None) -> dict:
-    """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``cfg``
-    (the options, plus the job settings when ``cfg`` is a :class:`ProbeConfig`). ``aliases`` (the TRL/verl
-    names the command used, mapped to ours) and ``config_file`` (its --config file): the job's, when it has them."""
+    """The run's metadata (docs/definitions.md section 8); ``config`` holds every field of ``record``, the
+    options as given (plus the job settings when it is a :class:`ProbeConfig`), of which ``settings`` are
+    the parts. ``aliases`` (the TRL/verl names the command used, mapped to ours) and ``config_file`` (its
+    --config file): the job's, when it has them."""
 
     dev = next(model.parameters()).device
-    method, counts = run_grad_norm_method(cfg, result)
+    engine = settings.kernel.engine
+    method, counts = run_grad_norm_method(engine.method, result)
     m = {
-        "config": asdict(cfg),
+        "config": asdict(record),
         "model_path": model_path,
         "model_class": type(model).__name__,
         "model_type": getattr(model.config, "model_type", None),
@@ -70,11 +72,11 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
         "device": str(dev),
         "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
         "torch_threads": torch.get_num_threads(),
-        "dtype": cfg.dtype,
+        "dtype": settings.dtype,
         "grad_norm_method": method,  # "mixed" when some answers went to the per-token loop
         "grad_norm_methods": counts,  # answers per method
         "n_loop_answers": int(counts.get("loop", 0)),
-        "seed": cfg.seed,
+        "seed": engine.seed,
         "n_answers": int(len(result.answers)),
         "n_tokens": int(len(result.tokens)),
         "n_groups": int(result.answers["group_id"].nunique()) if len(result.answers) else 0,
@@ -82,12 +84,12 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     if method == "sketch":
-        m["probes"] = cfg.probes
+        m["probes"] = engine.probes
     if counts.get("sketch"):  # the directions' random stream depends on the device type (engine/sketch.py)
         m["sketch_stream_device"] = dev.type
     # the objective omega was computed under, after TRL's loss_type and the aliases are resolved
     # (loss_type dr_grpo is recorded as loss_agg seq-mean-token-sum-norm with its L_max)
-    m["objective"] = asdict(settings_of(cfg))
+    m["objective"] = asdict(settings.kernel.loss)
     # TRL/verl names the command used, mapped to ours, and the --config file (gmts_analysis.options)
     m["aliases"] = dict(aliases or {})
     if config_file:
@@ -97,75 +99,80 @@ def build_manifest(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, r
     return m
 
 
-def answer_methods(cfg: ProbeOptions, result: ProbeResult) -> list[str]:
+def answer_methods(method: str, result: ProbeResult) -> list[str]:
     """The gradient-norm method of each answer of ``result`` (its tokens' ``grad_norm_method``;
-    the option for an answer without tokens or a table without the column)."""
+    ``method``, the option, for an answer without tokens or a table without the column)."""
     tok = result.tokens
     per = {}
     if "grad_norm_method" in tok.columns and len(tok):
         per = dict(zip(tok["answer_id"], tok["grad_norm_method"]))
-    def method(a) -> str:  # a chunk record written before the column existed has NaN there
+    def of(a) -> str:  # a chunk record written before the column existed has NaN there
         v = per.get(a)
-        return v if isinstance(v, str) else cfg.grad_norm
+        return v if isinstance(v, str) else method
 
-    return [method(a) for a in result.answers["answer_id"]] if len(result.answers) else []
+    return [of(a) for a in result.answers["answer_id"]] if len(result.answers) else []
 
 
-def run_grad_norm_method(cfg: ProbeOptions, result: ProbeResult) -> tuple[str, dict[str, int]]:
+def run_grad_norm_method(method: str, result: ProbeResult) -> tuple[str, dict[str, int]]:
     """``(method, answers per method)``: the method when every answer used it, else ``mixed``
-    (some answers refused by the exact engine went to the per-token loop)."""
+    (some answers refused by the exact engine went to the per-token loop); ``method``, the option,
+    when there is no answer."""
     counts: dict[str, int] = {}
-    for m in answer_methods(cfg, result):
+    for m in answer_methods(method, result):
         counts[m] = counts.get(m, 0) + 1
-    method = next(iter(counts)) if len(counts) == 1 else ("mixed" if counts else cfg.grad_norm)
-    return method, counts
+    used = next(iter(counts)) if len(counts) == 1 else ("mixed" if counts else method)
+    return used, counts
 
 
-def add_answer_methods(cfg: ProbeOptions, result: ProbeResult) -> None:
-    """The ``grad_norm_method`` column of ``result.answers`` (from the tokens table)."""
+def add_answer_methods(method: str, result: ProbeResult) -> None:
+    """The ``grad_norm_method`` column of ``result.answers`` (from the tokens table; ``method``, the
+    option, where it says nothing)."""
     if len(result.answers):
-        result.answers["grad_norm_method"] = answer_methods(cfg, result)
+        result.answers["grad_norm_method"] = answer_methods(method, result)
 
 
-def fidelity_enabled(cfg: ProbeOptions, n_tokens: int, model: torch.nn.Module | None = None) -> bool:
+def fidelity_enabled(engine: EngineSettings, n_tokens: int, model: torch.nn.Module | None = None) -> bool:
     """Whether update fidelity runs: :func:`gmts_analysis.probing.preflight.fidelity_decision` (auto: on under
     100k tokens when its accumulators fit the budget; the model gives their size)."""
     if model is not None:
-        return fidelity_decision(cfg, model, n_tokens)[0]
-    if cfg.fidelity == "on":
+        return fidelity_decision(engine, model, n_tokens)[0]
+    if engine.fidelity == "on":
         return True
-    if cfg.fidelity == "off" or cfg.grad_norm == "none":
+    if engine.fidelity == "off" or engine.method == "none":
         return False
     return n_tokens < 100_000
 
 
-def run_stats(cfg: ProbeOptions, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult,
+def run_stats(settings: ProbeSettings, model: torch.nn.Module, answers: Sequence[Answer], result: ProbeResult,
               progress: bool = False) -> dict:
     """The stats.json dict of a probe result: statistics, and update fidelity when enabled
     (:func:`fidelity_enabled`; needs the model; ``progress``: its bar). Adds ``stats_s``/``fidelity_s`` to ``result.timings``."""
 
-    rho = float(cfg.rho)
+    st = settings.statistics
     fidelity: dict = {}
-    if fidelity_enabled(cfg, len(result.tokens), model):
+    if fidelity_enabled(settings.kernel.engine, len(result.tokens), model):
         t0 = time.perf_counter()
-        fidelity = fidelity_for_run(model, answers, result.tokens, temperature=float(cfg.temperature),
-                                    seed=int(cfg.seed), progress=progress, rho=rho)
+        fidelity = fidelity_for_run(model, answers, result.tokens, temperature=settings.kernel.temperature,
+                                    seed=st.seed, progress=progress, rho=st.rho)
         result.timings["fidelity_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    stats = compute_stats(result.tokens, result.answers, seed=cfg.seed, rho=rho,
-                          uncertain_below=float(cfg.uncertain_below), **fidelity)
+    stats = compute_stats(result.tokens, result.answers, seed=st.seed, rho=st.rho,
+                          uncertain_below=st.uncertain_below, **fidelity)
     result.timings["stats_s"] = time.perf_counter() - t0
     return stats
 
 
-def result_tables(cfg: ProbeOptions, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
-                  result: ProbeResult, extra: dict | None = None, *, progress: bool = False,
-                  aliases: Mapping[str, str] | None = None, config_file: str | None = None) -> RunTables:
+def result_tables(record: ProbeOptions, settings: ProbeSettings, model: torch.nn.Module, model_path: str,
+                  answers: Sequence[Answer], result: ProbeResult, extra: dict | None = None, *,
+                  progress: bool = False, aliases: Mapping[str, str] | None = None,
+                  config_file: str | None = None) -> RunTables:
     """Statistics, fidelity and manifest of a probe result, as the in-memory run (nothing written);
-    ``progress``, ``aliases``, ``config_file``: the job's (:func:`run_stats`, :func:`build_manifest`)."""
-    add_answer_methods(cfg, result)
-    stats = run_stats(cfg, model, answers, result, progress=progress)
-    manifest = build_manifest(cfg, model, model_path, result, extra, aliases=aliases, config_file=config_file)
+    ``record``: the options as the manifest records them, ``settings``: their parts; ``progress``,
+    ``aliases``, ``config_file``: the job's (:func:`run_stats`, :func:`build_manifest`)."""
+    add_answer_methods(settings.kernel.engine.method, result)
+    stats = run_stats(settings, model, answers, result, progress=progress)
+    manifest = build_manifest(record, settings, model, model_path, result, extra, aliases=aliases,
+                              config_file=config_file)
     return RunTables(tokens=result.tokens, answers=result.answers, stats=json_normalise(stats),
                      manifest=json_normalise(manifest), grad_groups=result.grad_groups)
 
@@ -192,15 +199,17 @@ def write_run_dir(run: RunTables, out: str | Path, figures: bool = True, overwri
     return Path(out)
 
 
-def write_result(cfg: ProbeConfig, model: torch.nn.Module, model_path: str, answers: Sequence[Answer],
-              result: ProbeResult, extra: dict | None = None, extra_files: dict[str, str] | None = None) -> Path:
+def write_result(cfg: ProbeConfig, settings: ProbeSettings, model: torch.nn.Module, model_path: str,
+                 answers: Sequence[Answer], result: ProbeResult, extra: dict | None = None,
+                 extra_files: dict[str, str] | None = None) -> Path:
     """:func:`result_tables` then :func:`write_run_dir` into ``cfg.out`` (with ``cfg.figures``,
     ``cfg.overwrite``): statistics, fidelity, manifest, figures and report; the directory
-    appears complete or not at all.
+    appears complete or not at all. ``cfg``: the job's record and its job settings, ``settings``: the
+    probe's parts.
 
     ``extra_files`` maps file names to text written into the run directory too (e.g. the
     sampled ``rollouts.jsonl`` of ``gmts run``).
     """
-    run = result_tables(cfg, model, model_path, answers, result, extra, progress=not cfg.quiet,
+    run = result_tables(cfg, settings, model, model_path, answers, result, extra, progress=not cfg.quiet,
                         aliases=cfg.aliases, config_file=cfg.config_file)
     return write_run_dir(run, cfg.out, figures=cfg.figures, overwrite=cfg.overwrite, extra_files=extra_files)

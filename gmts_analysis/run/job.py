@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.sampling.domains import sample_rows, sampling_options
@@ -30,11 +30,15 @@ from gmts_analysis.util import io
 from gmts_analysis.util.atomic import atomic_write_jsonl
 from gmts_analysis.util.io import to_json
 
+if TYPE_CHECKING:
+    from gmts_analysis.run.sharding.job import ProbeJob
+
 SAMPLE_ROLLOUTS = "rollouts.jsonl"
 
 
 def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str, Path] | None = None) -> Path:
     """Load, read, probe, compute statistics (and fidelity, figures, report); write ``cfg.out``.
+    ``cfg`` is checked once, here (:meth:`gmts_analysis.run.sharding.ProbeJob.of`).
 
     One process, or every rank of a torchrun job (each takes a share of whole groups; rank 0
     merges). Work is recorded chunk by chunk in ``cfg.out``: the same command run again
@@ -42,9 +46,21 @@ def run_probe(cfg: ProbeConfig, extra: dict | None = None, extra_files: dict[str
     :mod:`gmts_analysis.run.sharding` and docs/scaling.md). ``extra`` adds manifest entries and
     ``extra_files`` (name -> path) files copied into the finished directory.
     """
+    return _run(_job(cfg), extra, extra_files)
+
+
+def _job(cfg: ProbeConfig) -> "ProbeJob":
+    """The checked job of ``cfg`` (a :class:`gmts_analysis.run.sharding.ProbeJob`)."""
+    from gmts_analysis.run.sharding import ProbeJob  # deferred: torch, pandas
+
+    return ProbeJob.of(cfg)
+
+
+def _run(job: "ProbeJob", extra: dict | None, extra_files: dict[str, Path] | None) -> Path:
+    """:func:`gmts_analysis.run.sharding.run_sharded` of the checked ``job``."""
     from gmts_analysis.run.sharding import run_sharded  # deferred: torch, pandas
 
-    return run_sharded(cfg, extra=extra, extra_files=extra_files)
+    return run_sharded(job, extra=extra, extra_files=extra_files)
 
 
 SAMPLE_STEM = "gmts-sample"
@@ -98,15 +114,15 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
 def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     """``gmts run``: sample (``sampling``: domains, num_prompts, group_size, temperature,
     max_new_tokens, seed, device) with ``cfg.model``, then :func:`run_probe` on the rows into
-    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. The whole job, sampling
-    included, holds the run directory's lock (a second job on ``--out`` stops at once)."""
+    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. ``cfg`` is checked once, before
+    anything is sampled. The whole job, sampling included, holds the run directory's lock (a second
+    job on ``--out`` stops at once)."""
+    job = _job(cfg)
     with io.exclusive_lock(cfg.out):
-        return _sample_and_probe(cfg, sampling)
+        return _sample_and_probe(cfg, job, sampling)
 
 
-def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
-    import dataclasses
-
+def _sample_and_probe(cfg: ProbeConfig, job: "ProbeJob", sampling: dict[str, Any]) -> Path:
     out = Path(cfg.out)
     key = json.loads(_json({"model": cfg.model, **sampling}))
     work = sample_work_dir(out)
@@ -122,10 +138,9 @@ def _sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
             io.atomic_write_text(work / SAMPLE_ROLLOUTS, (out / SAMPLE_ROLLOUTS).read_text(encoding="utf-8"))
             io.atomic_write_json(work / "sampling.json", key)
     rollouts = _sampled_rollouts(cfg, sampling, progress=not cfg.quiet)
-    result = run_probe(dataclasses.replace(cfg, rollouts=str(rollouts)),
-                       extra={"job": "gmts run", "sampling": key,
-                              **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}},
-                       extra_files={SAMPLE_ROLLOUTS: rollouts})
+    extra = {"job": "gmts run", "sampling": key,
+             **{k: sampling[k] for k in ("domains", "num_prompts", "group_size", "max_new_tokens")}}
+    result = _run(job.recorded(rollouts=str(rollouts)), extra, {SAMPLE_ROLLOUTS: rollouts})
     if (out / "manifest.json").exists() and io.is_ours(work, "sample", out):
         _record_own_rollouts(out)
         shutil.rmtree(work, ignore_errors=True)

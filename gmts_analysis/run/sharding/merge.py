@@ -20,11 +20,11 @@ import pandas as pd
 from gmts_analysis.core.estimators import add_estimator_columns
 from gmts_analysis.core.scores import NAN_SCORES
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
 from gmts_analysis.probing.inputs import ProbeInputs
 from gmts_analysis.run import finalize as finalize_mod
 from gmts_analysis.run.sharding import state
+from gmts_analysis.run.sharding.job import ProbeJob
 from gmts_analysis.util import io
 from gmts_analysis.util.atomic import jsonl_text
 
@@ -186,7 +186,7 @@ def assemble(out: Path, run_hash: str, n_answers: int, parts: list[dict] | None
     return gather_chunks(out, records, everything)
 
 
-def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Fingerprint,
+def write_merged_run(job: ProbeJob, out: Path, inputs: ProbeInputs, fp: state.Fingerprint,
                      parts: list[dict] | None, timings: dict, extra: dict,
                      extra_files: dict[str, Any] | None = None, work: Path | None = None) -> Path:
     """Merge the rows and write the final run directory (statistics, manifest, figures, report:
@@ -213,7 +213,7 @@ def write_merged_run(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state
     result = kernel.ProbeResult(tokens=tokens, answers=tables.answers_table(ok_answers, ok_coefs),
                                 grad_groups=groups, timings=timings)
     extra = {**extra, **_fingerprint_and_errors(fp, errors)}
-    _write_finished(cfg, out, work, inputs, ok_answers, result, extra,
+    _write_finished(job, out, work, inputs, ok_answers, result, extra,
                     {**(extra_files or {}), ERRORS_FILE: errors_text})
     if errors:
         log.warning("%d answer(s) failed and were skipped: see %s", len(errors), out / ERRORS_FILE)
@@ -252,13 +252,13 @@ def _fingerprint_and_errors(fp: state.Fingerprint, errors: list[dict]) -> dict[s
             "errors": [{k: e[k] for k in ("answer_id", "reason")} for e in errors[:100]]}
 
 
-def _write_finished(cfg: ProbeConfig, out: Path, work: Path, inputs: ProbeInputs, ok_answers: list,
+def _write_finished(job: ProbeJob, out: Path, work: Path, inputs: ProbeInputs, ok_answers: list,
                     result: kernel.ProbeResult, extra: dict, files: dict[str, Any]) -> None:
     """The finished directory at ``out`` (:func:`gmts_analysis.run.finalize.write_result`, ``files``: name ->
     path or text), then the work area gone; until then the previous run (``--overwrite``) or the work area
     stays where it was."""
     def write() -> None:
-        finalize_mod.write_result(cfg, inputs.model, inputs.model_path, ok_answers, result, extra=extra,
+        finalize_mod.write_result(job.config, job.probe, inputs.model, inputs.model_path, ok_answers, result, extra=extra,
                                   extra_files=files)
 
     if work != out:  # --overwrite: the finished directory replaces the previous run (kept until then)

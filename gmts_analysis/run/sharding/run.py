@@ -27,7 +27,6 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig
-from gmts_analysis.probing import validate
 from gmts_analysis.probing.inputs import ProbeInputs, prepare_inputs
 from gmts_analysis.probing.preflight import check_before_probe
 from gmts_analysis.readers.models import resolve_model_path
@@ -40,6 +39,7 @@ from gmts_analysis.run.sharding.context import (
     process_group,
     rank_device,
 )
+from gmts_analysis.run.sharding.job import ProbeJob
 from gmts_analysis.run.sharding.shard import shard_answers
 from gmts_analysis.run.sharding.worker import answers_per_chunk, probe_share
 from gmts_analysis.util import io
@@ -48,10 +48,9 @@ log = logging.getLogger("gmts_analysis.run.sharding")
 
 
 def check_inputs(cfg: ProbeConfig) -> None:
-    """Errors any rank can tell before touching the disk: options in their domains and together (the one
-    check of the job's settings, :func:`gmts_analysis.probing.validate.validate_options`), the
-    rollouts file exists, ``--out`` is writable and holds neither input (:mod:`gmts_analysis.probing.validate`)."""
-    validate.validate_options(cfg)  # through the module: tests count its calls there
+    """Errors any rank can tell before touching the disk, besides the options (checked once, where the job
+    is made: :meth:`ProbeJob.of`): ``--out`` given, the rollouts file exists, ``--steps`` names steps of
+    it, ``--out`` is writable and holds neither input. ``cfg``: the job's record."""
     if cfg.out is None:
         raise GmtsError("--out: an output directory is required")
     if not Path(cfg.rollouts).exists():
@@ -60,11 +59,12 @@ def check_inputs(cfg: ProbeConfig) -> None:
     io.check_output_location(cfg.out, {"--rollouts": cfg.rollouts, "--model": resolve_model_path(cfg.model)})
 
 
-def load_inputs(cfg: ProbeConfig, device: str, rollouts_sha256: str | None = None) -> ProbeInputs:
-    """The job's inputs on this rank (:func:`gmts_analysis.probing.inputs.prepare_inputs`): ``cfg.model``
-    loaded on ``device``, ``cfg.rollouts`` read (``rollouts_sha256``: the fingerprint's, not hashed
+def load_inputs(job: ProbeJob, device: str, rollouts_sha256: str | None = None) -> ProbeInputs:
+    """The job's inputs on this rank (:func:`gmts_analysis.probing.inputs.prepare_inputs`): ``--model``
+    loaded on ``device``, ``--rollouts`` read (``rollouts_sha256``: the fingerprint's, not hashed
     again), answers checked, coefficients computed; truncation counts logged."""
-    return prepare_inputs(cfg.model, cfg.rollouts, cfg, offline=cfg.offline, device=device,
+    cfg = job.config
+    return prepare_inputs(cfg.model, cfg.rollouts, job.probe, offline=cfg.offline, device=device,
                           rollouts_sha256=rollouts_sha256, log=log)
 
 
@@ -97,38 +97,39 @@ def _on_main(ctx: DistContext, fn: Any) -> Any:
     return msg[1]
 
 
-def run_sharded(cfg: ProbeConfig, ctx: DistContext | None = None, extra: dict | None = None,
+def run_sharded(job: ProbeJob, ctx: DistContext | None = None, extra: dict | None = None,
                 extra_files: dict[str, Path] | None = None) -> Path:
-    """Probe ``cfg.rollouts`` with ``cfg.model`` into ``cfg.out`` on this rank; rank 0 merges.
+    """Probe the job's rollouts with its model into its ``--out`` on this rank; rank 0 merges.
 
-    With no torchrun environment this is one process doing everything. Returns ``cfg.out``.
+    ``job``: the checked job (:meth:`ProbeJob.of`). With no torchrun environment this is one process
+    doing everything. Returns ``--out``.
     ``extra`` (manifest entries) and ``extra_files`` (name -> path of a file copied in) go into
     the finished directory (``gmts run`` records its sampling and the sampled rollouts so); both
     are kept in ``run.json`` so that ``gmts merge`` finishes the same directory.
     """
     ctx = ctx or context_from_env()
-    check_inputs(cfg)
-    out = Path(cfg.out)
+    check_inputs(job.config)
+    out = Path(job.config.out)
     with process_group(ctx), contextlib.ExitStack() as held:
         if not ctx.is_main:  # progress and info lines on rank 0 only (levels restored on exit)
             _quiet_logs(held)
         t_start = time.perf_counter()
         # rank 0 holds the run directory's lock for the whole job: a second job on it stops here
         _on_main(ctx, lambda: str(held.enter_context(io.exclusive_lock(out))))
-        status, fp = _on_main(ctx, lambda: _inspect_out(cfg, out))
+        status, fp = _on_main(ctx, lambda: _inspect_out(job.config, out))
         if status == "complete":
             log.warning("%s: this run is already complete (same model, rollouts and configuration); nothing to do",
                         out)
             return out
-        device = rank_device(ctx, cfg.device)
-        inputs = load_inputs(cfg, device, fp.rollouts_sha256)
-        cfg = _chunked_and_checked(cfg, ctx, inputs, out)
-        attempt, work = _open_work_area(cfg, ctx, out, fp, status, extra, extra_files)
-        _probe_into_part(cfg, ctx, inputs, fp, work, attempt, device)
+        device = rank_device(ctx, job.probe.device)
+        inputs = load_inputs(job, device, fp.rollouts_sha256)
+        job = _chunked_and_checked(job, ctx, inputs, out)
+        attempt, work = _open_work_area(job.config, ctx, out, fp, status, extra, extra_files)
+        _probe_into_part(job, ctx, inputs, fp, work, attempt, device)
 
         def finish() -> str:
             parts = merge.wait_for_parts(work, ctx.world_size, fp.run_hash, attempt)
-            return str(finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size,
+            return str(finish_job(job, out, inputs, fp, parts, time.perf_counter() - t_start, ctx.world_size,
                                   extra, extra_files, work=work))
 
         # the other ranks wait for rank 0 to finish the run (its error is theirs), so that every rank's exit
@@ -151,14 +152,15 @@ def _inspect_out(cfg: ProbeConfig, out: Path) -> tuple[str, state.Fingerprint]:
     return state.inspect_directory(out, fp, cfg.overwrite, finishing), fp
 
 
-def _chunked_and_checked(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, out: Path) -> ProbeConfig:
-    """``cfg`` with ``--answers-per-chunk`` auto resolved for the run (the same on every rank), once every
+def _chunked_and_checked(job: ProbeJob, ctx: DistContext, inputs: ProbeInputs, out: Path) -> ProbeJob:
+    """``job`` with ``--answers-per-chunk`` auto resolved for the run (the same on every rank), once every
     need knowable before the model runs (memory, disk) is checked on rank 0 (refused on every rank)."""
     # recorded so, not fingerprinted: a run started with another value (an old run's 16) resumes as it is
-    cfg = dataclasses.replace(cfg, answers_per_chunk=answers_per_chunk(cfg.answers_per_chunk, len(inputs.answers),
-                                                                       ctx.world_size))
-    _on_main(ctx, lambda: check_before_probe(cfg, inputs.model, inputs.answers, out, cfg.figures))
-    return cfg
+    job = job.recorded(answers_per_chunk=answers_per_chunk(job.config.answers_per_chunk, len(inputs.answers),
+                                                           ctx.world_size))
+    _on_main(ctx, lambda: check_before_probe(job.probe.kernel.engine, inputs.model, inputs.answers, out,
+                                             job.config.figures))
+    return job
 
 
 def _open_work_area(cfg: ProbeConfig, ctx: DistContext, out: Path, fp: state.Fingerprint, status: str,
@@ -172,7 +174,7 @@ def _open_work_area(cfg: ProbeConfig, ctx: DistContext, out: Path, fp: state.Fin
     return attempt, Path(work)
 
 
-def _probe_into_part(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, fp: state.Fingerprint, work: Path,
+def _probe_into_part(job: ProbeJob, ctx: DistContext, inputs: ProbeInputs, fp: state.Fingerprint, work: Path,
                      attempt: int, device: str) -> None:
     """This rank's length-balanced share of whole groups (:func:`shard_answers`): the answers no chunk
     record holds yet probed chunk by chunk into ``work``, then the share written as this rank's part
@@ -182,8 +184,9 @@ def _probe_into_part(cfg: ProbeConfig, ctx: DistContext, inputs: ProbeInputs, fp
     todo = [i for i in share if i not in done]
     if ctx.is_main:
         _log_probing(inputs, device, ctx, len(done))
-    summary = probe_share(inputs.model, inputs.tokenizer, inputs.answers, inputs.coefs, todo, cfg, work, fp.run_hash,
-                          ctx, attempt, progress=ctx.is_main and not cfg.quiet)
+    summary = probe_share(inputs.model, inputs.tokenizer, inputs.answers, inputs.coefs, todo, job.probe.kernel,
+                          job.config.answers_per_chunk, work, fp.run_hash, ctx, attempt,
+                          progress=ctx.is_main and not job.config.quiet)
     merge.write_part(work, ctx.rank, ctx.world_size, fp.run_hash, attempt, share,
                      {"probe_wall_s": summary.seconds, "n_probed": summary.n_answers,
                       "n_tokens_probed": summary.n_tokens, "device": device})
@@ -199,7 +202,7 @@ def _log_probing(inputs: ProbeInputs, device: str, ctx: DistContext, n_done: int
              f"; resuming: {n_done} answers already done" if n_done else "")
 
 
-def finish_job(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Fingerprint, parts: list[dict] | None,
+def finish_job(job: ProbeJob, out: Path, inputs: ProbeInputs, fp: state.Fingerprint, parts: list[dict] | None,
                wall_s: float, world_size: int, more: dict | None = None,
                extra_files: dict[str, Path] | None = None, work: Path | None = None) -> Path:
     """The job's last step (rank 0): its manifest entries (timings, truncation counts, the rollouts
@@ -220,12 +223,12 @@ def finish_job(cfg: ProbeConfig, out: Path, inputs: ProbeInputs, fp: state.Finge
             "attempts": st.get("attempts", []),
             "ranks": [{k: m.get(k) for k in ("rank", "device", "probe_wall_s", "n_probed", "n_tokens_probed")}
                       for m in parts or []],
-            "answers_per_chunk": cfg.answers_per_chunk,
+            "answers_per_chunk": job.config.answers_per_chunk,
             "n_chunks": len(records),
         },
     }
     extra.update(more or {})
-    return merge.write_merged_run(cfg, out, inputs, fp, parts, timings, extra, extra_files, work=work)
+    return merge.write_merged_run(job, out, inputs, fp, parts, timings, extra, extra_files, work=work)
 
 
 def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = None,
@@ -235,8 +238,6 @@ def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = 
     Uses the parts when every rank of the last attempt wrote one, else the chunk records.
     The model and rollouts must still match the run's fingerprint.
     """
-    import dataclasses
-
     out = Path(run_dir)
     if not out.is_dir() and not state.work_area_sibling(out).is_dir():  # (an existing one is ours)
         raise GmtsError(f"{out}: no such run directory")
@@ -248,20 +249,21 @@ def merge_run(run_dir: str | Path, device: str = "auto", figures: bool | None = 
         cfg = dataclasses.replace(cfg, out=str(out), device=device, quiet=quiet,
                                   figures=cfg.figures if figures is None else figures,
                                   fidelity=cfg.fidelity if fidelity is None else fidelity)
-        check_inputs(cfg)
-        return _merge_locked(cfg, out, st, device)
+        job = ProbeJob.of(cfg)
+        check_inputs(job.config)
+        return _merge_locked(job, out, st, device)
 
 
-def _merge_locked(cfg: ProbeConfig, out: Path, st: dict, device: str) -> Path:
-    fp = state.run_fingerprint(cfg)
+def _merge_locked(job: ProbeJob, out: Path, st: dict, device: str) -> Path:
+    fp = state.run_fingerprint(job.config)
     if fp.run_hash != st.get("run_hash"):
         why = "; ".join(fp.differences(st.get("fingerprint") or {}))
         raise GmtsError(f"{out}: the model or rollouts changed since the run started ({why})")
     t0 = time.perf_counter()
-    inputs = load_inputs(cfg, rank_device(DistContext(), device), fp.rollouts_sha256)
+    inputs = load_inputs(job, rank_device(DistContext(), device), fp.rollouts_sha256)
     attempts = st.get("attempts") or [{}]
     world = int(attempts[-1].get("world_size", 1))
     parts = merge.parts_complete(out, world, fp.run_hash, len(attempts))
     done = st.get("finish") or {}
-    return finish_job(cfg, out, inputs, fp, parts, time.perf_counter() - t0, world, done.get("extra"),
+    return finish_job(job, out, inputs, fp, parts, time.perf_counter() - t0, world, done.get("extra"),
                       {k: Path(v) for k, v in (done.get("extra_files") or {}).items()})

@@ -32,12 +32,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gmts_analysis.core.sizes import AUTO, parse_chunk_size
+from gmts_analysis.core.sizes import AUTO
 from gmts_analysis.engine import memory
 from gmts_analysis.engine.memory import is_out_of_memory
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options.config import ProbeConfig
 from gmts_analysis.probing import kernel, tables
+from gmts_analysis.probing.settings import EngineSettings, KernelSettings
 from gmts_analysis.readers.rollouts import Answer
 from gmts_analysis.run.sharding import state
 from gmts_analysis.run.sharding.context import DistContext
@@ -65,9 +65,9 @@ def _free_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: ProbeConfig,
-                     token_text: Any, strict: bool = False) -> tuple[dict, pd.DataFrame | None]:
-    """:func:`gmts_analysis.probing.kernel.probe_answer` (``strict`` as there), retried on out of memory with half the
+def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, settings: KernelSettings,
+                     token_text: Any) -> tuple[dict, pd.DataFrame | None]:
+    """:func:`gmts_analysis.probing.kernel.probe_answer` (same arguments), retried on out of memory with half the
     batch that failed (:func:`gmts_analysis.engine.memory.batch_of`, else :func:`_unnoted_batch`;
     :meth:`~gmts_analysis.engine.memory.BatchLimit.halved`), at most
     :data:`~gmts_analysis.engine.memory.OOM_RETRIES` times. Raises :class:`AnswerOutOfMemory` naming the sizes tried when the batch is at its floor
@@ -79,7 +79,7 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
             with memory.batch_limit(limit):
                 if os.environ.get(OOM_ANSWER_ENV) == str(answer.answer_id):
                     raise torch.OutOfMemoryError(f"out of memory ({OOM_ANSWER_ENV}, simulated)")
-                return kernel.probe_answer(model, answer, coef, cfg, token_text, strict=strict)
+                return kernel.probe_answer(model, answer, coef, settings, token_text)
         except Exception as e:
             if not is_out_of_memory(e):
                 raise
@@ -87,7 +87,7 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
             used = memory.batch_of(e)
         # outside the except block: the exception's frames (and their tensors) are released
         _free_memory()
-        kind, size = used if used is not None else _unnoted_batch(cfg, answer, limit)
+        kind, size = used if used is not None else _unnoted_batch(settings.engine, answer, limit)
         tried.append(str(size))
         new = limit.halved(kind, size) if attempt < memory.OOM_RETRIES else None
         if new is None:
@@ -99,17 +99,16 @@ def probe_with_retry(model: torch.nn.Module, answer: Answer, coef: Any, cfg: Pro
                             f"(floor {memory.OOM_FLOOR[kind]}, at most {memory.OOM_RETRIES} retries): {oom}")
 
 
-def _unnoted_batch(cfg: ProbeConfig, answer: Answer, limit: memory.BatchLimit) -> tuple[str, int]:
+def _unnoted_batch(engine: EngineSettings, answer: Answer, limit: memory.BatchLimit) -> tuple[str, int]:
     """The batch to halve after an out-of-memory error outside any batch (a forward, the closed
     forms): the sketch's directions per JVP (its cap, else ``--probes``), else the exact engine's
     tokens per VJP (its cap, else the integer ``--chunk-size``, else what ``auto`` takes at most:
     256, and never more than the answer)."""
-    if cfg.grad_norm == "sketch":
-        return "directions", limit.directions or int(cfg.probes)
+    if engine.method == "sketch":
+        return "directions", limit.directions or engine.probes
     if limit.tokens is not None:
         return "tokens", limit.tokens
-    parsed = parse_chunk_size(cfg.chunk_size)
-    return "tokens", max(1, min(answer.length, 256 if parsed == AUTO else int(parsed)))
+    return "tokens", max(1, min(answer.length, 256 if engine.chunk_size == AUTO else int(engine.chunk_size)))
 
 
 def _reason(e: BaseException) -> str:
@@ -156,10 +155,10 @@ def answers_per_chunk(setting: int | None, n_answers: int, world_size: int = 1) 
 
 
 def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer], coefs: Sequence[Any],
-                todo: Sequence[int], cfg: ProbeConfig, out: Path, run_hash: str, ctx: DistContext,
-                attempt: int, progress: bool) -> ShareSummary:
-    """Probe the answers ``todo`` (indices into ``answers``) in chunks, recording each chunk."""
-    per_chunk = answers_per_chunk(cfg.answers_per_chunk, len(todo))  # run_sharded resolves auto for the run
+                todo: Sequence[int], settings: KernelSettings, per_chunk: int, out: Path, run_hash: str,
+                ctx: DistContext, attempt: int, progress: bool) -> ShareSummary:
+    """Probe the answers ``todo`` (indices into ``answers``) in chunks of ``per_chunk`` answers (the job's
+    ``--answers-per-chunk``, auto resolved: :func:`answers_per_chunk`), recording each chunk."""
     fail_after = int(os.environ.get(FAIL_AFTER_ENV) or 0)
     slow = float(os.environ.get(SLOW_ENV) or 0)
     token_text = kernel.TokenText(tokenizer)
@@ -173,7 +172,7 @@ def probe_share(model: torch.nn.Module, tokenizer: Any, answers: Sequence[Answer
             chunk = list(todo[start:start + per_chunk])
             record = _ChunkRecord(out, run_hash, meta)
             for i in chunk:
-                _probe_one(model, answers[i], i, coefs[i], cfg, token_text, record)
+                _probe_one(model, answers[i], i, coefs[i], settings, token_text, record)
                 raise_if_interrupted()  # a Ctrl-C whose KeyboardInterrupt was lost: stop before recording
                 bar.update(1)
                 if slow:
@@ -234,15 +233,15 @@ class _ChunkRecord:
                           time.perf_counter() - self.t0, self.n_tok, self.meta)
 
 
-def _probe_one(model: torch.nn.Module, a: Answer, i: int, coef: Any, cfg: ProbeConfig, token_text: Any,
+def _probe_one(model: torch.nn.Module, a: Answer, i: int, coef: Any, settings: KernelSettings, token_text: Any,
                record: _ChunkRecord) -> None:
     """Probe answer ``a`` (index ``i``) into ``record``. A failure is recorded and the answer
     skipped; under ``--strict`` the chunk's finished answers are written and a GmtsError raised."""
     try:
-        cols, g = probe_with_retry(model, a, coef, cfg, token_text, strict=cfg.strict)
+        cols, g = probe_with_retry(model, a, coef, settings, token_text)
     except Exception as e:
         reason = _reason(e)
-        if cfg.strict:
+        if settings.engine.strict:
             if record.done:  # keep what this chunk finished
                 record.write(record.done)
             raise GmtsError(f"{a.where}: answer '{a.answer_id}' failed: {reason} "
