@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from gmts_analysis.core.estimators import ESTIMATORS
 from gmts_analysis.core.vocabulary import TOKEN_COLUMNS
@@ -21,11 +21,8 @@ from gmts_analysis.readers.formats import _names, _weights
 from gmts_analysis.readers.sources import parse_steps
 from gmts_analysis.util.io import read_json_object, read_parquet
 
-if TYPE_CHECKING:
-    from gmts_analysis.options.config import ProbeOptions
 
-
-def validate_options(cfg: "ProbeOptions") -> None:
+def validate_options(cfg: ProbeOptions) -> None:
     """Every probe option in its domain (the ``check`` of its declaration in
     :class:`~gmts_analysis.options.config.ProbeOptions`), then what holds between options: the vLLM
     bounds in order, --steps and the reward weights parse, the device and the verifier resolve. The
@@ -42,7 +39,7 @@ def validate_options(cfg: "ProbeOptions") -> None:
     _check_reader_options(cfg)
 
 
-def _check_reader_options(cfg: "ProbeOptions") -> None:
+def _check_reader_options(cfg: ProbeOptions) -> None:
     """How rollouts are read: group size, completion length limit, --steps, reward columns and
     their weights."""
     if cfg.steps is not None:
