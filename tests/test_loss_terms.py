@@ -63,6 +63,7 @@ def test_a_registered_term_reaches_every_integration(position_term):
     from gmts_analysis.core.advantages import omega as answer_omega
     from gmts_analysis.core.objective import trl_loss_settings
     from gmts_analysis.core.selection import select_tokens, token_omega, token_scores
+    from gmts_analysis.core.trl_args import TrlLossArgs
     from gmts_analysis.integrations.diagnostics import selection_diagnostics, verl_diagnostics
     from gmts_analysis.integrations.verl_recipe import verl_selection_mask
 
@@ -76,7 +77,7 @@ def test_a_registered_term_reaches_every_integration(position_term):
     # the tensors every drop-in uses
     torch.testing.assert_close(token_omega(adv, mask), expected, rtol=1e-12, atol=1e-15)
     # the TRL drop-in: the same omega under TRL's settings
-    trl = trl_loss_settings(SimpleNamespace(loss_type="dapo", beta=0.0))
+    trl = trl_loss_settings(TrlLossArgs(loss_type="dapo", beta=0.0))
     s = token_scores("gmts", ent, adv, mask, settings=trl)
     torch.testing.assert_close(s, ent * expected.abs(), rtol=1e-12, atol=1e-15)
     # the verl recipe and its diagnostics

@@ -26,6 +26,7 @@ from gmts_analysis.core.objective import (
     trl_loss_settings,
     verl_loss_settings,
 )
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.errors import GmtsError
 
 trl = pytest.importorskip("trl")
@@ -99,7 +100,7 @@ def _config(tmp_path, **kw):
 
 
 def _ours(args, lp, old, ref, samp, adv, mask):
-    s = trl_loss_settings(args)
+    s = trl_loss_settings(TrlLossArgs.of(args))
     w = answer_weights(mask.sum(-1), s.loss_agg, s.max_len)
     return omega_tensor(lp, mask, adv, w, s, old_logprobs=old, ref_logprobs=ref if s.kl_beta else None,
                         sampling_logprobs=samp)
@@ -162,7 +163,7 @@ def test_on_policy_default_is_w_times_a():
 
 
 def test_trl_default_epsilon_high_is_epsilon(tmp_path):
-    s = trl_loss_settings(_config(tmp_path))
+    s = trl_loss_settings(TrlLossArgs.of(_config(tmp_path)))
     assert (s.clip_low, s.clip_high, s.loss_agg, s.kl_bias_correction) == (0.2, 0.2, "token-mean", True)
     assert LossSettings().clip_high == 0.2
 
@@ -177,7 +178,7 @@ def test_trl_default_epsilon_high_is_epsilon(tmp_path):
 ])
 def test_unmodelled_trl_settings_are_refused(tmp_path, kw, name):
     with pytest.raises(GmtsError, match=name):
-        trl_loss_settings(_config(tmp_path, **kw))
+        trl_loss_settings(TrlLossArgs.of(_config(tmp_path, **kw)))
 
 
 def test_moe_router_aux_loss_of_a_trainer_is_refused(tmp_path):
@@ -186,9 +187,9 @@ def test_moe_router_aux_loss_of_a_trainer_is_refused(tmp_path):
     args = _config(tmp_path)
     trainer = SimpleNamespace(args=args, aux_loss_enabled=True, _compute_loss=None)
     with pytest.raises(GmtsError, match="router_aux_loss_coef"):
-        trl_loss_settings(trainer)
+        trl_loss_settings(TrlLossArgs.of_trainer(trainer))
     trainer.aux_loss_enabled = False
-    assert trl_loss_settings(trainer) == trl_loss_settings(args)
+    assert trl_loss_settings(TrlLossArgs.of_trainer(trainer)) == trl_loss_settings(TrlLossArgs.of(args))
 
 
 @pytest.mark.parametrize("loss_type", ["cispo", "sapo", "vespo", "luspo", "ppo"])

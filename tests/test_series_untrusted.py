@@ -70,23 +70,24 @@ def test_real_training_args_read_without_unpickling(run_dir, tmp_path):
     """A real TRL-saved training_args.bin of each arguments class reads back its fields; no class is built."""
     from transformers import TrainingArguments
 
+    from gmts_analysis.core.trl_args import TrlLossArgs
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
     from gmts_analysis.readers.saved_args import read_training_args_bin
     from gmts_analysis.readers.trl_output import defaulted_loss_fields, probe_loss_options, training_args
 
     a = training_args(run_dir / "checkpoint-2")
     assert a.saved_class == "trl.trainer.grpo_config.GRPOConfig" and a.loss_type == "dapo"
-    assert a.max_completion_length == 3 and a.lr_scheduler_type == "linear" and not defaulted_loss_fields(a)
-    assert probe_loss_options(a)["max_completion_length"] == 3
+    assert a.max_completion_length == 3 and a.lr_scheduler_type == "linear" and not defaulted_loss_fields(TrlLossArgs.of(a))
+    assert probe_loss_options(TrlLossArgs.of(a))["max_completion_length"] == 3
     for cls, kw in ((SelectiveGRPOConfig, {"token_selection": "gmts", "selection_rho": 0.5}), (TrainingArguments, {})):
         torch.save(cls(output_dir=str(tmp_path), report_to="none", use_cpu=True, **kw), tmp_path / "a.bin")
         b = read_training_args_bin(tmp_path / "a.bin")
         assert b.saved_class.endswith(cls.__name__) and b.output_dir == str(tmp_path)
-    assert b.saved_class.endswith("TrainingArguments") and "loss_type" in defaulted_loss_fields(b)
+    assert b.saved_class.endswith("TrainingArguments") and "loss_type" in defaulted_loss_fields(TrlLossArgs.of(b))
     torch.save(SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, token_selection="gmts",
                                    selection_rho=0.5), tmp_path / "a.bin")
     assert read_training_args_bin(tmp_path / "a.bin").selection_rho == 0.5
-    assert not defaulted_loss_fields(read_training_args_bin(tmp_path / "a.bin"))  # a GRPO configuration
+    assert not defaulted_loss_fields(TrlLossArgs.of(read_training_args_bin(tmp_path / "a.bin")))  # a GRPO configuration
     # a run trained before the drop-in moved to integrations/trl/ saved its config under the old module name
     old = SelectiveGRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, selection_rho=0.25)
     module = SelectiveGRPOConfig.__module__

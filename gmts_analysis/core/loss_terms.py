@@ -26,13 +26,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from gmts_analysis.errors import GmtsError
+
+if TYPE_CHECKING:  # core/objective.py imports this module at its top: named here for the types only
+    from gmts_analysis.core.objective import LossSettings
 
 # --- aggregations -------------------------------------------------------------------------------
 
@@ -108,7 +111,7 @@ class OmegaParts:
     trust: Tensor
     c: Tensor
     live: Tensor
-    settings: Any  #: the LossSettings of core/objective.py (which imports this module; not imported back)
+    settings: LossSettings
     ref: Tensor | None
 
 
@@ -132,7 +135,7 @@ class LossTerm:
     fields: tuple[str, ...]
     trl: tuple[str, ...]
     verl: tuple[str, ...]
-    active: Callable[[Any], bool]
+    active: Callable[[LossSettings], bool]
     omega: Callable[[OmegaParts], Tensor]
     doc: str
 

@@ -66,6 +66,7 @@ from gmts_analysis.core.loss_terms import (  # noqa: F401 - k3_kl, k3_kl_grad re
     k3_kl_grad,
     omega_sum,
 )
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.core.vocabulary import (  # noqa: F401 - the loss names, re-exported
     DEFAULT_CLIP,
     DEFAULT_VLLM_IS_MAX,
@@ -205,10 +206,12 @@ def settings_of(opts: LossOptions) -> LossSettings:
 
 # --- TRL and verl configurations ------------------------------------------------------------
 
-def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
-    """:class:`LossSettings` of a TRL 1.16 ``GRPOConfig``, or of a ``GRPOTrainer`` (its ``args``, and
-    whether it adds the MoE router's auxiliary loss: ``aux_loss_enabled``, on by default for a
-    mixture-of-experts model whose config declares a ``router_aux_loss_coef``).
+def trl_loss_settings(args: TrlLossArgs, *, what: str = "omega") -> LossSettings:
+    """:class:`LossSettings` of the loss a TRL 1.16 ``GRPOConfig`` trains, from its typed loss arguments
+    (:class:`~gmts_analysis.core.trl_args.TrlLossArgs`: ``TrlLossArgs.of(config)``, or
+    ``TrlLossArgs.of_trainer(trainer)``, which adds whether the trainer adds the MoE router's auxiliary
+    loss: ``aux_loss_enabled``, on by default for a mixture-of-experts model whose config declares a
+    ``router_aux_loss_coef``).
 
     Refuses (GmtsError naming the field) every setting whose gradient omega does not model:
     ``loss_type`` cispo/sapo/vespo/luspo, two-sided clipping ``delta``, ``off_policy_mask_threshold``,
@@ -216,44 +219,39 @@ def trl_loss_settings(args: Any, *, what: str = "omega") -> LossSettings:
     ``mask_truncated_completions``, the MoE router's auxiliary loss (``router_aux_loss_coef``). The vLLM correction is modelled when ``use_vllm`` and
     ``vllm_importance_sampling_correction`` are both on (it then needs sampling log-probs).
     """
-    aux_loss_enabled = False
-    if hasattr(args, "args") and hasattr(args, "_compute_loss"):  # a trainer
-        aux_loss_enabled = bool(getattr(args, "aux_loss_enabled", False))
-        args = args.args
-    g = lambda name, default=None: getattr(args, name, default)  # noqa: E731
-    lt = g("loss_type", "dapo")
+    a = args
+    lt = a.loss_type
     refuse = []
     if lt in REFUSED_LOSS_TYPES or lt not in TRL_LOSS_AGG:
         refuse.append(f"loss_type='{lt}'")
-    if g("delta") is not None:
-        refuse.append(f"delta={g('delta')} (two-sided clipping)")
-    if g("off_policy_mask_threshold") is not None:
-        refuse.append(f"off_policy_mask_threshold={g('off_policy_mask_threshold')}")
-    if g("top_entropy_quantile", 1.0) < 1.0:
-        refuse.append(f"top_entropy_quantile={g('top_entropy_quantile')}")
-    if g("entropy_coef", 0.0) or g("use_adaptive_entropy", False):
+    if a.delta is not None:
+        refuse.append(f"delta={a.delta} (two-sided clipping)")
+    if a.off_policy_mask_threshold is not None:
+        refuse.append(f"off_policy_mask_threshold={a.off_policy_mask_threshold}")
+    if a.top_entropy_quantile < 1.0:
+        refuse.append(f"top_entropy_quantile={a.top_entropy_quantile}")
+    if a.entropy_coef or a.use_adaptive_entropy:
         refuse.append("entropy_coef / use_adaptive_entropy (entropy bonus)")
-    if g("mask_truncated_completions", False):
+    if a.mask_truncated_completions:
         refuse.append("mask_truncated_completions=True")
-    if aux_loss_enabled or (g("router_aux_loss_coef") or 0.0):
+    if a.aux_loss_enabled or (a.router_aux_loss_coef or 0.0):
         refuse.append("router_aux_loss_coef (the MoE load-balancing loss TRL adds; set router_aux_loss_coef=0.0)")
     if refuse:
         raise GmtsError(f"{what}: TRL setting(s) not modelled: {'; '.join(refuse)} "
                         f"(modelled: loss_type {', '.join(LOSS_TYPES)}, PPO clipping, KL, GSPO, vLLM IS correction)")
-    eps = float(g("epsilon", 0.2))
-    eps_high = g("epsilon_high")
-    vllm = bool(g("use_vllm", False)) and bool(g("vllm_importance_sampling_correction", True))
-    clip_max = g("vllm_importance_sampling_clip_max", 3.0)
-    if g("vllm_importance_sampling_cap") is not None:
-        clip_max = g("vllm_importance_sampling_cap")
+    eps = float(a.epsilon)
+    vllm = bool(a.use_vllm) and bool(a.vllm_importance_sampling_correction)
+    clip_max = a.vllm_importance_sampling_clip_max
+    if a.vllm_importance_sampling_cap is not None:
+        clip_max = a.vllm_importance_sampling_cap
     return LossSettings(
         loss_agg=TRL_LOSS_AGG[lt],
-        max_len=g("max_completion_length") if lt == "dr_grpo" else None,
-        clip_low=eps, clip_high=float(eps_high) if eps_high is not None else eps,
-        kl_beta=float(g("beta", 0.0)), kl_bias_correction=bool(g("use_bias_correction_kl", True)),
-        importance_sampling_level=g("importance_sampling_level", "token"),
-        vllm_is_mode=g("vllm_importance_sampling_mode", "sequence_mask") if vllm else None,
-        vllm_is_min=g("vllm_importance_sampling_clip_min"), vllm_is_max=clip_max,
+        max_len=a.max_completion_length if lt == "dr_grpo" else None,
+        clip_low=eps, clip_high=float(a.epsilon_high) if a.epsilon_high is not None else eps,
+        kl_beta=float(a.beta), kl_bias_correction=bool(a.use_bias_correction_kl),
+        importance_sampling_level=a.importance_sampling_level,
+        vllm_is_mode=a.vllm_importance_sampling_mode if vllm else None,
+        vllm_is_min=a.vllm_importance_sampling_clip_min, vllm_is_max=clip_max,
     )
 
 

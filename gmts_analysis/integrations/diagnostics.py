@@ -79,6 +79,7 @@ from gmts_analysis.core.selection_tensor import (
     token_omega,
 )
 from gmts_analysis.core.tokens import token_quantities
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, SCOPES, check_rho
 from gmts_analysis.engine import grad_norms
 from gmts_analysis.errors import GmtsError
@@ -341,7 +342,7 @@ def trl_batch_diagnostics(trainer: Any, model: torch.nn.Module, inputs: dict, *,
     """The metrics on one TRL ``GRPOTrainer`` micro-batch (``inputs`` of ``_compute_loss``).
 
     omega of the loss TRL trains (:func:`gmts_analysis.core.objective.trl_loss_settings` of
-    ``trainer.args``, which refuses a setting omega does not model): advantages, the token weight
+    ``trainer.args`` and ``trainer.aux_loss_enabled``, which refuses a setting omega does not model): advantages, the token weight
     of ``loss_type``, clipping, old, reference and sampling log-probs when present.
     Group labels come from each row's index in the global generation batch
     (``selection_row_ids``, written by ``SelectiveGRPOTrainer``, or ``gmts_row_ids``, written by
@@ -361,7 +362,7 @@ def _trl_batch_diagnostics(trainer: Any, unwrapped: torch.nn.Module, inputs: dic
         cm = cm * inputs["tool_mask"]
     lp, ent, lgn = completion_quantities(unwrapped, inputs["prompt_ids"], pm, inputs["completion_ids"], cm,
                                          float(trainer.temperature))
-    settings = trl_loss_settings(trainer, what="gmts diagnostics")
+    settings = trl_loss_settings(TrlLossArgs.of_trainer(trainer), what="gmts diagnostics")
     omega = token_omega(
         inputs["advantages"], cm, settings=settings, logprobs=lp, old_logprobs=inputs.get("old_per_token_logps"),
         ref_logprobs=inputs.get("ref_per_token_logps"), sampling_logprobs=inputs.get("sampling_per_token_logps"),
@@ -454,7 +455,7 @@ class GmtsDiagnosticsCallback(TrainerCallback):
             gmts_analysis.errors.GmtsError: TRL settings whose omega the toolkit does not model (before
                 training starts).
         """
-        trl_loss_settings(trainer, what="gmts diagnostics")
+        trl_loss_settings(TrlLossArgs.of_trainer(trainer), what="gmts diagnostics")
         self.trainer = trainer
         inner = trainer._compute_loss
         gen = trainer._generate_and_score_completions

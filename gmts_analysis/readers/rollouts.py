@@ -18,7 +18,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Protocol, Sequence
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.context import Contextualizer
@@ -109,11 +109,30 @@ class ReaderOptions:
     truncate: bool = False
 
     @classmethod
-    def from_config(cls, cfg: Any = None, **overrides: Any) -> "ReaderOptions":
-        """From any object with (some of) these attributes, e.g. a ProbeConfig or ProbeOptions."""
-        kw = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cls) if cfg is not None and hasattr(cfg, f.name)}
+    def from_config(cls, cfg: ReaderFields | None = None, **overrides: Any) -> "ReaderOptions":
+        """The reader fields of a job's options (a ``ProbeOptions``, ``ProbeConfig`` or ``RunSettings``; ``None``:
+        the defaults), then ``overrides`` (``max_tokens``: the model's context, which the options do not hold)."""
+        kw: dict[str, Any] = {} if cfg is None else {
+            "format": cfg.format, "steps": cfg.steps, "reward_columns": cfg.reward_columns,
+            "reward_weights": cfg.reward_weights, "num_generations": cfg.num_generations,
+            "chat_template": cfg.chat_template, "max_completion_length": cfg.max_completion_length,
+            "truncate": cfg.truncate}
         kw.update(overrides)
         return cls(**kw)
+
+
+class ReaderFields(Protocol):
+    """The reader fields of :class:`gmts_analysis.options.config.ProbeOptions` (the ``gmts probe`` flags of the
+    same names), as a type this layer can name without importing the options (a layer above)."""
+
+    format: str
+    steps: str | None
+    reward_columns: str | None
+    reward_weights: str | None
+    num_generations: int | None
+    chat_template: str
+    max_completion_length: int | None
+    truncate: bool
 
 
 def detect_format(rows: Sequence) -> str:

@@ -38,9 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.models import ALIASES, REAL_MODELS
-from gmts_analysis.readers.saved_args import read_training_args_bin, read_training_args_json
+from gmts_analysis.readers.saved_args import SavedArgs, read_training_args_bin, read_training_args_json
 from gmts_analysis.util.files import read_json_object
 
 log = logging.getLogger(__name__)
@@ -216,7 +217,7 @@ def read_trl_output(path: str | os.PathLike, base: str | None = None) -> TrlOutp
                      completions_dir=comp if comp.is_dir() else None)
 
 
-def training_args(path: str | os.PathLike) -> Any:
+def training_args(path: str | os.PathLike) -> SavedArgs:
     """The trainer arguments a checkpoint (or a TRL output directory) was trained with, as
     :class:`~gmts_analysis.readers.saved_args.SavedArgs` (the fields as attributes; ``saved_class``).
 
@@ -240,31 +241,26 @@ def training_args_file(path: str | os.PathLike) -> Path:
     return root / TRAINING_ARGS_JSON if (root / TRAINING_ARGS_JSON).is_file() else p / TRAINING_ARGS_BIN
 
 
-#: the ``GRPOConfig`` fields that set the trained loss (:func:`probe_loss_options` reads them; a plain
-#: ``TrainingArguments`` has none of them, and TRL's defaults stand in)
-LOSS_FIELDS = ("loss_type", "epsilon", "epsilon_high", "beta", "importance_sampling_level", "temperature",
-               "max_completion_length")
+def defaulted_loss_fields(args: TrlLossArgs) -> list[str]:
+    """The :data:`~gmts_analysis.core.trl_args.LOSS_FIELDS` the saved arguments did not hold (TRL's defaults
+    stand in for them): :meth:`TrlLossArgs.defaulted`."""
+    return args.defaulted()
 
 
-def defaulted_loss_fields(args: Any) -> list[str]:
-    """The :data:`LOSS_FIELDS` ``args`` does not hold (TRL's defaults stand in for them)."""
-    return [f for f in LOSS_FIELDS if not hasattr(args, f)]
-
-
-def probe_loss_options(args: Any, where: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The probe options (``ProbeOptions`` fields) of the loss a ``GRPOConfig`` trained, through
-    :func:`gmts_analysis.core.objective.trl_loss_settings` (which refuses what omega does not model, naming
-    ``where``: the file or folder being read): loss type, clipping, KL, importance-sampling level, the sampling
-    temperature and the completion budget."""
+def probe_loss_options(args: TrlLossArgs, where: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The probe options (``ProbeOptions`` fields) of the loss a ``GRPOConfig`` trained (``args``:
+    ``TrlLossArgs.of(training_args(path))``), through :func:`gmts_analysis.core.objective.trl_loss_settings`
+    (which refuses what omega does not model, naming ``where``: the file or folder being read): loss type,
+    clipping, KL, importance-sampling level, the sampling temperature and the completion budget."""
     from gmts_analysis.core.objective import trl_loss_settings  # deferred: torch
 
     s = trl_loss_settings(args, what=f"training arguments of {where if where is not None else '?'}")
     return {
-        "loss_type": getattr(args, "loss_type", "dapo"), "clip_low": s.clip_low, "clip_high": s.clip_high,
+        "loss_type": args.loss_type, "clip_low": s.clip_low, "clip_high": s.clip_high,
         "kl_beta": s.kl_beta, "kl_bias_correction": "on" if s.kl_bias_correction else "off",
         "importance_sampling_level": s.importance_sampling_level,
-        "temperature": float(getattr(args, "temperature", 1.0)),
-        "max_completion_length": getattr(args, "max_completion_length", None),
+        "temperature": float(args.temperature),
+        "max_completion_length": args.max_completion_length,
     }
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.engine.choice import choose_method
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig, RunControl
@@ -184,13 +185,14 @@ def _series_inputs(output_dir: str, s: SeriesSettings, rc: RunControl) -> _Serie
     if newest is None:
         raise GmtsError(f"{output_dir}: holds only a checkpoint-0; nothing was trained to audit")
     src = training_args_file(newest)  # the run's gmts_training_args.json, else the newest checkpoint's .bin
-    args = training_args(newest)
+    saved = training_args(newest)
+    args = TrlLossArgs.of(saved)
     defaulted = defaulted_loss_fields(args)
     loss = TrainedLoss.from_dict(probe_loss_options(args, where=src), "loss")
     if defaulted:
         log.warning("%s: not a GRPO configuration (%s): the loss is TRL's defaults for %s; pass --temperature and "
                     "--max-completion-length if the run used others", src,
-                    args.saved_class or "no loss fields", ", ".join(defaulted))
+                    saved.saved_class or "no loss fields", ", ".join(defaulted))
     if s.temperature is not None:
         loss = dataclasses.replace(loss, temperature=s.temperature)  # the probe's log-probs at the sampling temperature
     prompts = s.prompts or (str(trl.heldout_prompts()) if trl.heldout_prompts() else None)

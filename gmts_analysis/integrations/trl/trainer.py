@@ -25,6 +25,7 @@ from gmts_analysis.core.objective import trl_loss_settings
 from gmts_analysis.core.scores import get_score
 from gmts_analysis.core.seeding import torch_generator
 from gmts_analysis.core.selection_tensor import token_scores
+from gmts_analysis.core.trl_args import TrlLossArgs
 from gmts_analysis.integrations.rollout_log import log_rollouts
 from gmts_analysis.integrations.trl import loss, selection
 from gmts_analysis.integrations.trl.config import SEQ_MEAN_LOSSES, SelectiveGRPOConfig
@@ -68,7 +69,7 @@ class SelectiveGRPOTrainer(GRPOTrainer):
         self._score = get_score(a.token_selection)
         self._loss_settings = None
         if "omega" in self._score.needs:  # omega of the loss TRL trains; refuses what it does not model
-            self._loss_settings = trl_loss_settings(self, what=f"token_selection='{a.token_selection}'")
+            self._loss_settings = trl_loss_settings(TrlLossArgs.of_trainer(self), what=f"token_selection='{a.token_selection}'")
         if a.token_selection != "all":
             loss.check_trl_version()
         if a.rollouts_dir:
