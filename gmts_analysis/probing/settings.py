@@ -127,11 +127,7 @@ class ProbeSettings:
         options together while the loss is resolved) and split them into their parts (``strict``: the job
         setting). Raises :class:`~gmts_analysis.errors.GmtsError` naming the flag at fault."""
         validate.validate_options(opts)  # through the module: tests count its calls there
-        reader = ReaderOptions(format=opts.format, steps=opts.steps, reward_columns=opts.reward_columns,
-                               reward_weights=opts.reward_weights, num_generations=opts.num_generations,
-                               chat_template=opts.chat_template, max_completion_length=opts.max_completion_length,
-                               truncate=bool(opts.truncate))
-        return cls(reader=reader, verifier=opts.verifier, device=opts.device, dtype=opts.dtype,
+        return cls(reader=ReaderOptions.from_config(opts), verifier=opts.verifier, device=opts.device, dtype=opts.dtype,
                    kernel=KernelSettings.of(opts, strict),
                    statistics=StatisticsSettings(rho=float(opts.rho), uncertain_below=float(opts.uncertain_below),
                                                  seed=int(opts.seed)))
