@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import gmts_analysis.options.checks as checks
 from gmts_analysis.core.vocabulary import (
@@ -332,9 +332,15 @@ def check_options(opts: ProbeOptions) -> None:
     check_values(opts)
 
 
-def check_values(opts: Any, skip: tuple[str, ...] = ()) -> None:
-    """Refuse a field of the dataclass ``opts`` of the wrong type or outside its choices, naming it
-    as the API keyword (``option max_completion_length='x': expected int``)."""
+class DataclassInstance(Protocol):
+    """Any instance of a dataclass (the type of :func:`dataclasses.fields`'s argument)."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+
+def check_values(opts: DataclassInstance, skip: tuple[str, ...] = ()) -> None:
+    """Refuse a field of the dataclass ``opts`` (an option dataclass of this module) of the wrong type or
+    outside its choices, naming it as the API keyword (``option max_completion_length='x': expected int``)."""
     for f in dataclasses.fields(opts):
         if f.name in skip:
             continue
