@@ -105,7 +105,7 @@ def _one_error_line(err: str) -> str:
 @pytest.mark.parametrize("flag,value", [("token_selection", "gmtss"), ("selection_rho", "0"),
                                         ("selection_rho", "1.5"), ("selection_rho", "nan"),
                                         ("selection_scope", "row"), ("selection_normalizer", "some"),
-                                        ("max_completion_length", "0"), ("diagnostics_tokens", "0"),
+                                        ("max_completion_length", "0"), ("diagnostics_tokens", "-1"),
                                         ("diagnostics_every", "-1"), ("selection_rho", "abc")])
 def test_a_bad_option_is_one_line_before_anything_is_loaded_or_written(flag, value, tiny_dir, tmp_path, capsys,
                                                                        no_load):
@@ -116,24 +116,29 @@ def test_a_bad_option_is_one_line_before_anything_is_loaded_or_written(flag, val
     assert not out.exists()
 
 
-def test_a_check_of_the_config_itself_still_names_the_flag(tiny_dir, tmp_path, capsys, monkeypatch, no_load):
-    """Where SelectiveGRPOConfig (or GRPOConfig) refuses a value as it is built, the line still names the flag."""
+def test_each_check_is_the_configs_own_and_names_the_flag(tiny_dir, tmp_path, capsys, monkeypatch, no_load):
+    """The script checks nothing a second time: SelectiveGRPOConfig and WordProblemArguments refuse a value as they
+    are built (their __post_init__, a FieldError naming the field), and the one line names the flag; TRL's own
+    checks come in TRL's words. A value the config accepts, the script accepts (--diagnostics_tokens 0: only the
+    cheap part of the diagnostics; the script refused it before)."""
+    from gmts_analysis.errors import FieldError
+    from gmts_analysis.integrations.trl_train import WordProblemArguments
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig
 
-    orig = SelectiveGRPOConfig.__post_init__
-
-    def strict(self):
-        if not 0 < self.selection_rho <= 1:
-            raise ValueError(f"selection_rho must be in (0, 1], got {self.selection_rho}")
-        orig(self)
-
-    monkeypatch.setattr(SelectiveGRPOConfig, "__post_init__", strict)
+    with pytest.raises(FieldError, match="selection_rho must be in") as e:
+        SelectiveGRPOConfig(output_dir=str(tmp_path / "x"), use_cpu=True, bf16=False, selection_rho=0.0)
+    assert (e.value.field, e.value.value) == ("selection_rho", 0.0)
+    with pytest.raises(FieldError, match="train_problems must be >= 1") as e:
+        WordProblemArguments(train_problems=0)
+    assert e.value.field == "train_problems"
     out = tmp_path / "out"
-    assert trl_train.main(_argv(out, tiny_dir, selection_rho=0)) == 2
-    assert "--selection_rho 0" in _one_error_line(capsys.readouterr().err)
+    assert trl_train.main(_argv(out, tiny_dir, train_problems=0)) == 2
+    assert "--train_problems 0" in _one_error_line(capsys.readouterr().err)
     assert trl_train.main(_argv(out, tiny_dir, num_generations=3)) == 2  # TRL's own check, in its words
     assert "must be divisible by num_generations (3)" in _one_error_line(capsys.readouterr().err)
     assert not out.exists()
+    _, args = trl_train.parse_arguments(_argv(out, tiny_dir, diagnostics_tokens=0))
+    assert args.diagnostics_tokens == 0
 
 
 def test_a_bad_option_from_the_shell_exits_2_without_a_traceback(tiny_dir, tmp_path):

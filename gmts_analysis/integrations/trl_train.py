@@ -25,7 +25,8 @@ module holds its parts, each usable on its own from a script of yours:
   order and the RNG states: a run killed and resumed takes the same steps as one never stopped, checked by
   ``tests/test_trl_train.py``);
 - :func:`parse_arguments`, :func:`main`: the script's command line (``--logging_steps 1`` unless given), every
-  option checked (:func:`check_arguments`) before anything is loaded or written; bad input is one line, exit 2.
+  option checked as the arguments are built (``WordProblemArguments`` and ``SelectiveGRPOConfig`` check their
+  fields in ``__post_init__``, once) before anything is loaded or written; bad input is one line, exit 2.
 """
 
 from __future__ import annotations
@@ -39,11 +40,9 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gmts_analysis.core.scores import SELECTION_ARMS
-from gmts_analysis.core.vocabulary import NORMALIZERS, SCOPES, check_rho
-from gmts_analysis.errors import GmtsError
+from gmts_analysis.errors import FieldError, GmtsError
 from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
 from gmts_analysis.readers.models import resolve_model_path
 from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one home; re-exported for scripts)
@@ -62,6 +61,9 @@ from gmts_analysis.readers.trl_output import TRAINING_ARGS_JSON as TRAINING_ARGS
 from gmts_analysis.readers.verifiers import math_boxed_reward
 from gmts_analysis.sampling.wordproblems import word_problems
 from gmts_analysis.util.atomic import _nan_to_none, atomic_write_text
+
+if TYPE_CHECKING:
+    from gmts_analysis.integrations.trl.config import SelectiveGRPOConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +95,16 @@ class WordProblemArguments:
     restart: bool = field(default=False, metadata={
         "help": "start over from step 0 although output_dir holds checkpoints of an earlier run: that run is first "
                 "moved aside whole to OUTPUT_DIR.replaced-<UTC time> (nothing is deleted)"})
+
+    def __post_init__(self) -> None:
+        """Each field in its domain, checked once as the arguments are built (a
+        :class:`~gmts_analysis.errors.FieldError` naming the field)."""
+        for name, ok, rule in (("train_problems", self.train_problems >= 1, "must be >= 1"),
+                               ("eval_problems", self.eval_problems >= 0, "must be >= 0"),
+                               ("difficulty", self.difficulty in (None, 1, 2), "must be 1 or 2 (default: both)"),
+                               ("threads", self.threads is None or self.threads >= 1, "must be >= 1")):
+            if not ok:
+                raise FieldError(name, getattr(self, name), f"{name} {rule}, got {getattr(self, name)!r}")
 
 
 def trainable_checkpoint(name: str) -> str:
@@ -362,48 +374,12 @@ def _write_json(path: Path, obj: dict) -> None:
     atomic_write_text(path, json.dumps(obj, indent=1, sort_keys=True, default=str) + "\n")
 
 
-def write_training_args(output_dir: str | os.PathLike, training_args: Any) -> Path:
+def write_training_args(output_dir: str | os.PathLike, training_args: "SelectiveGRPOConfig") -> Path:
     """``output_dir/gmts_training_args.json``: ``training_args.to_dict()`` as JSON (sorted keys, NaN as null,
     written atomically), the run's full training arguments for readers that must not unpickle
     ``training_args.bin``."""
     text = json.dumps(_nan_to_none(training_args.to_dict()), indent=1, sort_keys=True, default=str, allow_nan=False)
     return atomic_write_text(Path(output_dir) / TRAINING_ARGS_FILE, text + "\n")
-
-
-def check_arguments(script_args: WordProblemArguments, training_args: Any) -> None:
-    """Every token-selection, budget and problem option in its domain, before anything is loaded or written;
-    raises :class:`GmtsError` naming the first flag out of it (``--selection_rho 0``: must be in (0, 1]).
-    ``training_args`` is the :class:`SelectiveGRPOConfig`, or the parsed namespace of its flags (every field
-    present either way: no defaults restated here)."""
-    t = training_args
-
-    def bad(flag: str, value: Any, rule: str) -> GmtsError:
-        return GmtsError(f"--{flag} {value}: {rule}")
-
-    arm = t.token_selection
-    if arm not in (*SELECTION_ARMS, "none"):
-        raise bad("token_selection", arm, f"not an arm; choose one of {', '.join(SELECTION_ARMS)}")
-    checks = [("selection_scope", t.selection_scope, lambda v: v in SCOPES,
-               f"choose one of {', '.join(SCOPES)}"),
-              ("selection_normalizer", t.selection_normalizer, lambda v: v in NORMALIZERS,
-               f"choose one of {', '.join(NORMALIZERS)}"),
-              ("diagnostics_every", t.diagnostics_every, lambda v: v >= 0,
-               "must be 0 (off) or a number of steps"),
-              ("diagnostics_tokens", t.diagnostics_tokens, lambda v: v >= 1, "must be >= 1"),
-              ("max_completion_length", t.max_completion_length, lambda v: v is None or v >= 1,
-               "the completion budget must be >= 1 token"),
-              ("train_problems", script_args.train_problems, lambda v: v >= 1, "must be >= 1"),
-              ("eval_problems", script_args.eval_problems, lambda v: v >= 0, "must be >= 0"),
-              ("difficulty", script_args.difficulty, lambda v: v in (None, 1, 2), "must be 1 or 2 (default: both)"),
-              ("threads", script_args.threads, lambda v: v is None or v >= 1, "must be >= 1")]
-    rho = t.selection_rho
-    try:
-        check_rho(rho, "the fraction of tokens kept")
-    except ValueError as e:
-        raise bad("selection_rho", rho, f"{e}, e.g. 0.2") from None
-    for flag, value, ok, rule in checks:
-        if not ok(value):
-            raise bad(flag, value, rule)
 
 
 def move_run_aside(output_dir: str | os.PathLike) -> Path:
@@ -500,7 +476,7 @@ class _TiedKeysFilter(logging.Filter):
         return True
 
 
-def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
+def build_trainer(script_args: WordProblemArguments, training_args: "SelectiveGRPOConfig", reward_funcs: Any = None) -> Any:
     """The :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` of the script's arguments
     (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``reward_funcs``:
     ``math_boxed`` unless given, any TRL reward function or list of them)."""
@@ -516,19 +492,18 @@ def build_trainer(script_args: WordProblemArguments, training_args: Any, reward_
     return trainer
 
 
-def train(script_args: WordProblemArguments, training_args: Any, reward_funcs: Any = None) -> Any:
+def train(script_args: WordProblemArguments, training_args: "SelectiveGRPOConfig", reward_funcs: Any = None) -> Any:
     """Build the trainer and train; returns the trainer, or ``None`` when the run in ``output_dir`` is already
     finished (logged: "finished at step N of N; nothing to do").
 
-    Before anything is loaded or written: the options are checked (:func:`check_arguments`), and where to start
-    is read from the folder (:func:`plan_resume`, when ``training_args.resume_from_checkpoint`` is unset): the
+    Before anything is loaded or written (the arguments checked themselves as they were built, their
+    ``__post_init__``), where to start is read from the folder (:func:`plan_resume`, when ``training_args.resume_from_checkpoint`` is unset): the
     newest checkpoint that can resume (newer ones that cannot are named in a warning), refused when the resume
     state is gone but checkpoints exist; every pickled file resuming reads is checked
     (:func:`check_resume_files`). ``script_args.restart`` first moves an earlier run aside
     (:func:`move_run_aside`). Records the script's arguments in ``output_dir/gmts_script_args.json`` (the
     series audit reads the held-out problems from it) and the training arguments in
     ``output_dir/gmts_training_args.json`` (:func:`write_training_args`)."""
-    check_arguments(script_args, training_args)
     quiet_known_warnings()
     out = Path(training_args.output_dir)
     if script_args.restart:
@@ -592,8 +567,9 @@ def _one_line(text: Any) -> str:
 def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments, Any]:
     """``TrlParser((WordProblemArguments, SelectiveGRPOConfig))`` on ``argv``, ``--logging_steps`` 1 unless given
     (on the command line or in a ``--config`` file; TRL's default, 10, leaves a short run without per-step
-    metrics), then :func:`check_arguments`. Any refusal is a :class:`GmtsError` of one line naming the flag
-    (argparse's own included), raised before anything is loaded or written."""
+    metrics); the two configs check their fields as they are built (their ``__post_init__``, each check stated
+    there once). Any refusal is a :class:`GmtsError` of one line naming the flag (argparse's own included),
+    raised before anything is loaded or written."""
     from trl import TrlParser
 
     from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig  # deferred: torch
@@ -608,16 +584,11 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments
     parser.error = error  # argparse: one line, not the usage of TRL's hundreds of flags
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        script_args, training_args = parser.parse_args_and_config(args=args)
-    except (ValueError, TypeError, OSError) as e:  # the configs' own checks (__post_init__), a --config file
-        if "--config" in args:  # parse_args_and_config has set the file's values as defaults
-            i = args.index("--config")
-            del args[i:i + 2]
-        raw = parser.parse_known_args(args)[0]  # the values as given, no __post_init__: name the flag if ours
-        check_arguments(raw, raw)
+        return parser.parse_args_and_config(args=args)  # each config checks itself as it is built
+    except FieldError as e:  # one of ours (WordProblemArguments, SelectiveGRPOConfig): name the flag
+        raise GmtsError(f"--{e.field} {e.value}: {_one_line(e)}") from None
+    except (ValueError, TypeError, OSError) as e:  # TRL's own checks (GRPOConfig.__post_init__), a --config file
         raise GmtsError(f"bad arguments: {_one_line(e)}") from None
-    check_arguments(script_args, training_args)
-    return script_args, training_args
 
 
 class _Stderr(logging.StreamHandler):

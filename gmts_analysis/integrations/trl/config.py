@@ -8,6 +8,7 @@ from trl import GRPOConfig
 
 from gmts_analysis.core.scores import SELECTION_ARMS
 from gmts_analysis.core.vocabulary import CUTOFFS, DEFAULT_RHO, NORMALIZERS, SCOPES, TRL_AGGREGATION, check_rho
+from gmts_analysis.errors import FieldError
 
 #: the arms ``token_selection`` accepts (a live view of the registry :mod:`gmts_analysis.core.scores`;
 #: ``none`` is the old name of ``all``)
@@ -19,7 +20,8 @@ SEQ_MEAN_LOSSES = tuple(k for k, v in TRL_AGGREGATION.items() if v == "seq-mean-
 
 def _choice(value: str, field_name: str, choices: tuple[str, ...] | object) -> None:
     if value not in choices:  # type: ignore[operator]
-        raise ValueError(f"{field_name} must be one of {' | '.join(choices)}, got {value!r}")  # type: ignore[arg-type]
+        raise FieldError(field_name, value,
+                         f"{field_name} must be one of {' | '.join(choices)}, got {value!r}")  # type: ignore[arg-type]
 
 
 @dataclass
@@ -56,7 +58,8 @@ class SelectiveGRPOConfig(GRPOConfig):
             gradient norms per diagnosed step (>= 0; 0 keeps only the cheap part).
 
     Raises:
-        ValueError: a field above out of its domain, ``token_selection`` other than ``all`` together with TRL's
+        ValueError: a field above (or ``max_completion_length``) out of its domain (a
+            :class:`~gmts_analysis.errors.FieldError`, naming the field and the value), ``token_selection`` other than ``all`` together with TRL's
             ``top_entropy_quantile`` < 1, or ``selection_normalizer="selected"`` with a loss type or entropy
             bonus it is not defined for.
     """
@@ -91,14 +94,20 @@ class SelectiveGRPOConfig(GRPOConfig):
         if self.token_selection == "none":  # the old name of the keep-all arm
             self.token_selection = "all"
         _choice(self.token_selection, "token_selection", TOKEN_SELECTIONS)
-        self.selection_rho = check_rho(self.selection_rho, "selection_rho")
+        try:
+            self.selection_rho = check_rho(self.selection_rho, "selection_rho")
+        except ValueError as e:
+            raise FieldError("selection_rho", self.selection_rho, str(e)) from None
         _choice(self.selection_scope, "selection_scope", SCOPES)
         _choice(self.selection_cutoff, "selection_cutoff", CUTOFFS)
         _choice(self.selection_normalizer, "selection_normalizer", NORMALIZERS)
         for name, value in (("diagnostics_every", self.diagnostics_every),
                             ("diagnostics_tokens", self.diagnostics_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+                raise FieldError(name, value, f"{name} must be an integer >= 0, got {value!r}")
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            raise FieldError("max_completion_length", self.max_completion_length, "max_completion_length (the "
+                             f"completion budget) must be >= 1 token, got {self.max_completion_length!r}")
         if self.token_selection == "all":
             return
         if self.top_entropy_quantile < 1.0:
