@@ -29,7 +29,7 @@ def test_every_command_is_declared_and_its_job_takes_typed_settings(name):
     cmd = module.COMMAND
     assert isinstance(cmd, Command) and cmd.name == name.replace("_", "-")
     assert all(dataclasses.is_dataclass(c) for c in cmd.settings)
-    params = list(inspect.signature(cmd.job).parameters.values())
+    params = list(inspect.signature(cmd.function()).parameters.values())
     assert len(params) == len(cmd.positionals) + len(cmd.settings)
     for p, cls in zip(params[len(cmd.positionals):], cmd.settings):  # each settings parameter is typed as its class
         assert p.annotation in (cls, cls.__name__), (name, p)

@@ -122,6 +122,21 @@ def test_registry_one_line_to_add_a_type():
     assert _rel(unknown.norms, ref) < 1e-9 and _rel(known.norms, ref) < 1e-9
 
 
+def test_gpt2_conv1d_has_the_linear_rule_without_the_engine_importing_transformers():
+    """The engine imports no transformers (docs/architecture.md, "Deferred imports"); transformers' GPT-2
+    ``Conv1D`` still gets the linear layer's ghost rule once a model holding one exists."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import gmts_analysis.engine, gmts_analysis.engine.sketch; "
+            "print('transformers' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+    from transformers.pytorch_utils import Conv1D
+
+    assert rule_for(Conv1D(6, 4)) is LINEAR
+
+
 def test_plan_made_once_per_model_and_invalidated():
     model = build_tiny_model("gpt2")
     ids, P = _ids(30), 10

@@ -4,6 +4,7 @@ the layers below it, counting imports inside functions, and only a few modules s
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import gmts_analysis
@@ -27,6 +28,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("commands", "cli", "__main__", "__init__"),
 ]
 LEVEL = {name: i for i, names in enumerate(LAYERS) for name in names}
+#: a function named by its path, ``"gmts_analysis.commands.compare_job:compare"`` (a command's job,
+#: imported when the command runs: options/command.py ``Command.function``)
+FUNCTION_PATH = re.compile(r"(gmts_analysis(?:\.\w+)+):\w+")
 
 
 def _top(dotted: str) -> str:
@@ -52,7 +56,8 @@ def _package_of(path: Path) -> list[str]:
 
 def _imports(path: Path, package: list[str] | None = None) -> list[tuple[int, str]]:
     """Every import of the package in ``path``: at the top, inside functions, relative ones (resolved) and
-    ``importlib.import_module`` with a literal name (or an f-string: its literal start)."""
+    ``importlib.import_module`` with a literal name (or an f-string: its literal start), and a function named by
+    its path (``"gmts_analysis.x.y:name"``, :data:`FUNCTION_PATH`)."""
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.ImportFrom):
@@ -77,6 +82,10 @@ def _imports(path: Path, package: list[str] | None = None) -> list[tuple[int, st
                 and isinstance(arg.values[0], ast.Constant) else None)
             if isinstance(name, str) and name.startswith("gmts_analysis."):
                 out.append((node.lineno, name.rstrip(".")))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            m = FUNCTION_PATH.fullmatch(node.value)
+            if m:
+                out.append((node.lineno, m.group(1)))
     return out
 
 
@@ -115,15 +124,16 @@ def test_the_layer_check_can_fail(tmp_path):
 
 def test_the_layer_check_reads_relative_and_dynamic_imports(tmp_path):
     """A relative import resolves against the module's package; ``importlib.import_module`` with a literal
-    name (or an f-string's literal start) counts too."""
+    name (or an f-string's literal start) counts too, and so does a function named by its path (a command's job)."""
     f = tmp_path / "m.py"
     f.write_text("from ..run import job\n"
                  "from . import ranks\n"
                  "import importlib\n"
                  "def f(name):\n"
                  "    importlib.import_module('gmts_analysis.views.report')\n"
-                 "    return importlib.import_module(f'gmts_analysis.commands.{name}')\n")
+                 "    return importlib.import_module(f'gmts_analysis.commands.{name}')\n"
+                 "JOB = Command('x', job='gmts_analysis.run.job:run_probe')\n")
     assert _imports(f, package=["gmts_analysis", "core"]) == [
         (1, "gmts_analysis.run"), (2, "gmts_analysis.core"),
-        (5, "gmts_analysis.views.report"), (6, "gmts_analysis.commands")]
+        (5, "gmts_analysis.views.report"), (6, "gmts_analysis.commands"), (7, "gmts_analysis.run.job")]
     assert _package_of(PKG / "engine" / "exact.py") == ["gmts_analysis", "engine"]

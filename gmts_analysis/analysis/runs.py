@@ -27,6 +27,7 @@ from gmts_analysis.options.settings import RunSettings
 from gmts_analysis.probing.validate import validate_answers_file, validate_tokens_file
 from gmts_analysis.util import io
 from gmts_analysis.util.io import read_json_object, read_parquet, to_json
+from gmts_analysis.util.resources import example_run_dir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -135,6 +136,23 @@ def read_run(run_dir: str | os.PathLike, compute_missing_stats: bool = True) -> 
                                                   uncertain_below=manifest_uncertain_below(manifest),
                                                   **kept_fidelity(stats)))
     return RunTables(tokens=tokens, answers=answers, stats=stats, manifest=manifest, grad_groups=groups, path=path)
+
+
+def default_run_dir() -> Path:
+    """``$GMTS_RUN_DIR``, else the shipped example run (:func:`gmts_analysis.util.resources.example_run_dir`)."""
+    env = os.environ.get("GMTS_RUN_DIR")
+    return Path(env) if env else example_run_dir()
+
+
+def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bool = True) -> RunTables:
+    """Read a run directory (default: :func:`default_run_dir`) with :func:`read_run`.
+
+    stats.json is computed (and not written) when absent and ``compute_missing_stats``.
+    """
+    path = Path(run_dir) if run_dir is not None else default_run_dir()
+    if not path.is_dir():
+        raise GmtsError(f"{path}: no such run directory (set GMTS_RUN_DIR or pass a path)")
+    return read_run(path, compute_missing_stats)
 
 
 def manifest_uncertain_below(manifest: Any) -> float:

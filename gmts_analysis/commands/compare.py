@@ -15,12 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gmts_analysis.errors import GmtsError
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
-from gmts_analysis.options.config import RunControl, default_out
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.options.fields import opt
-from gmts_analysis.util.io import check_ours, check_output_location, staged_directory
 
 EXAMPLES = """examples:
   gmts compare runs/ckpt-100 runs/ckpt-200 runs/ckpt-300 --out runs/cmp
@@ -40,36 +38,8 @@ class CompareOptions:
     no_figures: bool = opt(False, "skip the PNG figures (the HTML then has tables only)", group="output")
 
 
-def compare(runs: list[str], opts: CompareOptions, control: RunControl) -> int:
-    """Compare the run directories ``runs`` into ``opts.out`` (module docstring)."""
-    import logging
-    from pathlib import Path
-
-    from gmts_analysis.views.compare import compare_runs, write_comparison  # deferred: pandas
-
-    log = logging.getLogger("gmts_analysis.views.compare")
-    if opts.out is None:
-        opts.out = default_out("compare")
-    out = check_output_location(opts.out, whole_dir=False)
-    for r in runs:  # never write into a run directory (its own files, and a later --overwrite refusal)
-        rp = Path(r).expanduser().resolve()
-        if (rp / "stats.json").is_file() and (out == rp or rp in out.parents):
-            raise GmtsError(f"--out {opts.out}: is inside the run directory {r}; write the comparison elsewhere")
-    check_ours(out, "compare")  # a directory of someone else's files is never written into or replaced
-    if out.is_dir() and any(out.iterdir()) and not opts.overwrite:  # refused before the runs are read
-        raise GmtsError(f"--out {opts.out}: holds a previous comparison (pass --overwrite to replace it)")
-    cmp = compare_runs(runs)
-    # an existing comparison is replaced whole, and only with --overwrite when it is provably ours
-    with staged_directory(out, overwrite=opts.overwrite, kind="compare") as tmp:
-        paths = write_comparison(cmp, tmp, figures=not opts.no_figures)
-    log.info("compared %d runs (%s: %s), %d statistics, %d settings mismatch(es); wrote %d files to %s",
-             len(cmp.runs), cmp.x_label, ", ".join(str(r["x"]) for r in cmp.runs),
-             cmp.table["statistic"].nunique(), len(cmp.mismatches), len(paths), opts.out)
-    return 0
-
-
 COMMAND = Command(
-    "compare", job=compare, settings=(CompareOptions, RunControl), skip=("offline",),
+    "compare", job="gmts_analysis.commands.compare_job:compare", settings=(CompareOptions, RunControl), skip=("offline",),
     help="compare runs across training: every statistic vs step, with CIs, figures and an HTML page",
     description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
     positionals=(Positional("runs", "RUN", "run directories, or one directory holding run directories", nargs="+"),),

@@ -10,10 +10,8 @@ Its exit status is ``gmts probe``'s: 3 when the run dropped answers still out of
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
-from gmts_analysis.commands.probe import exit_status
 from gmts_analysis.options import checks
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
@@ -36,19 +34,8 @@ class MergeOptions:
                         choices=("auto", "on", "off"), group="output")
 
 
-def merge(run_dir: str, opts: MergeOptions, control: RunControl) -> int:
-    """Merge; the exit status of :func:`gmts_analysis.commands.probe.exit_status` (3: answers dropped still
-    out of memory, the line saying so printed)."""
-    from gmts_analysis.run.sharding import merge_run  # deferred: torch, pandas
-
-    out = merge_run(run_dir, device=opts.device, figures=opts.figures, fidelity=opts.fidelity,
-                    quiet=control.quiet)
-    print(f"wrote {out}", file=sys.stderr)
-    return exit_status([out])
-
-
 COMMAND = Command(
-    "merge", job=merge, settings=(MergeOptions, RunControl), skip=("offline",),
+    "merge", job="gmts_analysis.commands.merge_job:merge", settings=(MergeOptions, RunControl), skip=("offline",),
     help="merge the parts of an unfinished probe run into its final tables and statistics",
     description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
     positionals=(Positional("run_dir", "RUN_DIR", "the probe's --out directory"),),

@@ -14,7 +14,7 @@ outside the run. Killed, the same command resumes.
 from __future__ import annotations
 
 from gmts_analysis.options.command import Command, Positional
-from gmts_analysis.options.config import RunControl, default_out
+from gmts_analysis.options.config import RunControl
 from gmts_analysis.run.series_types import SeriesSettings
 
 EXAMPLES = """examples:
@@ -23,27 +23,8 @@ EXAMPLES = """examples:
   gmts series runs/grpo-gmts --own-batches --grad-norm exact --threads 2"""
 
 
-def series(output_dir: str, s: SeriesSettings, rc: RunControl) -> int:
-    """``gmts series OUTPUT_DIR``: the audit (:func:`gmts_analysis.run.trl_series.audit_series`) of the typed
-    settings, into ``s.out`` (default: a new folder under runs/)."""
-    import dataclasses
-    import logging
-
-    from gmts_analysis.run.trl_series import audit_series  # deferred: torch, pandas
-
-    if s.out is None:
-        s = dataclasses.replace(s, out=default_out("series"))
-    if rc.threads:
-        import torch
-
-        torch.set_num_threads(int(rc.threads))
-    out = audit_series(output_dir, s, rc)
-    logging.getLogger("gmts").info("series audit written to %s (series.json, compare/, tokens/)", out)
-    return 0
-
-
 COMMAND = Command(
-    "series", job=series, settings=(SeriesSettings, RunControl), skip=("offline",),
+    "series", job="gmts_analysis.commands.series_job:series", settings=(SeriesSettings, RunControl), skip=("offline",),
     positionals=(Positional("output_dir", "OUTPUT_DIR", "a TRL output directory with checkpoint-N folders"),),
     help="audit a TRL training run across its checkpoints (sample, probe, compare, token view)",
     description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,

@@ -21,6 +21,7 @@ from gmts_analysis.engine.head import check_transformed_logits
 from gmts_analysis.engine.logit_transforms import detect_logit_transform, logit_jacobian
 from gmts_analysis.engine.numerics import pinned_numerics
 from gmts_analysis.engine.params import attention_implementation
+from gmts_analysis.engine.plan import layer_group
 
 
 @dataclass
@@ -63,8 +64,6 @@ def frozen_for_transforms(model: torch.nn.Module) -> Iterator[None]:
 
 def group_of(model: torch.nn.Module, module_name: str, groups: str) -> str:
     """Group name of a module for ``groups`` = ``module`` or ``layer``."""
-    from gmts_analysis.engine.plan import layer_group  # deferred: transformers
-
     return module_name if groups == "module" else layer_group(model, module_name)
 
 

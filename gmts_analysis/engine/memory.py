@@ -26,12 +26,11 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from gmts_analysis.engine.exact import ExactEngine
+from gmts_analysis.engine.exact import ExactEngine, default_budget
+from gmts_analysis.engine.plan import LinearRule
 
 #: fraction of the device's free memory a budget may use (the estimates are rough)
 HEADROOM = 0.8
@@ -70,8 +69,6 @@ def kept_bytes(engine: ExactEngine, L: int, block: int = 256) -> int:
     dtype is narrower, as for bfloat16 models; its ``L x L`` Gram matrix when ``L`` is under its
     width; a norm's normalized input) and the block's logits, logit gradients and cotangents
     (``block`` tokens, at most ``L``)."""
-    from gmts_analysis.engine.plan import LinearRule  # deferred: transformers
-
     plan = engine.plan
     acc_es = torch.finfo(engine.acc).bits // 8
     p0 = next((p for _, p in engine.named), None)
@@ -99,8 +96,6 @@ def exact_budget(engine: ExactEngine, seq_len: int, device: torch.device | str) 
     """The exact engine's default budget (bytes) for an answer of ``seq_len`` tokens:
     :func:`gmts_analysis.engine.exact.default_budget`, on CUDA at most :data:`HEADROOM` of the free
     memory less :func:`kept_bytes` at the whole answer (at least one byte: one token per VJP)."""
-    from gmts_analysis.engine.exact import default_budget  # deferred: transformers
-
     budget = default_budget(engine, seq_len)
     free = free_device_memory(device)
     if free is None:

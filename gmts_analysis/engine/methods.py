@@ -26,10 +26,12 @@ import torch
 from gmts_analysis.core.sizes import parse_chunk_size
 from gmts_analysis.core.tokens import TokenQuantities, cat_quantities
 from gmts_analysis.engine.base import GradNorms, forward_quantities, frozen_for_transforms, group_of
+from gmts_analysis.engine.exact import CPU_BLOCK, ExactEngine, NumericalRefusal, exact_chunks, model_acc_dtype, plan_key
 from gmts_analysis.engine.memory import exact_budget, limited_chunking, noting_batch
 from gmts_analysis.engine.numerics import pinned_numerics
 from gmts_analysis.engine.params import trainable_parameters
 from gmts_analysis.engine.reference import loop_grad_norms
+from gmts_analysis.engine.sketch import sketch_grad_norms
 from gmts_analysis.errors import GmtsError
 
 log = logging.getLogger("gmts_analysis.engine")
@@ -100,13 +102,6 @@ def _loop(model, input_ids, prompt_len, temperature, groups) -> GradNorms:
 
 
 def _exact(model, input_ids, prompt_len, temperature, chunk_size, max_memory, groups) -> GradNorms:
-    from gmts_analysis.engine.exact import (  # deferred: transformers
-        CPU_BLOCK,
-        ExactEngine,
-        exact_chunks,
-        model_acc_dtype,
-    )
-
     acc = model_acc_dtype(model)
     S = input_ids.shape[0]
     T = S - prompt_len
@@ -154,8 +149,6 @@ def _check_sketch(a: MethodArgs) -> None:
 
 def _run_sketch(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     """The sketch; an answer it refuses goes to :func:`_run_exact` (``strict``: refused)."""
-    from gmts_analysis.engine.sketch import sketch_grad_norms  # deferred: transformers
-
     try:
         return sketch_grad_norms(
             model,
@@ -177,8 +170,6 @@ def _run_sketch(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
 
 def _run_exact(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     """The exact engine; a model or answer it refuses goes to the per-token loop (:func:`_fallback`)."""
-    from gmts_analysis.engine.exact import plan_key  # deferred: transformers
-
     key = plan_key(model)
     known = _NO_EXACT.get(model)
     if known is not None and known[0] == key:  # refused before: no planning pass
@@ -187,8 +178,6 @@ def _run_exact(model, input_ids, prompt_len, a: MethodArgs) -> GradNorms:
     try:
         return _exact(model, input_ids, prompt_len, a.temperature, a.chunk_size, a.max_memory, a.groups)
     except NotImplementedError as e:
-        from gmts_analysis.engine.exact import NumericalRefusal  # deferred: transformers
-
         if not isinstance(e, NumericalRefusal):  # a check on numbers decides for this answer only
             _NO_EXACT[model] = (key, str(e))
         return _fallback(model, input_ids, prompt_len, a.temperature, a.groups, str(e), a.where, a.strict,

@@ -40,6 +40,7 @@ trainable parameter in none of the three.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -247,12 +248,10 @@ GHOST_RULES: dict[type, GhostRule] = {
 }
 if hasattr(nn, "RMSNorm"):
     GHOST_RULES[nn.RMSNorm] = AFFINE_NORM
-try:  # GPT-2 style Conv1D (y = x W + b, W (in, out)): same ghost norm as a linear layer
-    from transformers.pytorch_utils import Conv1D as _Conv1D
-
-    GHOST_RULES[_Conv1D] = LINEAR
-except ImportError:  # pragma: no cover - transformers is a dependency
-    pass
+#: where transformers defines GPT-2 style ``Conv1D`` (y = x W + b, W (in, out)): the same ghost norm as a linear
+#: layer, registered by :func:`rule_for` once transformers has loaded that module (a model holding a Conv1D has),
+#: so that planning never imports transformers itself
+CONV1D_MODULE = "transformers.pytorch_utils"
 
 #: rules tried, in order, for a type the registry does not know, or a subclass of a registered
 #: type that overrides ``forward`` (families recognised by name and shape)
@@ -270,6 +269,9 @@ def rule_for(module: nn.Module) -> GhostRule | None:
     A registered type's rule covers a subclass only when the subclass keeps its ``forward``
     (OPT's positional embedding, Gemma's scaled embedding override it: a rule for the base
     class would give the wrong norm); such subclasses go to :data:`STRUCTURAL_RULES`."""
+    conv1d = getattr(sys.modules.get(CONV1D_MODULE), "Conv1D", None)
+    if conv1d is not None:
+        GHOST_RULES.setdefault(conv1d, LINEAR)
     for cls in type(module).__mro__:
         rule = GHOST_RULES.get(cls)
         if rule is not None:

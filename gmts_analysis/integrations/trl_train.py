@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gmts_analysis.errors import FieldError, GmtsError
+from gmts_analysis.integrations.rollout_log import write_rows
 from gmts_analysis.readers.gguf import converted_checkpoint, find_gguf
 from gmts_analysis.readers.models import resolve_model_path
 from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one home; re-exported for scripts)
@@ -59,6 +60,7 @@ from gmts_analysis.readers.trl_output import (  # noqa: F401  (the layout's one 
 )
 from gmts_analysis.readers.trl_output import TRAINING_ARGS_JSON as TRAINING_ARGS_FILE
 from gmts_analysis.readers.verifiers import math_boxed_reward
+from gmts_analysis.sampling.generate import read_prompts
 from gmts_analysis.sampling.wordproblems import word_problems
 from gmts_analysis.util.atomic import _nan_to_none, atomic_write_text
 
@@ -164,8 +166,6 @@ def word_problem_splits(n_train: int, n_eval: int, seed: int = 0, eval_seed: int
 
 def problem_texts(paths: str | None) -> set[str]:
     """The problem texts (last user message) of the prompt rows in the JSONL files ``paths`` (comma-separated)."""
-    from gmts_analysis.sampling.generate import read_prompts  # deferred: torch
-
     out: set[str] = set()
     for p in (paths or "").split(","):
         if p.strip():
@@ -480,7 +480,7 @@ def build_trainer(script_args: WordProblemArguments, training_args: "SelectiveGR
     """The :class:`~gmts_analysis.integrations.trl_trainer.SelectiveGRPOTrainer` of the script's arguments
     (the model loaded by TRL from :func:`trainable_checkpoint`, the training problems, ``reward_funcs``:
     ``math_boxed`` unless given, any TRL reward function or list of them)."""
-    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer  # deferred: torch
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOTrainer  # deferred: optional (trl)
 
     train_rows, _ = script_splits(script_args)
     model = trainable_checkpoint(script_args.model_name_or_path)
@@ -537,8 +537,6 @@ def train(script_args: WordProblemArguments, training_args: "SelectiveGRPOConfig
     rec = {**asdict(script_args), "model_path": trainable_checkpoint(script_args.model_name_or_path)}
     rec.pop("restart")
     train_rows, held = script_splits(script_args)
-    from gmts_analysis.integrations.rollout_log import write_rows  # deferred: torch
-
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / TRAIN_PROBLEMS, train_rows)
     write_rows(out / HELDOUT_PROBLEMS, held)
@@ -572,7 +570,7 @@ def parse_arguments(argv: list[str] | None = None) -> tuple[WordProblemArguments
     raised before anything is loaded or written."""
     from trl import TrlParser
 
-    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig  # deferred: torch
+    from gmts_analysis.integrations.trl_trainer import SelectiveGRPOConfig  # deferred: optional (trl)
 
     quiet_known_warnings()  # GRPOConfig's gradient_checkpointing default warns as it is built
     parser = TrlParser((WordProblemArguments, SelectiveGRPOConfig))

@@ -4,19 +4,23 @@ A command module declares one :class:`Command`::
 
     COMMAND = Command("compare", help="...", description=__doc__, epilog=EXAMPLES,
                       positionals=(Positional("runs", "RUN", "run directories ...", nargs="+"),),
-                      settings=(CompareOptions, RunControl), skip=("offline",), job=compare)
+                      settings=(CompareOptions, RunControl), skip=("offline",),
+                      job="gmts_analysis.commands.compare_job:compare")
     register = COMMAND.register
 
 :meth:`Command.register` adds its parser (the positionals, then one flag per field of ``settings``:
 :func:`gmts_analysis.options.parser.add_fields`); :meth:`Command.build` is the one generic builder that turns
 the parsed arguments into typed values (each positional, then one instance of each settings dataclass:
 :func:`gmts_analysis.options.parser.from_args`); :meth:`Command.run` calls ``job`` with them. No command reads
-``args.x`` by hand. This module imports nothing heavy: ``gmts --help`` stays fast.
+``args.x`` by hand. The job is named by its path (``"module:function"``, a module of its own with its imports at
+its top) and imported by :meth:`Command.function` when the command runs, so a command's declaration imports no
+job: ``gmts --help`` builds every command's parser and stays fast. This module imports nothing heavy.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,13 +46,14 @@ class Command:
     function, called each time the parser is built). positionals: its positional arguments, in order. settings: the option
     dataclasses whose fields are its flags, each name once (``skip``: fields not offered; ``defaults``: this
     command's own default of a field). job: called as ``job(*positionals, *settings)`` with the typed values
-    (:meth:`build`); its return value is the exit status.
+    (:meth:`build`); its return value is the exit status. It is a function, or its path ``"module:function"``
+    (imported when the command runs: :meth:`function`).
     """
 
     name: str
     help: str
     description: str | Callable[[], str]
-    job: Callable[..., int]
+    job: Callable[..., int] | str
     settings: tuple[type, ...] = ()
     positionals: tuple[Positional, ...] = ()
     epilog: str | None = None
@@ -74,6 +79,15 @@ class Command:
         (a field the command does not offer keeps its default)."""
         return (*(getattr(args, a.dest) for a in self.positionals), *(from_args(cls, args) for cls in self.settings))
 
+    def function(self) -> Callable[..., int]:
+        """The job: ``job`` itself, or the function its path ``"module:function"`` names, imported now (the one
+        place a command's job is imported; docs/architecture.md, "Deferred imports")."""
+        if callable(self.job):
+            return self.job
+        module, _, name = self.job.partition(":")
+        return getattr(importlib.import_module(module), name)
+
     def run(self, args: argparse.Namespace) -> int:
         """``job`` on the typed values of ``args`` (:meth:`build`)."""
-        return self.job(*self.build(args))
+        values = self.build(args)
+        return self.function()(*values)

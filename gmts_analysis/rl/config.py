@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gmts_analysis import __version__
 from gmts_analysis.core.scores import DEFAULT_ARMS, MASKED_ARMS, SELECTION_ARMS  # noqa: F401 - live views
 from gmts_analysis.core.seeding import derive_seed
 from gmts_analysis.core.vocabulary import DEFAULT_RHO, NORMALIZERS, SCOPES, check_rho
@@ -91,6 +92,18 @@ RECORD_KEYS = {"model": "policy", "max_steps": "steps", "num_generations": "grou
 def record_config(cfg: RLConfig) -> dict:
     """``cfg`` as a run record's ``config`` (field order kept, :data:`RECORD_KEYS` renamed)."""
     return {RECORD_KEYS.get(k, k): v for k, v in asdict(cfg).items()}
+
+
+def record_versions() -> dict[str, str]:
+    """A run record's ``versions``: gmts_analysis, torch, transformers and Python (the training loaded torch and
+    transformers already; this module does not import them until asked)."""
+    import platform
+
+    import torch
+    import transformers
+
+    return {"gmts_analysis": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version()}
 
 
 def config_of_record(config: dict) -> RLConfig:

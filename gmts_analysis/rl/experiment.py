@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import platform
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -23,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gmts_analysis import __version__
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers import models as model_io  # load_model through its module: tests replace it there
-from gmts_analysis.rl.config import SELECTION_ARMS, record_config, run_path, runs_dir
+from gmts_analysis.rl.config import SELECTION_ARMS, record_config, record_versions, run_path, runs_dir
 from gmts_analysis.rl.trainer import RLConfig, evaluate, train
 from gmts_analysis.util.io import atomic_write_json, read_json
 from gmts_analysis.util.io import to_json as _text
@@ -44,14 +42,6 @@ def to_json(obj):
 
 def _shared(cfg: dict) -> dict:
     return {k: v for k, v in cfg.items() if k not in RUN_FIELDS}
-
-
-def _versions() -> dict[str, str]:
-    import torch
-    import transformers
-
-    return {"gmts_analysis": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version()}
 
 
 def summarise(runs: list[dict], domains: Sequence[str]) -> dict:
@@ -116,7 +106,7 @@ def run_experiment(
             "this_invocation": time.perf_counter() - t0,
             "sum_of_runs": float(sum(r["timing_s"]["total"] for r in runs)),
         },
-        "versions": _versions(),
+        "versions": record_versions(),
     }
     result = to_json(result)
     atomic_write_json(out, result)
@@ -163,7 +153,7 @@ def _one_run(cfg: RLConfig, out: Path, initial: dict[str, float], load: Callable
     model, tok = load()
     log.info("run %s seed %d: %d steps", sel, seed, cfg.max_steps)
     rec = train(model, tok, cfg, initial_eval=initial, progress=progress, reward_fn=reward_fn)
-    rec["versions"] = _versions()
+    rec["versions"] = record_versions()
     rec = to_json(rec)
     atomic_write_json(p, rec)
     del model

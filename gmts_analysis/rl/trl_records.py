@@ -32,6 +32,7 @@ from typing import Any
 
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.trl_output import read_trl_output, trainer_log
+from gmts_analysis.rl.config import record_versions
 
 #: TRL log_history keys -> run record step keys
 STEP_KEYS = {
@@ -142,9 +143,7 @@ def trl_run_record(output_dir: str | Path, config: dict, evals: dict[int, dict],
 
 
 def _versions() -> dict[str, str]:
-    from gmts_analysis.rl.experiment import _versions as v  # deferred: torch
-
-    out = v()
+    out = record_versions()
     try:
         import trl
 

@@ -20,21 +20,20 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from gmts_analysis.analysis.runs import RunTables, json_normalise, manifest_rho, manifest_uncertain_below
 from gmts_analysis.analysis.stats import DEFAULT_N_BOOT, compute_stats
+from gmts_analysis.core import advantages as adv_mod
 from gmts_analysis.core.estimators import ESTIMATORS, add_estimator_columns, times_abs_omega
+from gmts_analysis.core.objective import LossSettings
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.readers.audit import audit_fields
 from gmts_analysis.readers.verifiers import resolve_verifier, score
 from gmts_analysis.util.io import check_regular_file, file_sha256, jsonl_objects
-
-if TYPE_CHECKING:
-    from gmts_analysis.core.objective import LossSettings
 
 log = logging.getLogger("gmts_analysis.run.rescore")
 
@@ -155,8 +154,6 @@ def _truncated(answers: pd.DataFrame) -> np.ndarray:
 
 def _check_rescorable(run: RunTables) -> Any:
     """The run's loss settings, when its omega can be recomputed from its tables; else a one-line error."""
-    from gmts_analysis.core.objective import LossSettings  # deferred: torch
-
     if run.answers is None:
         raise GmtsError(f"{run.path}: no answers.parquet (re-scoring needs the answers table)")
     cfg = run.manifest.get("config") if isinstance(run.manifest.get("config"), dict) else {}
@@ -179,8 +176,6 @@ def _check_rescorable(run: RunTables) -> Any:
 
 def _omega_columns(tokens: pd.DataFrame, adv: dict, w: dict, settings: LossSettings) -> np.ndarray:
     """Per-token omega of every answer (tokens in the table's order), by the probe's formula."""
-    from gmts_analysis.core import advantages as adv_mod  # deferred: torch
-
     om = np.empty(len(tokens), dtype=np.float64)
     ref = tokens["ref_logprob"].to_numpy(np.float64) if "ref_logprob" in tokens.columns else None
     lp = tokens["logprob"].to_numpy(np.float64)
@@ -205,8 +200,6 @@ def rescore(run: RunTables, *, verifier: str | None = None, rewards: str | Path 
     """A new run: ``run`` with rewards from ``verifier`` (a name) or the file ``rewards``, and/or its truncated
     answers masked (TRL's ``mask_truncated_completions``), every reward-dependent column and statistic
     recomputed. ``source``: how the run was named (recorded in ``rescored_from``; default its path)."""
-    from gmts_analysis.core import advantages as adv_mod  # deferred: torch
-
     if verifier is not None and rewards is not None:
         raise GmtsError("re-scoring: give --verifier or --rewards, not both")
     if verifier is None and rewards is None and not mask_truncated_completions:

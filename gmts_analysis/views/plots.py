@@ -35,14 +35,10 @@ Selections use the run's keep fraction (:func:`gmts_analysis.views.figures.run_r
 from __future__ import annotations
 
 import logging
-import os
-from pathlib import Path
 from typing import Any
 
-from gmts_analysis.analysis.runs import RunTables, read_run
-from gmts_analysis.errors import GmtsError
-from gmts_analysis.util.resources import example_run_dir
-from gmts_analysis.util.style import display_token  # noqa: F401 - display_token re-exported (report)
+from gmts_analysis.analysis.runs import RunTables, default_run_dir, load_run  # noqa: F401 - re-exported (their home)
+from gmts_analysis.util.style import display_token  # noqa: F401 - display_token re-exported
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +47,6 @@ log = logging.getLogger(__name__)
 
 
 Run = RunTables  # a run's tables; the one home is gmts_analysis.analysis.runs
-
-
-def default_run_dir() -> Path:
-    """``$GMTS_RUN_DIR``, else the shipped example run (:func:`gmts_analysis.util.resources.example_run_dir`)."""
-    env = os.environ.get("GMTS_RUN_DIR")
-    return Path(env) if env else example_run_dir()
-
-
-def load_run(run_dir: str | os.PathLike | None = None, compute_missing_stats: bool = True) -> Run:
-    """Read a run directory (default: :func:`default_run_dir`) with :func:`gmts_analysis.analysis.runs.read_run`.
-
-    stats.json is computed (and not written) when absent and ``compute_missing_stats``.
-    """
-    path = Path(run_dir) if run_dir is not None else default_run_dir()
-    if not path.is_dir():
-        raise GmtsError(f"{path}: no such run directory (set GMTS_RUN_DIR or pass a path)")
-    return read_run(path, compute_missing_stats)
 
 
 from gmts_analysis.views.plot_parts import StatsLike, _color, _empty, _errbar, _num  # noqa: E402,F401

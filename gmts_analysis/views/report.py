@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gmts_analysis.analysis.runs import RunTables
+from gmts_analysis.analysis.runs import RunTables, load_run
 from gmts_analysis.analysis.stats import estimator_table, stats_table
 from gmts_analysis.analysis.stats_types import CrossEntry, Statistics, WithinEntry
 from gmts_analysis.analysis.summary import findings
@@ -224,9 +224,9 @@ def _figures_section(run_dir: Path | None, run: Any) -> str:
 
     figdir = run_dir / "figures" if run_dir is not None else None
     items = []
-    for name in FIGURES:
+    for name, draw in FIGURES.items():
         png = figdir / f"{name}.png" if figdir is not None else None
-        data = png.read_bytes() if png is not None and png.exists() else _render_png(name, run)
+        data = png.read_bytes() if png is not None and png.exists() else _render_png(name, draw, run)
         if data is None:
             continue
         b64 = base64.b64encode(data).decode("ascii")
@@ -237,13 +237,13 @@ def _figures_section(run_dir: Path | None, run: Any) -> str:
     return f'<section id="figures"><h2>Figures</h2>{"".join(items) or "<p>No figures.</p>"}</section>'
 
 
-def _render_png(name: str, run: Any) -> bytes | None:
+def _render_png(name: str, draw: Any, run: Any) -> bytes | None:
+    """The PNG of figure ``name`` drawn by ``draw`` (its entry of :data:`~gmts_analysis.views.figures.FIGURES`)
+    from ``run``; None when it is skipped."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
-    from gmts_analysis.views.figures import FIGURES  # deferred: matplotlib
-
     try:
-        fig = FIGURES[name](run)
+        fig = draw(run)
     except (GmtsError, KeyError, ValueError) as e:
         log.warning("report: figure %s skipped: %s", name, e)
         return None
@@ -262,8 +262,6 @@ def render_report(run_dir: Any, max_answers: int = MAX_ANSWERS) -> str:
 
     A stats.json or manifest.json whose values are not what gmts writes (edited by hand, damaged)
     is a :class:`GmtsError` naming the run's files, not a raw exception from the rendering."""
-    from gmts_analysis.views.plots import load_run  # deferred: matplotlib
-
     run = run_dir if isinstance(run_dir, RunTables) else load_run(run_dir)
     try:
         st = Statistics.coerce(run.stats)

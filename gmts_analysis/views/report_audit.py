@@ -16,6 +16,7 @@ import pandas as pd
 
 from gmts_analysis.core.selection import answer_disagreement, select_top
 from gmts_analysis.core.vocabulary import DEFAULT_RHO
+from gmts_analysis.util.style import display_token
 from gmts_analysis.views.report_text import MAX_TOKENS, OFF_POLICY_FIELDS, PAGE_SIZE, _e, _fmt, _g
 
 
@@ -68,8 +69,6 @@ def _audit_tokens(tokens: pd.DataFrame, rho: float) -> _AuditTokens:
 
 def _token_span(a: _AuditTokens, i: int) -> str:
     """One token of the audit: its classes (selections), data attributes (hover values) and colour."""
-    from gmts_analysis.views.plots import display_token  # deferred: matplotlib
-
     t = a.df.iloc[i]
     level = a.level
     cls = "t" + (" se" if a.sel_e[i] else "") + (" sg" if a.sel_g[i] else "")

@@ -26,6 +26,7 @@ from gmts_analysis.core.scores import get_score
 from gmts_analysis.core.seeding import torch_generator
 from gmts_analysis.core.selection_tensor import token_scores
 from gmts_analysis.core.trl_args import TrlLossArgs
+from gmts_analysis.integrations import diagnostics  # through its module: tests replace its functions there
 from gmts_analysis.integrations.rollout_log import log_rollouts
 from gmts_analysis.integrations.trl import loss, selection
 from gmts_analysis.integrations.trl.config import SEQ_MEAN_LOSSES, SelectiveGRPOConfig
@@ -76,9 +77,7 @@ class SelectiveGRPOTrainer(GRPOTrainer):
             log_rollouts(self, a.rollouts_dir)
         self.diagnostics = None
         if a.diagnostics_every:
-            from gmts_analysis.integrations.diagnostics import GmtsDiagnosticsCallback  # deferred: transformers
-
-            self.diagnostics = GmtsDiagnosticsCallback(
+            self.diagnostics = diagnostics.GmtsDiagnosticsCallback(
                 every=a.diagnostics_every, rho=a.selection_rho, scope=a.selection_scope, cutoff=a.selection_cutoff,
                 max_tokens=a.diagnostics_tokens, seed=a.seed,
             ).attach(self)
@@ -175,14 +174,9 @@ class SelectiveGRPOTrainer(GRPOTrainer):
     def _logit_grad_norms(self, model: torch.nn.Module, inputs: dict) -> Tensor:
         """``(B, T)`` logit-gradient norms ``||d logprob / d z||_2`` of the completion tokens, from one no-grad
         forward without accelerate's mixed-precision wrapper (TRL's fused head returns no logits)."""
-        from gmts_analysis.integrations.diagnostics import (  # deferred: transformers
-            completion_quantities,
-            unwrapped_without_amp,
-        )
-
         cm = inputs["completion_mask"]
         if "tool_mask" in inputs:
             cm = cm * inputs["tool_mask"]
-        with unwrapped_without_amp(self.accelerator, model) as unwrapped:  # no autocast, wrapper put back
-            return completion_quantities(unwrapped, inputs["prompt_ids"], inputs["prompt_mask"],
+        with diagnostics.unwrapped_without_amp(self.accelerator, model) as unwrapped:  # no autocast, wrapper put back
+            return diagnostics.completion_quantities(unwrapped, inputs["prompt_ids"], inputs["prompt_mask"],
                                          inputs["completion_ids"], cm, float(self.temperature))[2]
