@@ -20,7 +20,7 @@ KINDS = {"torch", "transformers", "matplotlib", "pandas", "numpy", "optional", "
 
 #: the package's imports inside functions, all files together (issue 47 part 5: 495 before; the goal is < 50).
 #: Lower it as the files of PENDING are done; never raise it.
-CEILING = 36
+CEILING = 35
 
 #: files whose in-function imports were not yet moved or tagged when this test was written (other work was
 #: rewriting them); they count toward CEILING but need no tag yet. Empty this as they are done.

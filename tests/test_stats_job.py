@@ -22,5 +22,5 @@ def test_rescore_is_asked_by_any_new_reward():
 
 
 def test_the_command_calls_one_job_function():
-    assert COMMAND.job is run_stats
+    assert COMMAND.function() is run_stats
     assert COMMAND.settings[:3] == (StatsSettings, RescoreSettings, StatsOutput)

@@ -233,7 +233,7 @@ def test_uncached_hub_id_fails_fast_in_one_line(monkeypatch):
 def test_intervals_from_few_groups_warn(caplog):
     import logging
 
-    from gmts_analysis.commands.stats import warn_few_groups
+    from gmts_analysis.run.stats_job import warn_few_groups
 
     with caplog.at_level(logging.WARNING, logger="gmts_analysis.analysis.stats"):
         assert warn_few_groups({"meta": {"n_groups": 2, "n_boot": 1000, "ci_unit": "group"}})

@@ -10,7 +10,6 @@ from pathlib import Path
 
 from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.analysis.summary import summary_text
-from gmts_analysis.commands.stats import warn_few_groups
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ConfigFile, ProbeConfig, default_out
 from gmts_analysis.run.job import run_probe
@@ -20,6 +19,7 @@ from gmts_analysis.run.sharding.merge import (
     skipped_answers,
     skipped_line,
 )
+from gmts_analysis.run.stats_job import warn_few_groups
 
 
 def probe(config: ConfigFile, cfg: ProbeConfig) -> int:

@@ -12,12 +12,12 @@ from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.analysis.summary import summary_text
 from gmts_analysis.commands.probe_job import exit_status
 from gmts_analysis.commands.run import DEFAULT_DOMAINS, TOY_DEFAULTS, WORD_DEFAULTS, is_toy_policy
-from gmts_analysis.commands.stats import warn_few_groups
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.config import ProbeConfig, RunControl, SamplingOptions, default_out
 from gmts_analysis.readers.models import resolve_device, resolve_model_path
 from gmts_analysis.run.job import sample_and_probe
 from gmts_analysis.run.sharding.merge import skipped_line
+from gmts_analysis.run.stats_job import warn_few_groups
 from gmts_analysis.sampling.domains import (
     WORD_DOMAIN,
     WORD_VERIFIER,

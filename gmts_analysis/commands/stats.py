@@ -16,14 +16,7 @@ from __future__ import annotations
 
 from gmts_analysis.options.command import Command, Positional
 from gmts_analysis.options.config import RunControl
-from gmts_analysis.run.stats_job import (  # noqa: F401 - MIN_CI_UNITS, warn_few_groups: the other commands' names
-    MIN_CI_UNITS,
-    RescoreSettings,
-    StatsOutput,
-    StatsSettings,
-    run_stats,
-    warn_few_groups,
-)
+from gmts_analysis.run.stats_settings import RescoreSettings, StatsOutput, StatsSettings
 
 EXAMPLES = """examples:
   gmts stats runs/mine --n-boot 0 --out /tmp/stats.json                  # rewrites, or writes elsewhere
@@ -32,7 +25,7 @@ EXAMPLES = """examples:
 
 
 COMMAND = Command(
-    "stats", job=run_stats, settings=(StatsSettings, RescoreSettings, StatsOutput, RunControl), skip=("offline",),
+    "stats", job="gmts_analysis.run.stats_job:run_stats", settings=(StatsSettings, RescoreSettings, StatsOutput, RunControl), skip=("offline",),
     help="recompute stats.json of a run directory from its tokens table",
     description=__doc__.split("\n\n", 1)[1], epilog=EXAMPLES,
     positionals=(Positional("run_dir", "RUN_DIR", "a probe's output directory (with tokens.parquet)"),),

@@ -3,8 +3,9 @@
 :func:`run_stats` is the one function the command calls, with its typed settings, each part named for what it
 sets: :class:`StatsSettings` (the statistics: bootstrap, seed, the views' thresholds), :class:`RescoreSettings`
 (new rewards: a verifier, a rewards file or TRL's truncation mask; any of them turns the job into a re-scoring)
-and :class:`StatsOutput` (where the result goes). Each settings class checks its fields' declared domains when
-built (the same checks the command line runs on the flags).
+and :class:`StatsOutput` (where the result goes), declared in :mod:`gmts_analysis.run.stats_settings` (light:
+``gmts --help`` reads them; this module is imported only when the command runs). The statistics read pandas, so
+this module imports them at its top; a re-scoring also loads torch, imported there only.
 
 Recomputing reads RUN_DIR/tokens.parquet (and answers.parquet when present), keeps the update_fidelity blocks
 of the existing stats.json (they need the model) and writes stats.json and estimators.csv atomically.
@@ -13,86 +14,24 @@ Re-scoring (:func:`gmts_analysis.run.rescore.rescore`) writes a new run director
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from gmts_analysis.analysis.runs import manifest_rho, manifest_uncertain_below, read_run
+from gmts_analysis.analysis.stats import compute_statistics, is_current, kept_fidelity, write_stats
 from gmts_analysis.analysis.stats_types import Statistics
 from gmts_analysis.analysis.summary import summary_text, too_small
-from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW
 from gmts_analysis.core.vocabulary import MIN_GROUPS as MIN_CI_UNITS
 from gmts_analysis.errors import GmtsError
-from gmts_analysis.options import checks
 from gmts_analysis.options.config import RunControl
-from gmts_analysis.options.fields import opt
 from gmts_analysis.probing.validate import validate_run_dir
 from gmts_analysis.readers.verifiers import resolve_verifier
+from gmts_analysis.run.stats_settings import RescoreSettings, StatsOutput, StatsSettings
 from gmts_analysis.util import io
 from gmts_analysis.util.io import check_output_file, check_output_location, read_json, read_json_object, read_parquet
 
 log = logging.getLogger("gmts_analysis.analysis.stats")
-
-#: what a re-scoring flag adds to its help
-_RESCORE = "writes a new run directory to --out"
-
-
-class _Checked:
-    """A settings dataclass that checks its fields' declared domains (``opt(check=...)``) when built."""
-
-    def __post_init__(self) -> None:
-        fields = {f.name: f for f in dataclasses.fields(self)}  # type: ignore[arg-type]
-        checks.check_fields(fields, {n: getattr(self, n) for n in fields})
-
-
-@dataclass
-class StatsSettings(_Checked):
-    """What the statistics are computed with: the bootstrap's resamples and seed, and the thresholds of the
-    views (``None``: the run's manifest value, else the default)."""
-
-    n_boot: int = opt(DEFAULT_N_BOOT, f"bootstrap resamples for the CIs (default {DEFAULT_N_BOOT}; 0: no CIs)",
-                      group="output", metavar="RESAMPLES", check=checks.int_at_least(0))
-    seed: int = opt(0, "seed of the bootstrap (default 0)", metavar="INT", check=checks.seed)
-    uncertain_below: float = opt(None, "the uncertain-token view keeps tokens with prob below this (default: the "
-                                 f"run's manifest value, else {DEFAULT_UNCERTAIN_BELOW})", group="RL objective",
-                                 metavar="PROB", check=checks.probability)
-    rho: float = opt(None, "the keep fraction the paired differences and the headline quote (default: the run's "
-                     f"manifest value, else {DEFAULT_RHO})", group="RL objective", metavar="FRACTION",
-                     check=checks.rho)
-
-
-@dataclass
-class RescoreSettings(_Checked):
-    """New rewards for a re-scoring (none given: the statistics are recomputed in place)."""
-
-    verifier: str = opt(None, "re-score: new rewards from this verifier (math_boxed, math, a toy domain, or "
-                        f"module:function) on the run's response texts; {_RESCORE}", group="inputs", metavar="NAME",
-                        check=checks.verifier)
-    rewards: str = opt(None, "re-score: new rewards from a JSONL ({answer_id, reward} per line) or CSV (answer_id, "
-                       f"reward) file, every answer once; {_RESCORE}", group="inputs", metavar="FILE",
-                       check=checks.input_file)
-    mask_truncated_completions: bool = opt(False, "re-score: truncated answers get loss weight 0 (TRL's "
-                                           f"mask_truncated_completions); {_RESCORE}", group="RL objective")
-
-    @property
-    def asked(self) -> bool:
-        """Whether any re-scoring was asked for."""
-        return self.verifier is not None or self.rewards is not None or self.mask_truncated_completions
-
-
-@dataclass
-class StatsOutput(_Checked):
-    """Where the result goes: a stats.json elsewhere, or the re-scored run directory."""
-
-    out: str = opt(None, "write the JSON here instead of RUN_DIR/stats.json (estimators.csv beside it); with "
-                   "--verifier, --rewards or --mask-truncated-completions: the new run directory", group="output",
-                   metavar="DIR", check=checks.output_path)
-    no_figures: bool = opt(False, "re-score: skip the figures and report", group="output")
-    overwrite: bool = opt(False, "replace an existing --out file that gmts did not write (default: refuse it)",
-                          group="output")
-
 
 def warn_few_groups(stats: Statistics | dict) -> bool:
     """Log a warning when the intervals of ``stats`` come from fewer than :data:`MIN_CI_UNITS` groups
@@ -123,13 +62,6 @@ def run_stats(source: str, stats: StatsSettings, rescore: RescoreSettings, outpu
 
 def _recompute(settings: StatsSettings, output: StatsOutput, control: RunControl, run_dir: Path) -> int:
     """stats.json (and estimators.csv) of ``run_dir`` from its tables, written in place or to ``output.out``."""
-    from gmts_analysis.analysis.stats import (  # deferred: pandas
-        compute_statistics,
-        is_current,
-        kept_fidelity,
-        write_stats,
-    )
-
     out = output.out
     if out:
         if Path(out).is_dir():
@@ -168,8 +100,8 @@ def _recompute(settings: StatsSettings, output: StatsOutput, control: RunControl
 def _rescore(settings: StatsSettings, new: RescoreSettings, output: StatsOutput, control: RunControl,
              run_dir: Path, source: str) -> int:
     """``gmts stats RUN --verifier/--rewards/--mask-truncated-completions --out NEW``: a re-scored run directory."""
-    from gmts_analysis.run.finalize import write_run_dir  # deferred: torch, pandas
-    from gmts_analysis.run.rescore import rescore  # deferred: pandas
+    from gmts_analysis.run.finalize import write_run_dir  # deferred: torch
+    from gmts_analysis.run.rescore import rescore  # deferred: torch
 
     if new.verifier is not None:
         resolve_verifier(new.verifier)  # an unknown name or a missing package, before any work
