@@ -116,7 +116,14 @@ from gmts_analysis.analysis.stats_types import (
 from gmts_analysis.core.estimators import available
 from gmts_analysis.core.rank import MIN_TOKENS, kendall_tau_b, per_cluster_spearman, spearman  # noqa: F401
 from gmts_analysis.core.selection import RHOS
-from gmts_analysis.core.vocabulary import DEFAULT_N_BOOT, DEFAULT_RHO, DEFAULT_UNCERTAIN_BELOW, MIN_GROUPS, check_rho
+from gmts_analysis.core.vocabulary import (
+    DEFAULT_N_BOOT,
+    DEFAULT_RHO,
+    DEFAULT_UNCERTAIN_BELOW,
+    MIN_GROUPS,
+    check_rho,
+    is_probability,
+)
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.util.io import atomic_write_text
 
@@ -256,7 +263,7 @@ def _check_inputs(tokens: pd.DataFrame, n_boot: int, rho: float, uncertain_below
     if n_boot < 0:
         raise GmtsError(f"n_boot must be >= 0, got {n_boot}")
     check_rho(rho, "--rho", error=GmtsError)
-    if not 0.0 < float(uncertain_below) <= 1.0:
+    if not is_probability(float(uncertain_below)):
         raise GmtsError(f"--uncertain-below must be in (0, 1], got {uncertain_below}")
 
 

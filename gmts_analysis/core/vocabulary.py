@@ -17,6 +17,8 @@ The per-token scores (estimators and selection arms) are a registry, not a list:
 
 from __future__ import annotations
 
+import math
+
 #: keep fraction of a top-``rho`` selection when none is given (TRL's ``top_entropy_quantile``)
 DEFAULT_RHO = 0.2
 #: the keep fractions the statistics report (their grid)
@@ -51,6 +53,12 @@ def check_rho(value: object, field: str = "rho", *, error: type[Exception] = Val
     if not 0.0 < rho <= 1.0:
         raise error(f"{field} must be in (0, 1], got {value}")
     return rho
+
+
+def is_probability(x: float) -> bool:
+    """``x`` is a probability threshold: finite and in (0, 1] (``uncertain_below``: the uncertain-token view keeps
+    the tokens whose probability is below it). The one statement of that domain."""
+    return math.isfinite(x) and 0.0 < x <= 1.0
 
 #: fewer groups than this: a bootstrap interval over them is not trusted. A block of the statistics with fewer
 #: *informative* groups writes no interval and states no win (``meta.min_groups``); a table row or run with

@@ -12,7 +12,7 @@ import math
 from typing import Any, Mapping
 
 from gmts_analysis.core.sizes import parse_chunk_size
-from gmts_analysis.core.vocabulary import check_rho
+from gmts_analysis.core.vocabulary import check_rho, is_probability
 from gmts_analysis.errors import GmtsError
 from gmts_analysis.options.fields import flag
 from gmts_analysis.readers import models
@@ -91,7 +91,7 @@ def rho(flag: str, v: Any) -> None:
 
 def probability(flag: str, v: Any) -> None:
     x = float_value(flag, v)
-    if not (math.isfinite(x) and 0 < x <= 1):
+    if not is_probability(x):
         raise GmtsError(f"{flag}: must be a probability in (0, 1], got {v}")
 
 
