@@ -10,6 +10,7 @@ local Hugging Face cache, downloading what is missing, unless ``HF_HUB_OFFLINE=1
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -30,9 +31,10 @@ REAL_MODELS = ("smollm2",)
 DTYPE_NAMES = ("float32", "float64", "bfloat16", "float16")
 
 
+@functools.cache
 def _dtypes() -> dict:
-    """The model dtypes by name (:data:`DTYPES`), built when first needed so that importing this module loads
-    no torch."""
+    """The model dtypes by name (:data:`DTYPES`), built once, when first needed, so that importing this module
+    loads no torch."""
     import torch
 
     return {name: getattr(torch, name) for name in DTYPE_NAMES}
