@@ -66,6 +66,35 @@ def test_gmts_probe_checks_its_options_once(monkeypatch, tmp_path):
     assert calls == ["ProbeConfig"]
 
 
+def test_gmts_run_checks_its_options_once_before_sampling(monkeypatch, tmp_path):
+    """gmts run checked the probe options before sampling and the job checked them again; now the job is made
+    (and its options checked) once, before anything is sampled, and that job probes the sampled rows."""
+    import gmts_analysis.probing.validate as validate
+    import gmts_analysis.run.job as job_mod
+
+    real, calls = validate.validate_options, []
+
+    def counted(cfg):
+        calls.append(type(cfg).__name__)
+        return real(cfg)
+
+    def no_sampling(*a, **k):
+        raise AssertionError("sampled before the options were refused")
+
+    monkeypatch.setattr(validate, "validate_options", counted)
+    monkeypatch.setattr(job_mod, "sample_rows", no_sampling)
+    rc = main(["run", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "2", "--num-generations", "2",
+               "--loss-type", "cispo", "--out", str(tmp_path / "run"), "--threads", "1", "-q", "--no-figures"])
+    assert rc == 2 and calls == ["ProbeConfig"]  # refused by the one check, nothing sampled
+    calls.clear()
+    monkeypatch.undo()
+    monkeypatch.setattr(validate, "validate_options", counted)
+    rc = main(["run", "--model", "tiny", "--domains", "arithmetic", "--num-prompts", "2", "--num-generations", "2",
+               "--max-completion-length", "8", "--out", str(tmp_path / "ok"), "--threads", "1", "-q",
+               "--no-figures", "--fidelity", "off"])
+    assert rc == 0 and calls == ["ProbeConfig"]  # sampled and probed under the one check
+
+
 @pytest.mark.parametrize("name", [c.replace("_", "-") for c in COMMANDS])
 def test_every_subcommand_has_quiet_and_debug(name):
     """cli.py reads args.quiet and args.debug of every subcommand directly."""
