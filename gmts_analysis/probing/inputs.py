@@ -7,8 +7,9 @@ reader settings and checked against the model's vocabulary and context, the unte
 ``--mask-truncated-completions``, the per-answer advantages and aggregation weights, and the
 manifest's notes of the input (:meth:`ProbeInputs.manifest_notes`).
 
-Options are validated by the callers at their entry (:func:`gmts_analysis.probing.validate.validate_options`,
-before any model is loaded); the pre-flight checks (:mod:`gmts_analysis.probing.preflight`) come after.
+It takes the probe's settings as the callers made them at their entry, checked and split into parts
+(:meth:`gmts_analysis.probing.settings.ProbeSettings.of`, before any model is loaded), and reads only their
+parts; the pre-flight checks (:mod:`gmts_analysis.probing.preflight`) come after.
 """
 
 from __future__ import annotations

@@ -393,7 +393,8 @@ def validate_namespace(command: str, args: argparse.Namespace, checks: Mapping[s
     """One pass over the parsed options of ``gmts <command>``, before any model, file or directory
     work: every option's declared ``check`` (``checks``: ``{dest: check}`` of the subcommand,
     :func:`gmts_analysis.options.parser.parser_checks`). What holds between the probe options
-    (:func:`validate_options`) is checked once, on the job's settings, where the job starts."""
+    (:func:`validate_options`) is checked once, where the job's settings are split into parts
+    (:meth:`gmts_analysis.probing.settings.ProbeSettings.of`)."""
 
     for dest, value in vars(args).items():
         check = (checks or {}).get(dest)
