@@ -9,7 +9,7 @@ rescaling of the ``selected`` normalizer, for the verl recipe:
 and how verl's ``loss_agg_mode`` and TRL's ``loss_type`` spell it.
 
 **Terms** (:data:`LOSS_TERMS`): each term of the objective is an entry with the
-:class:`~gmts_analysis.core.objective.LossSettings` fields it reads, its TRL ``GRPOConfig`` and verl
+:class:`~gmts_analysis.core.loss_settings.LossSettings` fields it reads, its TRL ``GRPOConfig`` and verl
 actor names, when it is on, and its contribution to omega (:class:`OmegaParts` holds what the terms
 share: weights, advantages, ratios, the trust and vLLM factors). omega is the sum of the active terms'
 contributions (:func:`gmts_analysis.core.objective.omega_tensor`).
@@ -26,16 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from gmts_analysis.core.loss_settings import LossSettings
 from gmts_analysis.errors import GmtsError
-
-if TYPE_CHECKING:  # core/objective.py imports this module at its top: named here for the types only
-    from gmts_analysis.core.objective import LossSettings
 
 # --- aggregations -------------------------------------------------------------------------------
 
@@ -122,7 +120,7 @@ class LossTerm:
 
     Attributes:
         name: the term's name (``policy``, ``kl``).
-        fields: the :class:`~gmts_analysis.core.objective.LossSettings` fields it reads.
+        fields: the :class:`~gmts_analysis.core.loss_settings.LossSettings` fields it reads.
         trl: the TRL ``GRPOConfig`` arguments that set it.
         verl: the verl settings that set it.
         active: ``settings -> bool``: whether the term is in the loss.
