@@ -113,8 +113,8 @@ def _sampled_rollouts(cfg: ProbeConfig, sampling: dict[str, Any], progress: bool
 
 def sample_and_probe(cfg: ProbeConfig, sampling: dict[str, Any]) -> Path:
     """``gmts run``: sample (``sampling``: domains, num_prompts, group_size, temperature,
-    max_new_tokens, seed, device) with ``cfg.model``, then :func:`run_probe` on the rows into
-    ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. ``cfg`` is checked once, before
+    max_new_tokens, seed, device) with ``cfg.model``, then the job :func:`run_probe` runs, on the rows,
+    into ``cfg.out`` (``cfg.rollouts`` is set here). Returns ``cfg.out``. ``cfg`` is checked once, before
     anything is sampled. The whole job, sampling included, holds the run directory's lock (a second
     job on ``--out`` stops at once)."""
     job = _job(cfg)
